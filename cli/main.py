@@ -1,0 +1,116 @@
+"""The ``gradscope`` command line. It only calls gradscope's public API and owns the console.
+
+Exit codes: 0 done and nothing alarming; 1 done and it found the problem asked about (non-finite
+gradients, a failed check); 2 the input could not be used (one line on stderr, never a traceback).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+import gradscope as gs
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="See PyTorch autograd graphs and debug gradients.",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+EXIT_OK, EXIT_FOUND, EXIT_UNUSABLE = 0, 1, 2
+
+
+def stdout() -> Console:
+    return Console(highlight=False, soft_wrap=False)
+
+
+def stderr() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def fail(message: str) -> None:
+    """Print one error line (and any template lines after it) and exit with code 2."""
+    stderr().print(f"gradscope: error: {message}", markup=False)
+    raise typer.Exit(EXIT_UNUSABLE)
+
+
+def load_graph(mf: gs.ModelFile, *, loss: bool = False, saved: bool = True) -> gs.Graph:
+    """Run a model file's forward (and loss), and trace the result."""
+    fwd = mf.forward()
+    outputs = mf.loss(fwd.outputs) if loss else fwd.outputs
+    return gs.trace(outputs, saved=saved, model=fwd.model)
+
+
+TargetArg = typer.Argument(..., metavar="FILE[:NAME]", help="A model file, e.g. samples/mlp.py")
+
+
+@app.command()
+def render(
+    target: str = TargetArg,
+    output: Optional[Path] = typer.Option(
+        None, "-o", "--output", help="Output file; default <file stem>.<format>."
+    ),
+    fmt: Optional[str] = typer.Option(
+        None, "--format", "-f", help=f"One of {', '.join(gs.FORMATS)} (default: from -o, else svg)."
+    ),
+    saved: bool = typer.Option(True, "--saved/--no-saved", help="Draw saved tensors as orange boxes."),
+    attrs: bool = typer.Option(False, "--attrs", help="List non-tensor saved attributes."),
+    loss: bool = typer.Option(False, "--loss", help="Render from the file's loss_fn(output)."),
+) -> None:
+    """Build the model file's graph and write it as SVG/PNG/PDF/DOT/JSON."""
+    if fmt is None and (output is None or not output.suffix):
+        fmt = "svg"
+    fmt = gs.output_format(output, fmt)
+    mf = gs.load_model_file(target)
+    if output is None:
+        output = Path(f"{mf.path.stem}.{fmt}")
+    graph = load_graph(mf, loss=loss, saved=saved or attrs)
+    graph.save(output, format=fmt, saved=saved, attrs=attrs)
+    stderr().print(f"wrote {output}: {graph.summary()}", markup=False)
+
+
+@app.command()
+def tree(
+    target: str = TargetArg,
+    loss: bool = typer.Option(False, "--loss", help="Start from the file's loss_fn(output)."),
+    max_lines: int = typer.Option(2000, "--max-lines", help="Stop after this many lines."),
+) -> None:
+    """Print the graph as a tree: node names, shapes, saved tensors and their bytes."""
+    graph = load_graph(gs.load_model_file(target), loss=loss)
+    stdout().print(gs.render_tree(graph, max_lines=max_lines))
+
+
+def main(argv: Optional[list[str]] = None) -> Any:
+    """Console-script entry point: runs the app, mapping gradscope errors to exit code 2."""
+    try:
+        return app(args=argv, prog_name="gradscope", standalone_mode=True)
+    except gs.GradscopeError as exc:
+        lines = str(exc).splitlines() or [type(exc).__name__]
+        err = stderr()
+        err.print(f"gradscope: error: {lines[0]}", markup=False)
+        for line in lines[1:]:
+            err.print(line, markup=False)
+        sys.exit(EXIT_UNUSABLE)
+    except KeyboardInterrupt:
+        stderr().print("gradscope: interrupted", markup=False)
+        sys.exit(130)
+    except Exception as exc:  # a bug of ours: still one line, traceback on request
+        if os.environ.get("GRADSCOPE_DEBUG"):
+            raise
+        stderr().print(
+            f"gradscope: internal error: {type(exc).__name__}: {exc} "
+            "(set GRADSCOPE_DEBUG=1 for the traceback, and please report it)",
+            markup=False,
+        )
+        sys.exit(EXIT_UNUSABLE)
+
+
+if __name__ == "__main__":
+    main()

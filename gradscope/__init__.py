@@ -1,0 +1,117 @@
+"""gradscope: see PyTorch's autograd graph and debug gradients.
+
+Public surface (everything else lives in private ``_modules``)::
+
+    trace(outputs, params=None, *, saved=True, model=None) -> Graph   walk grad_fn graphs
+    Graph, Node, Edge, SavedTensor, TensorInfo           the plain-data graph model
+    make_dot(var, params=None, ...)                      drop-in for torchviz.make_dot
+    render_tree(graph)                                   rich renderable for the terminal
+    scopes(model)                                        record which module made each node
+    record_backward(outputs), record_forward()           watch the backward pass
+    GradMonitor(model, ...)                              gradient statistics while training
+    check(fn, *inputs), explain(tensor)                  custom Function checks, tensor internals
+    saved_memory(), leak_check()                         memory held by autograd graphs
+    load_model_file(spec) -> ModelFile                   the CLI's model-file contract
+    GradscopeError and subclasses                        errors whose message says the fix
+
+Heavier parts are imported on first use, so ``import gradscope`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ._capture import trace
+from ._errors import (
+    CheckInputError,
+    FormatError,
+    GradscopeError,
+    GraphvizNotFoundError,
+    ModelFileError,
+    NoGradError,
+)
+from ._loader import ModelFile, load_model_file
+from ._model import Edge, Graph, Node, SavedTensor, TensorInfo, format_bytes
+from ._output import FORMATS, dot_binary
+from ._output import format_for as output_format
+from ._render_tree import render_tree
+from ._torchviz import make_dot
+
+__version__ = "0.1.0"
+
+# name -> private module that defines it, imported on first attribute access
+_LAZY = {
+    "scopes": "._scopes",
+    "record_backward": "._backward",
+    "record_forward": "._backward",
+    "BackwardTrace": "._backward",
+    "NodeStep": "._backward",
+    "GradStat": "._backward",
+    "NonFinite": "._backward",
+    "GradMonitor": "._monitor",
+    "StepStats": "._monitor",
+    "ParamStats": "._monitor",
+    "Alert": "._monitor",
+    "check": "._check",
+    "CheckResult": "._check",
+    "CheckFailure": "._check",
+    "explain": "._explain",
+    "saved_memory": "._memory",
+    "leak_check": "._memory",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gradscope' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [
+    "FORMATS",
+    "Alert",
+    "BackwardTrace",
+    "CheckFailure",
+    "CheckInputError",
+    "CheckResult",
+    "Edge",
+    "FormatError",
+    "GradMonitor",
+    "GradStat",
+    "GradscopeError",
+    "Graph",
+    "GraphvizNotFoundError",
+    "ModelFile",
+    "ModelFileError",
+    "NoGradError",
+    "Node",
+    "NodeStep",
+    "NonFinite",
+    "ParamStats",
+    "SavedTensor",
+    "StepStats",
+    "TensorInfo",
+    "__version__",
+    "check",
+    "dot_binary",
+    "explain",
+    "format_bytes",
+    "leak_check",
+    "load_model_file",
+    "make_dot",
+    "output_format",
+    "record_backward",
+    "record_forward",
+    "render_tree",
+    "saved_memory",
+    "scopes",
+    "trace",
+]

@@ -1,0 +1,326 @@
+"""Capture: walk a live autograd graph into the plain-data model.
+
+This is the only place (with the hook-based recorders) that touches autograd nodes. The walk is
+iterative (an explicit stack), visits each node once, and costs O(nodes + edges): a graph a
+million nodes deep never meets Python's recursion limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ._errors import GradscopeError, NoGradError
+from ._model import Edge, Graph, Node, SavedTensor, TensorInfo
+from ._nest import iter_tensors
+
+_SAVED = "_saved_"
+_RAW = "_raw_saved_"
+
+#: Key under which ``gs.scopes`` stamps a node's module path into ``grad_fn.metadata``.
+MODULE_KEY = "gradscope.module"
+
+
+@dataclass(frozen=True, slots=True)
+class _ClassInfo:
+    """What a backward node class saves; computed once per class (``dir()`` is the slow part)."""
+
+    kind: str
+    saved: tuple[str, ...]  # every `_saved_*` name, without the prefix, sorted as dir() sorts
+    tensors: frozenset[str]  # the names that hold tensors (they have a `_raw_saved_*` twin)
+
+
+_CLASS_INFO: dict[type, _ClassInfo] = {}
+_CUSTOM_BASE = torch.autograd.function.BackwardCFunction
+
+
+def _class_info(cls: type) -> _ClassInfo:
+    info = _CLASS_INFO.get(cls)
+    if info is None:
+        names = dir(cls)
+        if issubclass(cls, _CUSTOM_BASE):
+            kind = "custom"
+        elif cls.__name__ == "AccumulateGrad":
+            kind = "accumulate"
+        else:
+            kind = "op"
+        saved = tuple(a[len(_SAVED):] for a in names if a.startswith(_SAVED))
+        tensors = frozenset(a[len(_RAW):] for a in names if a.startswith(_RAW))
+        info = _ClassInfo(kind, saved, tensors)
+        _CLASS_INFO[cls] = info
+    return info
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class _Storages:
+    """Gives each distinct storage a stable id (``s0``, ``s1``...) in order of first sight."""
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple[str, int], str] = {}
+
+    def id_of(self, t: torch.Tensor) -> str | None:
+        try:
+            key = (t.device.type, t.untyped_storage()._cdata)
+        except (RuntimeError, NotImplementedError, AttributeError):
+            return None  # sparse, nested or otherwise storage-less tensors
+        sid = self._ids.get(key)
+        if sid is None:
+            sid = f"s{len(self._ids)}"
+            self._ids[key] = sid
+        return sid
+
+
+def _param_names(params: Any) -> dict[int, str]:
+    if params is None:
+        return {}
+    if isinstance(params, torch.nn.Module):
+        return {id(p): name for name, p in params.named_parameters()}
+    if isinstance(params, Mapping):
+        out = {}
+        for name, p in params.items():
+            if not isinstance(p, torch.Tensor):
+                raise GradscopeError(
+                    f"params[{name!r}] is a {type(p).__name__}, not a tensor; pass a dict of "
+                    "name -> tensor, or the nn.Module itself (params=model)"
+                )
+            out[id(p)] = str(name)
+        return out
+    raise GradscopeError(
+        f"params must be a dict of name -> tensor or an nn.Module, got {type(params).__name__}; "
+        "try params=dict(model.named_parameters())"
+    )
+
+
+class _Walker:
+    def __init__(self, names: dict[int, str], saved: bool, read_modules: bool) -> None:
+        self.names = names
+        self.want_saved = saved
+        self.read_modules = read_modules
+        self.storages = _Storages()
+        self.nodes: list[Node] = []
+        self.ids: dict[Any, str] = {}  # grad_fn object -> node id (the dict keeps them alive)
+        self.tensor_ids: dict[int, str] = {}  # id(tensor) -> node id for output/base tensors
+        self.keep: list[torch.Tensor] = []  # keeps those tensors alive so id() stays unique
+        self.pending: list[tuple[str, list[tuple[int, Any]]]] = []
+        self.edges: list[Edge] = []
+
+    def new_id(self) -> str:
+        return f"n{len(self.nodes)}"
+
+    # -------------------------------------------------------------- tensors
+    def tensor_info(self, t: torch.Tensor, name: str | None) -> TensorInfo:
+        return TensorInfo(
+            name=name,
+            shape=list(t.shape),
+            dtype=_dtype_name(t.dtype),
+            device=str(t.device),
+            storage=self.storages.id_of(t),
+        )
+
+    def saved_record(self, name: str, t: torch.Tensor) -> SavedTensor:
+        return SavedTensor(
+            name=name,
+            shape=list(t.shape),
+            dtype=_dtype_name(t.dtype),
+            device=str(t.device),
+            nbytes=t.numel() * t.element_size(),
+            storage=self.storages.id_of(t),
+        )
+
+    # -------------------------------------------------------------- roots
+    def add_output(self, path: str, t: torch.Tensor) -> None:
+        """Add an output tensor (and, if it is a view, its base) and walk its graph."""
+        chain: list[tuple[torch.Tensor, str, bool]] = [(t, path, False)]
+        prev: str | None = None
+        while chain:
+            tensor, name, is_base = chain.pop()
+            known = self.tensor_ids.get(id(tensor))
+            if known is not None:
+                if prev is not None:
+                    self.edges.append(Edge(prev, known, 0, "view"))
+                break
+            nid = self.new_id()
+            label = self.names.get(id(tensor), name)
+            node = Node(nid, label, "output", tensor=self.tensor_info(tensor, label))
+            if is_base:
+                node.attrs["view_base"] = "true"
+            self.nodes.append(node)
+            self.tensor_ids[id(tensor)] = nid
+            self.keep.append(tensor)
+            if prev is not None:
+                self.edges.append(Edge(prev, nid, 0, "view"))
+            if tensor.grad_fn is not None:
+                self.pending.append((nid, [(0, tensor.grad_fn)]))
+                self.walk(tensor.grad_fn)
+            if tensor._is_view() and tensor._base is not None:
+                chain.append((tensor._base, f"{name}._base", True))
+            prev = nid
+
+    # -------------------------------------------------------------- the walk
+    def walk(self, start: Any) -> None:
+        ids = self.ids
+        stack = [start]
+        while stack:
+            fn = stack.pop()
+            if fn in ids:
+                continue
+            nid = self.new_id()
+            ids[fn] = nid
+            node = self.make_node(nid, fn)
+            self.nodes.append(node)
+            if node.kind == "accumulate":
+                self.add_leaf(nid, fn)
+            children = [(k, nxt) for k, (nxt, _) in enumerate(fn.next_functions) if nxt is not None]
+            if children:
+                self.pending.append((nid, children))
+                stack.extend(nxt for _, nxt in reversed(children) if nxt not in ids)
+
+    def add_leaf(self, acc_id: str, fn: Any) -> None:
+        var = fn.variable
+        lid = self.new_id()
+        name = self.names.get(id(var), "")
+        self.nodes.append(Node(lid, name, "leaf", tensor=self.tensor_info(var, name or None)))
+        self.pending.append((acc_id, [(0, lid)]))
+
+    def make_node(self, nid: str, fn: Any) -> Node:
+        info = _class_info(type(fn))
+        node = Node(nid, type(fn).__name__, info.kind)
+        if self.read_modules:
+            node.module = fn.metadata.get(MODULE_KEY)
+        if self.want_saved:
+            if info.kind == "custom":
+                self.custom_saved(fn, node)
+            elif info.saved:
+                self.builtin_saved(fn, info, node)
+        return node
+
+    def builtin_saved(self, fn: Any, info: _ClassInfo, node: Node) -> None:
+        for name in info.saved:
+            try:
+                val = getattr(fn, _SAVED + name)
+            except RuntimeError as exc:
+                self.unreadable(fn, name, node, exc)
+                continue
+            if isinstance(val, torch.Tensor):
+                node.saved.append(self.saved_record(name, val))
+            elif name in info.tensors and isinstance(val, (tuple, list)) and any(
+                isinstance(v, torch.Tensor) for v in val
+            ):
+                for i, v in enumerate(val):
+                    if isinstance(v, torch.Tensor):
+                        node.saved.append(self.saved_record(f"{name}[{i}]", v))
+            else:
+                node.attrs[name] = str(val)
+
+    def unreadable(self, fn: Any, name: str, node: Node, exc: RuntimeError) -> None:
+        """A saved tensor that cannot be unpacked: freed by backward, or modified in place."""
+        raw = getattr(fn, _RAW + name, None)
+        data = getattr(raw, "data", None) if raw is not None and not isinstance(raw, list) else None
+        if isinstance(data, torch.Tensor):  # still held, but its version changed
+            rec = self.saved_record(name, data)
+            node.saved.append(rec)
+            node.attrs[f"{name}.error"] = "modified by an in-place operation after it was saved"
+            return
+        # Many nodes also keep `<name>_sym_sizes`, which backward does not free.
+        try:
+            shape: list[int] | None = [int(s) for s in getattr(fn, f"{_SAVED}{name}_sym_sizes")]
+        except (AttributeError, RuntimeError, TypeError, ValueError):
+            shape = None
+        node.saved.append(SavedTensor(name, shape, None, None, 0, None, freed=True))
+
+    def custom_saved(self, fn: Any, node: Node) -> None:
+        try:
+            tensors = fn.saved_tensors
+        except RuntimeError as exc:
+            if "inplace" in str(exc):
+                node.attrs["saved_tensors.error"] = "modified by an in-place operation after it was saved"
+            node.saved.append(SavedTensor("saved_tensors", None, None, None, 0, None, freed=True))
+            tensors = ()
+        for i, t in enumerate(tensors):
+            if isinstance(t, torch.Tensor):
+                node.saved.append(self.saved_record(f"saved_tensors[{i}]", t))
+        # Attributes the user's forward set on ctx (ctx.clip_val = ...). Tensors stored on ctx
+        # instead of save_for_backward are held by the graph too, so they are counted as saved.
+        for key, val in sorted(getattr(fn, "__dict__", {}).items()):
+            if key.startswith("_"):
+                continue
+            if isinstance(val, torch.Tensor):
+                node.saved.append(self.saved_record(f"ctx.{key}", val))
+            else:
+                node.attrs[key] = str(val)
+
+    def finish(self, roots: list[str]) -> Graph:
+        ids = self.ids
+        edges = self.edges
+        for src, children in self.pending:
+            for k, dst in children:
+                edges.append(Edge(src, dst if isinstance(dst, str) else ids[dst], k))
+        order = {n.id: i for i, n in enumerate(self.nodes)}
+        edges.sort(key=lambda e: (order[e.src], e.kind != "grad", e.input_nr))
+        return Graph(nodes=self.nodes, edges=edges, roots=roots)
+
+
+#: Set by ``gs.scopes`` once it has stamped any node: until then the walk skips
+#: ``grad_fn.metadata``, which allocates a dict on every node it is read from.
+SCOPES_USED = False
+
+
+def trace(outputs: Any, params: Any = None, *, saved: bool = True, model: Any = None) -> Graph:
+    """Walk the autograd graph behind ``outputs`` into a plain-data ``Graph``.
+
+    Args:
+        outputs: a tensor, or any nest (tuple/list/dict/dataclass/namedtuple/``ModelOutput``)
+            of tensors. Other values in the nest (None, numbers, caches) are skipped, and so are
+            tensors that do not require grad.
+        params: names for leaf tensors: a dict of name -> tensor, or an ``nn.Module`` whose
+            ``named_parameters()`` are used.
+        saved: record saved tensors and non-tensor attributes of every node (set False for the
+            fastest walk when only the structure is needed).
+        model: an ``nn.Module``; its parameter names label the leaves (like ``params=model``),
+            and module paths recorded by ``gs.scopes(model)`` are read into ``Node.module``.
+
+    Returns:
+        The graph, with stable ids ``n0, n1, ...`` in walk order (depth first from each output).
+
+    Raises:
+        NoGradError: when no tensor in ``outputs`` has an autograd graph.
+
+    Example:
+        >>> import torch, gradscope as gs
+        >>> lin = torch.nn.Linear(3, 2)
+        >>> g = gs.trace(lin(torch.randn(4, 3)), params=lin)
+        >>> sorted(n.name for n in g.nodes if n.kind == "leaf")
+        ['bias', 'weight']
+    """
+    names = _param_names(model)
+    names.update(_param_names(params))
+    found = list(iter_tensors(outputs))
+    with_grad = [(p, t) for p, t in found if t.requires_grad]
+    if not with_grad:
+        if found:
+            raise NoGradError(
+                f"none of the {len(found)} output tensor(s) requires grad, so there is no autograd "
+                "graph to walk; did the forward run under torch.no_grad() or inference_mode(), "
+                "or on parameters with requires_grad=False?"
+            )
+        raise NoGradError(
+            f"found no tensor in the outputs (got {type(outputs).__name__}); pass a tensor or a "
+            "tuple/list/dict/dataclass of tensors"
+        )
+    walker = _Walker(names, saved, SCOPES_USED)
+    roots: list[str] = []
+    for path, t in with_grad:
+        if id(t) in walker.tensor_ids:
+            nid = walker.tensor_ids[id(t)]
+        else:
+            nid = walker.new_id()
+            walker.add_output(path, t)
+        if nid not in roots:
+            roots.append(nid)
+    return walker.finish(roots)

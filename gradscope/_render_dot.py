@@ -1,0 +1,208 @@
+"""DOT text from a ``Graph``: torchviz's colours and shapes, built as a string (fast, and
+byte-identical on every run because node ids are stable)."""
+
+from __future__ import annotations
+
+import math
+
+from ._model import Edge, Graph, Node, SavedTensor, format_bytes
+
+# torchviz's legend, so its users feel at home.
+LEAF_COLOR = "lightblue"
+SAVED_COLOR = "orange"
+OUTPUT_COLOR = "darkolivegreen1"
+BASE_COLOR = "darkolivegreen3"
+CUSTOM_COLOR = "plum1"
+FREED_COLOR = "gray90"
+BAD_COLOR = "red"
+
+#: attrs keys written by gradscope's own recorders, not by torch: never listed as saved attributes
+_ANNOTATION_KEYS = frozenset({"nonfinite", "first_nonfinite", "created_at", "view_base"})
+
+NODE_ATTR = (
+    'style=filled shape=box align=left fontsize=10 ranksep=0.1 height=0.2 fontname=monospace'
+)
+
+
+def quote(s: str) -> str:
+    """A DOT double-quoted string."""
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def size_to_str(shape: list[int] | None) -> str:
+    """``(3, 4)`` as torchviz writes sizes."""
+    if shape is None:
+        return "(?)"
+    return "(" + ", ".join("%d" % v for v in shape) + ")"
+
+
+def var_label(name: str | None, shape: list[int] | None) -> str:
+    """torchviz's tensor label: name, newline, space, size."""
+    return "%s\n %s" % (name or "", size_to_str(shape))
+
+
+def attr_entries(node: Node) -> dict[str, str]:
+    """A built-in node's saved names and attributes as torchviz's ``show_attrs`` lists them:
+    sorted by name, saved tensors shown as ``[saved tensor]`` / ``[saved tensors]``."""
+    entries: dict[str, str] = {}
+    for s in node.saved:
+        base, _, index = s.name.partition("[")
+        if s.freed:
+            entries[base] = "[freed]"
+        else:
+            entries[base] = "[saved tensors]" if index else "[saved tensor]"
+    for k, v in node.attrs.items():
+        if not k.endswith(".error") and k not in _ANNOTATION_KEYS:
+            entries[k] = v
+    return dict(sorted(entries.items()))
+
+
+def attr_table(name: str, entries: dict[str, str], max_attr_chars: int) -> str:
+    """torchviz's ``get_fn_name`` layout: name, a rule, then ``key: value`` rows."""
+    if not entries:
+        return name
+    max_attr_chars = max(max_attr_chars, 3)
+    col1 = max(len(k) for k in entries)
+    col2 = min(max(len(v) for v in entries.values()), max_attr_chars)
+    sep = "-" * max(col1 + col2 + 2, len(name))
+    fmt = "%-" + str(col1) + "s: %" + str(col2) + "s"
+
+    def truncate(s: str) -> str:
+        return s[: col2 - 3] + "..." if len(s) > col2 else s
+
+    rows = "\n".join(fmt % (k, truncate(v)) for k, v in entries.items())
+    return name + "\n" + sep + "\n" + rows
+
+
+def norm_color(norm: float) -> str:
+    """Edge colour for a gradient norm on a log scale: vanishing blue (1e-8) to exploding
+    red (1e4), as an HSV string Graphviz understands; non-finite norms are plain red."""
+    if not math.isfinite(norm):
+        return BAD_COLOR
+    if norm <= 0:
+        return "0.667 1.0 0.8"
+    t = (math.log10(norm) + 8.0) / 12.0
+    t = min(max(t, 0.0), 1.0)
+    return f"{0.667 * (1.0 - t):.3f} 1.0 0.85"
+
+
+def format_norm(norm: float) -> str:
+    if math.isnan(norm):
+        return "nan"
+    if math.isinf(norm):
+        return "inf"
+    return f"{norm:.2e}"
+
+
+def annotate(node: Node, label: str, extra: dict[str, str]) -> str:
+    """Backward annotations (``gs.record_backward``): execution order, non-finite marks."""
+    if node.order is not None:
+        label = f"#{node.order} {label}"
+    bad = node.attrs.get("nonfinite")
+    if bad:
+        first = node.attrs.get("first_nonfinite") == "true"
+        extra["fillcolor"] = BAD_COLOR if first else "lightcoral"
+        label += f"\n{'first ' if first else ''}{bad} gradient"
+        where = node.attrs.get("created_at")
+        if where:
+            label += f"\n{where}"
+    return label
+
+
+def node_style(node: Node, attrs: bool, max_attr_chars: int) -> tuple[str, dict[str, str]]:
+    """Label and extra DOT attributes of one node."""
+    label, extra = _base_style(node, attrs, max_attr_chars)
+    return annotate(node, label, extra), extra
+
+
+def _base_style(node: Node, attrs: bool, max_attr_chars: int) -> tuple[str, dict[str, str]]:
+    extra: dict[str, str] = {}
+    if node.kind in ("leaf", "output"):
+        t = node.tensor
+        label = var_label(node.name, t.shape if t else None)
+        if node.kind == "leaf":
+            extra["fillcolor"] = LEAF_COLOR
+        else:
+            extra["fillcolor"] = BASE_COLOR if node.attrs.get("view_base") else OUTPUT_COLOR
+        if t is not None:
+            extra["tooltip"] = f"{t.dtype} on {t.device}, storage {t.storage}"
+        return label, extra
+    if node.kind == "module":  # a collapsed group (Graph.collapse)
+        cls = node.attrs.get("class", "")
+        count = node.attrs.get("nodes", "?")
+        nbytes = int(node.attrs.get("saved_bytes", "0") or 0)
+        label = f"{node.name}\n{cls} · {count} nodes\nsaved {format_bytes(nbytes)}"
+        extra["fillcolor"] = "lightyellow"
+        extra["shape"] = "box3d"
+        return label, extra
+    if node.kind == "custom":
+        entries = {k: v for k, v in node.attrs.items() if k not in _ANNOTATION_KEYS} if attrs else {}
+        label = attr_table(node.name, entries, max_attr_chars) + "\n(custom Function)"
+        extra["fillcolor"] = CUSTOM_COLOR
+        extra["peripheries"] = "2"
+    else:
+        label = attr_table(node.name, attr_entries(node) if attrs else {}, max_attr_chars)
+    if node.module:
+        extra["tooltip"] = node.module
+    return label, extra
+
+
+def saved_style(s: SavedTensor) -> tuple[str, dict[str, str]]:
+    if s.freed:
+        shape = f" {size_to_str(s.shape)}" if s.shape is not None else ""
+        return f"{s.name}\n{shape} freed", {"fillcolor": FREED_COLOR, "style": "filled,dashed"}
+    tip = f"{s.dtype} on {s.device}, {format_bytes(s.nbytes)}, storage {s.storage}"
+    return var_label(s.name, s.shape), {"fillcolor": SAVED_COLOR, "tooltip": tip}
+
+
+def _attr_list(label: str, extra: dict[str, str]) -> str:
+    parts = ["label=" + quote(label)]
+    parts.extend(f"{k}={quote(v)}" for k, v in extra.items())
+    return " ".join(parts)
+
+
+def _edge_attrs(e: Edge) -> str:
+    parts = []
+    label = []
+    if e.count != 1:
+        label.append(f"x{e.count}")
+    if e.grad_norm is not None:
+        label.append(format_norm(e.grad_norm))
+        color = norm_color(e.grad_norm)
+        parts.append(f"color={quote(color)} fontcolor={quote(color)}")
+        if not math.isfinite(e.grad_norm):
+            parts.append("penwidth=2.5")
+    parts.insert(0, f"label={quote(' '.join(label))} fontsize=8")
+    return " ".join(parts)
+
+
+def to_dot(graph: Graph, *, saved: bool = True, attrs: bool = False, max_attr_chars: int = 50) -> str:
+    """Render ``graph`` as DOT text.
+
+    Args:
+        graph: the graph to draw.
+        saved: draw each saved tensor as an orange box joined to its node.
+        attrs: list each node's non-tensor saved attributes in its label.
+        max_attr_chars: truncate attribute values to this many characters.
+
+    Arrows point in the forward direction (input -> op), as torchviz draws them.
+    """
+    out = ["digraph {", f"\tnode [{NODE_ATTR}]", '\tgraph [rankdir=TB]']
+    for node in graph.nodes:
+        label, extra = node_style(node, attrs, max_attr_chars)
+        out.append(f"\t{node.id} [{_attr_list(label, extra)}]")
+        if saved:
+            for i, s in enumerate(node.saved):
+                sid = f"{node.id}_s{i}"
+                slabel, sextra = saved_style(s)
+                out.append(f"\t{sid} [{_attr_list(slabel, sextra)}]")
+                out.append(f"\t{node.id} -> {sid} [dir=none]")
+    for e in graph.edges:
+        if e.kind == "view":
+            out.append(f"\t{e.dst} -> {e.src} [style=dotted]")
+        elif e.grad_norm is not None or e.count != 1:
+            out.append(f"\t{e.dst} -> {e.src} [{_edge_attrs(e)}]")
+        else:
+            out.append(f"\t{e.dst} -> {e.src}")
+    out.append("}")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,83 @@
+"""Shared fixtures and helpers: reference walks and graph builders used across test files."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "samples"
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+#: Regenerate golden files with `pytest --update-golden` (never silently).
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/*")
+
+
+@pytest.fixture
+def golden(request: pytest.FixtureRequest):
+    """``golden(name, text)``: compare ``text`` with ``tests/golden/name``."""
+    update = request.config.getoption("--update-golden")
+
+    def check(name: str, text: str) -> None:
+        path = GOLDEN / name
+        if update or not path.exists():
+            if not update:
+                pytest.fail(f"golden file {path} is missing; run pytest --update-golden once")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+        assert text == path.read_text(encoding="utf-8"), f"output differs from {path}"
+
+    return check
+
+
+def reference_walk(roots) -> tuple[Counter, int]:
+    """Ground truth: names of every backward node reachable over ``next_functions`` and the
+    number of (non-None) edges between them, by a plain BFS that knows nothing of gradscope."""
+    if isinstance(roots, torch.Tensor):
+        roots = [roots]
+    seen = set()
+    queue = [t.grad_fn for t in roots if t.grad_fn is not None]
+    names: Counter = Counter()
+    edges = 0
+    while queue:
+        fn = queue.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        names[type(fn).__name__] += 1
+        for nxt, _ in fn.next_functions:
+            if nxt is not None:
+                edges += 1
+                queue.append(nxt)
+    return names, edges
+
+
+def graph_counts(graph) -> tuple[Counter, int]:
+    """The same two figures read off a gradscope Graph."""
+    kinds = {"op", "custom", "accumulate"}
+    ids = {n.id for n in graph.nodes if n.kind in kinds}
+    names = Counter(n.name for n in graph.nodes if n.kind in kinds)
+    edges = sum(1 for e in graph.edges if e.src in ids and e.dst in ids)
+    return names, edges
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: int = 240):
+    """Run the installed `gradscope` console script in a subprocess."""
+    import subprocess
+
+    exe = Path(sys.executable).parent / "gradscope"
+    env = dict(os.environ, COLUMNS="120", NO_COLOR="1", TERM="dumb")
+    return subprocess.run(
+        [str(exe), *args], capture_output=True, text=True, cwd=cwd or ROOT, timeout=timeout, env=env
+    )
