@@ -1,0 +1,120 @@
+"""Renderers: golden files for DOT, tree and JSON (stable ids make them byte-stable), and the
+image formats through the Graphviz binary."""
+
+from __future__ import annotations
+
+import io
+import shutil
+
+import pytest
+import torch
+from graphs import ALL, custom_saved_none
+from rich.console import Console
+
+import gradscope as gs
+
+
+def small_model_graph(backward: bool = False) -> gs.Graph:
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    loss = m(torch.randn(3, 4)).pow(2).mean()
+    if backward:
+        loss.backward()
+    return gs.trace(loss, params=m)
+
+
+def tree_text(graph: gs.Graph, **kw) -> str:
+    console = Console(color_system=None, width=100, file=io.StringIO(), legacy_windows=False)
+    console.print(gs.render_tree(graph, **kw))
+    return console.file.getvalue()
+
+
+def test_dot_golden(golden):
+    golden("mlp.dot", small_model_graph().to_dot())
+    golden("mlp_attrs.dot", small_model_graph().to_dot(attrs=True, saved=False))
+    golden("custom.dot", gs.trace(*custom_saved_none()).to_dot(attrs=True))
+
+
+def test_dot_golden_after_backward(golden):
+    golden("mlp_freed.dot", small_model_graph(backward=True).to_dot())
+
+
+def test_json_golden(golden):
+    golden("mlp.json", small_model_graph().to_json())
+
+
+def test_tree_golden(golden):
+    golden("mlp.tree.txt", tree_text(small_model_graph()))
+    golden("lstm.tree.txt", tree_text(gs.trace(*ALL["lstm_cell"]())))
+    golden("custom.tree.txt", tree_text(gs.trace(*custom_saved_none())))
+
+
+def test_dot_colours_follow_torchviz():
+    text = gs.trace(*ALL["views"]()).to_dot()
+    assert 'fillcolor="lightblue"' in text  # leaf
+    assert 'fillcolor="orange"' in text  # saved
+    assert 'fillcolor="darkolivegreen1"' in text  # output
+    assert 'fillcolor="darkolivegreen3"' in text  # view base
+    assert "style=dotted" in text
+    custom = gs.trace(*custom_saved_none()).to_dot()
+    assert "(custom Function)" in custom and "peripheries" in custom
+
+
+def test_dot_escapes_awkward_names():
+    x = torch.randn(2, requires_grad=True)
+    g = gs.trace({'we"ird\\key': x.exp()}, params={'p"1': x})
+    text = g.to_dot()
+    assert 'p\\"1' in text and "ird" in text
+    if gs.dot_binary():
+        assert g.render("svg").startswith(b"<?xml")
+
+
+def test_tree_shows_each_node_once_with_references():
+    x = torch.randn(3, requires_grad=True)
+    y = x.exp()
+    g = gs.trace(y * y + y, params={"x": x})
+    text = tree_text(g)
+    assert text.count("ExpBackward0") == 3  # once in full, twice as a reference
+    assert text.count("(shown above)") == 2
+    assert text.count("AccumulateGrad ← x") == 1
+
+
+def test_tree_depth_grows_with_branching_not_length():
+    x = torch.randn(2, requires_grad=True)
+    y = x
+    for _ in range(300):
+        y = torch.tanh(y) * 1.5
+    text = tree_text(gs.trace(y, params={"x": x}))
+    widest = max(len(line) - len(line.lstrip(" │├└─")) for line in text.splitlines())
+    assert widest < 10
+
+
+def test_tree_max_lines():
+    x = torch.randn(2, requires_grad=True)
+    y = x
+    for _ in range(50):
+        y = y.sin()
+    text = tree_text(gs.trace(y), max_lines=10)
+    assert "more nodes not shown" in text and len(text.splitlines()) == 12
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="needs the Graphviz binary")
+@pytest.mark.parametrize("fmt,magic", [("svg", b"<?xml"), ("png", b"\x89PNG"), ("pdf", b"%PDF")])
+def test_image_formats(tmp_path, fmt, magic):
+    g = small_model_graph()
+    path = g.save(tmp_path / f"g.{fmt}")
+    assert path.read_bytes().startswith(magic)
+
+
+def test_save_text_formats_and_errors(tmp_path, monkeypatch):
+    g = small_model_graph()
+    assert g.save(tmp_path / "g.dot").read_text() == g.to_dot()
+    assert gs.Graph.from_json(g.save(tmp_path / "g.json").read_text()) == g
+    with pytest.raises(gs.FormatError, match="unknown output format 'bmp'"):
+        g.save(tmp_path / "g.bmp")
+    with pytest.raises(gs.FormatError, match="no suffix"):
+        g.save(tmp_path / "graph")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no `dot` here
+    with pytest.raises(gs.GraphvizNotFoundError, match="apt-get install graphviz.*-o graph.dot"):
+        g.save(tmp_path / "g.svg")
+    assert g._repr_svg_() is None
