@@ -54,24 +54,30 @@ def _class_info(cls: type) -> _ClassInfo:
     return info
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
 
 
 class _Storages:
     """Gives each distinct storage a stable id (``s0``, ``s1``...) in order of first sight."""
 
     def __init__(self) -> None:
-        self._ids: dict[tuple[str, int], str] = {}
+        self._ids: dict[int, str] = {}
 
     def id_of(self, t: torch.Tensor) -> str | None:
         try:
-            key = (t.device.type, t.untyped_storage()._cdata)
+            key = t.untyped_storage()._cdata  # the StorageImpl's address: one per storage
         except (RuntimeError, NotImplementedError, AttributeError):
             return None  # sparse, nested or otherwise storage-less tensors
         sid = self._ids.get(key)
         if sid is None:
-            sid = f"s{len(self._ids)}"
+            sid = "s%d" % len(self._ids)
             self._ids[key] = sid
         return sid
 
@@ -98,6 +104,8 @@ def _param_names(params: Any) -> dict[int, str]:
 
 
 class _Walker:
+    """One walk. Hot loops bind attributes to locals: this code runs once per autograd node."""
+
     def __init__(self, names: dict[int, str], saved: bool, read_modules: bool) -> None:
         self.names = names
         self.want_saved = saved
@@ -107,11 +115,12 @@ class _Walker:
         self.ids: dict[Any, str] = {}  # grad_fn object -> node id (the dict keeps them alive)
         self.tensor_ids: dict[int, str] = {}  # id(tensor) -> node id for output/base tensors
         self.keep: list[torch.Tensor] = []  # keeps those tensors alive so id() stays unique
-        self.pending: list[tuple[str, list[tuple[int, Any]]]] = []
-        self.edges: list[Edge] = []
+        # (src id, dst grad_fn or dst id, input_nr), appended in src order
+        self.raw_edges: list[tuple[str, Any, int]] = []
+        self.view_edges: list[Edge] = []
 
     def new_id(self) -> str:
-        return f"n{len(self.nodes)}"
+        return "n%d" % len(self.nodes)
 
     # -------------------------------------------------------------- tensors
     def tensor_info(self, t: torch.Tensor, name: str | None) -> TensorInfo:
@@ -119,8 +128,9 @@ class _Walker:
             name=name,
             shape=list(t.shape),
             dtype=_dtype_name(t.dtype),
-            device=str(t.device),
-            storage=self.storages.id_of(t),
+            device="cpu" if t.is_cpu else str(t.device),
+            # storage ids serve memory accounting, which needs saved tensors too
+            storage=self.storages.id_of(t) if self.want_saved else None,
         )
 
     def saved_record(self, name: str, t: torch.Tensor) -> SavedTensor:
@@ -128,8 +138,8 @@ class _Walker:
             name=name,
             shape=list(t.shape),
             dtype=_dtype_name(t.dtype),
-            device=str(t.device),
-            nbytes=t.numel() * t.element_size(),
+            device="cpu" if t.is_cpu else str(t.device),
+            nbytes=t.nbytes,
             storage=self.storages.id_of(t),
         )
 
@@ -143,7 +153,7 @@ class _Walker:
             known = self.tensor_ids.get(id(tensor))
             if known is not None:
                 if prev is not None:
-                    self.edges.append(Edge(prev, known, 0, "view"))
+                    self.view_edges.append(Edge(prev, known, 0, "view"))
                 break
             nid = self.new_id()
             label = self.names.get(id(tensor), name)
@@ -154,9 +164,9 @@ class _Walker:
             self.tensor_ids[id(tensor)] = nid
             self.keep.append(tensor)
             if prev is not None:
-                self.edges.append(Edge(prev, nid, 0, "view"))
+                self.view_edges.append(Edge(prev, nid, 0, "view"))
             if tensor.grad_fn is not None:
-                self.pending.append((nid, [(0, tensor.grad_fn)]))
+                self.raw_edges.append((nid, tensor.grad_fn, 0))
                 self.walk(tensor.grad_fn)
             if tensor._is_view() and tensor._base is not None:
                 chain.append((tensor._base, f"{name}._base", True))
@@ -164,41 +174,52 @@ class _Walker:
 
     # -------------------------------------------------------------- the walk
     def walk(self, start: Any) -> None:
+        """Depth-first preorder from ``start``; ids are given when a node is first popped."""
         ids = self.ids
+        nodes = self.nodes
         stack = [start]
+        pop, push = stack.pop, stack.append
+        add_node, add_edge = nodes.append, self.raw_edges.append
+        infos = _CLASS_INFO
+        want_saved, read_modules = self.want_saved, self.read_modules
+        node_cls = Node
         while stack:
-            fn = stack.pop()
+            fn = pop()
             if fn in ids:
                 continue
-            nid = self.new_id()
+            nid = "n%d" % len(nodes)
             ids[fn] = nid
-            node = self.make_node(nid, fn)
-            self.nodes.append(node)
-            if node.kind == "accumulate":
+            cls = type(fn)
+            info = infos.get(cls) or _class_info(cls)
+            node = node_cls(nid, cls.__name__, info.kind)
+            add_node(node)
+            if read_modules:
+                node.module = fn.metadata.get(MODULE_KEY)
+            if want_saved:
+                if info.kind == "custom":
+                    self.custom_saved(fn, node)
+                elif info.saved:
+                    self.builtin_saved(fn, info, node)
+            if info.kind == "accumulate":
                 self.add_leaf(nid, fn)
-            children = [(k, nxt) for k, (nxt, _) in enumerate(fn.next_functions) if nxt is not None]
-            if children:
-                self.pending.append((nid, children))
-                stack.extend(nxt for _, nxt in reversed(children) if nxt not in ids)
+            nf = fn.next_functions
+            if nf:
+                k = 0
+                for nxt, _ in nf:
+                    if nxt is not None:
+                        add_edge((nid, nxt, k))
+                    k += 1
+                for i in range(len(nf) - 1, -1, -1):
+                    nxt = nf[i][0]
+                    if nxt is not None and nxt not in ids:
+                        push(nxt)
 
     def add_leaf(self, acc_id: str, fn: Any) -> None:
         var = fn.variable
         lid = self.new_id()
         name = self.names.get(id(var), "")
         self.nodes.append(Node(lid, name, "leaf", tensor=self.tensor_info(var, name or None)))
-        self.pending.append((acc_id, [(0, lid)]))
-
-    def make_node(self, nid: str, fn: Any) -> Node:
-        info = _class_info(type(fn))
-        node = Node(nid, type(fn).__name__, info.kind)
-        if self.read_modules:
-            node.module = fn.metadata.get(MODULE_KEY)
-        if self.want_saved:
-            if info.kind == "custom":
-                self.custom_saved(fn, node)
-            elif info.saved:
-                self.builtin_saved(fn, info, node)
-        return node
+        self.raw_edges.append((acc_id, lid, 0))
 
     def builtin_saved(self, fn: Any, info: _ClassInfo, node: Node) -> None:
         for name in info.saved:
@@ -256,13 +277,12 @@ class _Walker:
                 node.attrs[key] = str(val)
 
     def finish(self, roots: list[str]) -> Graph:
-        ids = self.ids
-        edges = self.edges
-        for src, children in self.pending:
-            for k, dst in children:
-                edges.append(Edge(src, dst if isinstance(dst, str) else ids[dst], k))
-        order = {n.id: i for i, n in enumerate(self.nodes)}
-        edges.sort(key=lambda e: (order[e.src], e.kind != "grad", e.input_nr))
+        get = self.ids.get
+        edges = [Edge(src, get(dst) or dst, k) for src, dst, k in self.raw_edges]
+        if self.view_edges:  # rare: merge them in src order (grad edges first)
+            order = {n.id: i for i, n in enumerate(self.nodes)}
+            edges.extend(self.view_edges)
+            edges.sort(key=lambda e: (order[e.src], e.kind != "grad"))
         return Graph(nodes=self.nodes, edges=edges, roots=roots)
 
 
@@ -298,6 +318,15 @@ def trace(outputs: Any, params: Any = None, *, saved: bool = True, model: Any = 
         >>> sorted(n.name for n in g.nodes if n.kind == "leaf")
         ['bias', 'weight']
     """
+    return _trace_with_ids(outputs, params, saved=saved, model=model)[0]
+
+
+def _trace_with_ids(
+    outputs: Any, params: Any = None, *, saved: bool = True, model: Any = None
+) -> tuple[Graph, dict[Any, str]]:
+    """``trace``, also returning its map from each live ``grad_fn`` to its node id, so that
+    ``gs.record_backward`` can hook the very nodes it drew. The map holds the nodes alive:
+    drop it when done."""
     names = _param_names(model)
     names.update(_param_names(params))
     found = list(iter_tensors(outputs))
@@ -323,4 +352,4 @@ def trace(outputs: Any, params: Any = None, *, saved: bool = True, model: Any = 
             walker.add_output(path, t)
         if nid not in roots:
             roots.append(nid)
-    return walker.finish(roots)
+    return walker.finish(roots), walker.ids

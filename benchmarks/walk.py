@@ -1,0 +1,96 @@
+"""Walk benchmark (issue #2): ratios against anchors measured in the same run.
+
+    .venv/bin/python benchmarks/walk.py
+
+1. gradscope `trace(...).to_dot()` vs torchviz `make_dot(show_attrs=True, show_saved=True).source`
+   on the ~5,000-node graph of 1,000 x (Linear(16,16) + ReLU)      target <= 0.2
+2. `trace(saved=False)` vs a bare Python BFS over next_functions     target <= 3
+3. trace time growth from a 10,000-op to a 100,000-op chain          target <= 13x
+   (and on to 1,000,000 with --big)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from _timing import best_of, verdict
+
+import gradscope as gs
+
+
+def mlp_graph(layers: int = 1000) -> tuple[torch.Tensor, torch.nn.Module]:
+    torch.manual_seed(0)
+    mods = []
+    for _ in range(layers):
+        mods += [torch.nn.Linear(16, 16), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*mods)
+    return model(torch.randn(4, 16)).sum(), model
+
+
+def chain(n: int) -> torch.Tensor:
+    x = torch.randn(2, requires_grad=True)
+    y = x
+    for _ in range(n):
+        y = y * 1.0001
+    return y
+
+
+def bare_bfs(root: torch.Tensor) -> int:
+    seen = set()
+    queue = [root.grad_fn]
+    while queue:
+        fn = queue.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        for nxt, _ in fn.next_functions:
+            if nxt is not None and nxt not in seen:
+                queue.append(nxt)
+    return len(seen)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--big", action="store_true", help="also time a 1,000,000-op chain")
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    import torchviz
+
+    out, model = mlp_graph()
+    params = dict(model.named_parameters())
+    g = gs.trace(out, params=params)
+    print(f"graph: {len(g.backward_nodes)} autograd nodes, {len(g.nodes)} gradscope nodes")
+
+    sys.setrecursionlimit(100_000)  # torchviz recurses once per node
+    t_viz = best_of(
+        lambda: torchviz.make_dot(out, params=params, show_attrs=True, show_saved=True).source,
+        args.repeat,
+    )
+    t_ours = best_of(lambda: gs.trace(out, params=params).to_dot(attrs=True), args.repeat)
+    r1 = t_ours / t_viz
+    print(f"1. trace().to_dot(): {t_ours * 1e3:.1f} ms  torchviz: {t_viz * 1e3:.1f} ms  "
+          f"ratio {r1:.3f} (target <= 0.2: {verdict(r1, 0.2)})")
+
+    t_bfs = best_of(lambda: bare_bfs(out), args.repeat)
+    t_fast = best_of(lambda: gs.trace(out, params=params, saved=False), args.repeat)
+    r2 = t_fast / t_bfs
+    print(f"2. trace(saved=False): {t_fast * 1e3:.1f} ms  bare BFS: {t_bfs * 1e3:.1f} ms  "
+          f"ratio {r2:.2f} (target <= 3: {verdict(r2, 3)})")
+
+    sizes = [10_000, 100_000] + ([1_000_000] if args.big else [])
+    times = []
+    for n in sizes:
+        y = chain(n)
+        times.append(best_of(lambda y=y: gs.trace(y), max(1, args.repeat // 2)))
+        del y
+        print(f"   chain of {n:>9,} ops: trace {times[-1]:.3f} s")
+    for (n0, t0), (n1, t1) in zip(zip(sizes, times), zip(sizes[1:], times[1:])):
+        r3 = t1 / t0
+        print(f"3. growth {n0:,} -> {n1:,} ops: {r3:.1f}x (target <= 13: {verdict(r3, 13)})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
