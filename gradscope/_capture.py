@@ -7,6 +7,7 @@ million nodes deep never meets Python's recursion limit.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -344,12 +345,20 @@ def _trace_with_ids(
         )
     walker = _Walker(names, saved, SCOPES_USED)
     roots: list[str] = []
-    for path, t in with_grad:
-        if id(t) in walker.tensor_ids:
-            nid = walker.tensor_ids[id(t)]
-        else:
-            nid = walker.new_id()
-            walker.add_output(path, t)
-        if nid not in roots:
-            roots.append(nid)
-    return walker.finish(roots), walker.ids
+    # The walk allocates a few objects per node and frees none: generational GC passes over
+    # that growing heap would only cost time (2x on a 100,000-node graph).
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for path, t in with_grad:
+            if id(t) in walker.tensor_ids:
+                nid = walker.tensor_ids[id(t)]
+            else:
+                nid = walker.new_id()
+                walker.add_output(path, t)
+            if nid not in roots:
+                roots.append(nid)
+        return walker.finish(roots), walker.ids
+    finally:
+        if gc_was_enabled:
+            gc.enable()
