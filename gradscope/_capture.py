@@ -222,51 +222,72 @@ class _Walker:
         self.nodes.append(Node(lid, name, "leaf", tensor=self.tensor_info(var, name or None)))
         self.raw_edges.append((acc_id, lid, 0))
 
+    # Saved tensors are read through their `SavedTensor` handles (`_raw_saved_*`, `.data`)
+    # rather than by unpacking them (`_saved_*`): unpacking runs saved_tensors_hooks' unpack
+    # hooks, and for torch.utils.checkpoint that recomputes the forward. Reading `.data` has
+    # no side effects and is cheaper.
     def builtin_saved(self, fn: Any, info: _ClassInfo, node: Node) -> None:
+        tensors = info.tensors
         for name in info.saved:
-            try:
-                val = getattr(fn, _SAVED + name)
-            except RuntimeError as exc:
-                self.unreadable(fn, name, node, exc)
+            if name not in tensors:
+                node.attrs[name] = str(getattr(fn, _SAVED + name))
                 continue
-            if isinstance(val, torch.Tensor):
-                node.saved.append(self.saved_record(name, val))
-            elif name in info.tensors and isinstance(val, (tuple, list)) and any(
-                isinstance(v, torch.Tensor) for v in val
-            ):
-                for i, v in enumerate(val):
-                    if isinstance(v, torch.Tensor):
-                        node.saved.append(self.saved_record(f"{name}[{i}]", v))
+            raw = getattr(fn, _RAW + name)
+            if isinstance(raw, (list, tuple)):
+                if not raw:
+                    node.attrs[name] = "()"
+                for i, r in enumerate(raw):
+                    self.read_saved(fn, name, i, r, node)
             else:
-                node.attrs[name] = str(val)
+                self.read_saved(fn, name, None, raw, node)
 
-    def unreadable(self, fn: Any, name: str, node: Node, exc: RuntimeError) -> None:
-        """A saved tensor that cannot be unpacked: freed by backward, or modified in place."""
-        raw = getattr(fn, _RAW + name, None)
-        data = getattr(raw, "data", None) if raw is not None and not isinstance(raw, list) else None
-        if isinstance(data, torch.Tensor):  # still held, but its version changed
-            rec = self.saved_record(name, data)
-            node.saved.append(rec)
-            node.attrs[f"{name}.error"] = "modified by an in-place operation after it was saved"
+    def read_saved(self, fn: Any, name: str, index: int | None, raw: Any, node: Node) -> None:
+        label = name if index is None else f"{name}[{index}]"
+        data = raw.data
+        if isinstance(data, torch.Tensor):
+            node.saved.append(self.saved_record(label, data))
             return
-        # Many nodes also keep `<name>_sym_sizes`, which backward does not free.
+        if data is not None:  # packed by a saved_tensors_hooks pack hook (e.g. checkpoint)
+            node.saved.append(
+                SavedTensor(label, self.saved_shape(fn, name, index), None, None, 0, None)
+            )
+            node.attrs[f"{label}.packed"] = (
+                f"held as {type(data).__name__} by a saved_tensors_hooks pack hook, not as a tensor"
+            )
+            return
+        # No data: backward freed it, or it is an optional tensor that was never saved.
         try:
-            shape: list[int] | None = [int(s) for s in getattr(fn, f"{_SAVED}{name}_sym_sizes")]
+            val = getattr(fn, _SAVED + name)
+        except RuntimeError:
+            shape = self.saved_shape(fn, name, index)
+            node.saved.append(SavedTensor(label, shape, None, None, 0, None, freed=True))
+            return
+        if index is None:
+            node.attrs[label] = str(val)
+
+    @staticmethod
+    def saved_shape(fn: Any, name: str, index: int | None) -> list[int] | None:
+        """The shape torch keeps as `<name>_sym_sizes` (it survives backward), if any."""
+        if index is not None:
+            return None
+        try:
+            return [int(s) for s in getattr(fn, f"{_SAVED}{name}_sym_sizes")]
         except (AttributeError, RuntimeError, TypeError, ValueError):
-            shape = None
-        node.saved.append(SavedTensor(name, shape, None, None, 0, None, freed=True))
+            return None
 
     def custom_saved(self, fn: Any, node: Node) -> None:
         try:
-            tensors = fn.saved_tensors
-        except RuntimeError as exc:
-            if "inplace" in str(exc):
-                node.attrs["saved_tensors.error"] = "modified by an in-place operation after it was saved"
+            raws = fn._raw_saved_tensors
+        except RuntimeError:  # freed by backward: torch no longer knows what there was
             node.saved.append(SavedTensor("saved_tensors", None, None, None, 0, None, freed=True))
-            tensors = ()
-        for i, t in enumerate(tensors):
-            if isinstance(t, torch.Tensor):
-                node.saved.append(self.saved_record(f"saved_tensors[{i}]", t))
+            raws = ()
+        for i, raw in enumerate(raws):
+            data = raw.data
+            if isinstance(data, torch.Tensor):
+                node.saved.append(self.saved_record(f"saved_tensors[{i}]", data))
+            elif data is not None:
+                self.read_saved(fn, "saved_tensors", i, raw, node)
+            # data None: the Function saved None; nothing is held
         # Attributes the user's forward set on ctx (ctx.clip_val = ...). Tensors stored on ctx
         # instead of save_for_backward are held by the graph too, so they are counted as saved.
         for key, val in sorted(getattr(fn, "__dict__", {}).items()):
