@@ -57,6 +57,8 @@ _LAZY = {
     "CheckResult": "._check",
     "CheckFailure": "._check",
     "explain": "._explain",
+    "Explanation": "._explain",
+    "ExplainInputError": "._explain",
     "saved_memory": "._memory",
     "leak_check": "._memory",
 }
@@ -83,6 +85,8 @@ __all__ = [
     "CheckInputError",
     "CheckResult",
     "Edge",
+    "ExplainInputError",
+    "Explanation",
     "FormatError",
     "GradMonitor",
     "GradStat",

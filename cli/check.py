@@ -1,0 +1,115 @@
+"""``gradscope check FILE:NAME``: gradcheck a custom Function (or function) defined in a file.
+
+The file supplies the inputs as ``NAME_inputs()`` (a function returning a tuple of arguments),
+or as ``example_inputs`` (a tuple, or a function returning one). Exit codes: 0 the check passed,
+1 it failed, 2 the file, the name or the inputs could not be used.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+import typer
+from rich.console import Console
+
+import gradscope as gs
+
+_SPEC = re.compile(r"^(?P<path>.+\.py):(?P<name>[A-Za-z_][A-Za-z0-9_]*)$")
+
+_HINT = (
+    "define {name}_inputs() returning a tuple of arguments, e.g.\n"
+    "    def {name}_inputs():\n"
+    "        return (torch.randn(3, 4, dtype=torch.float64, requires_grad=True), 1.5)"
+)
+
+
+def _is_checkable(obj: Any) -> bool:
+    if isinstance(obj, type):
+        return issubclass(obj, torch.autograd.Function)
+    return callable(obj) and not isinstance(obj, torch.nn.Module)
+
+
+def _candidates(mf: gs.ModelFile) -> str:
+    names = [
+        n for n, v in vars(mf.module).items()
+        if not n.startswith("_") and isinstance(v, type) and issubclass(v, torch.autograd.Function)
+        and v is not torch.autograd.Function
+    ]
+    return ", ".join(names) if names else "none"
+
+
+def _target(mf: gs.ModelFile, name: str) -> Any:
+    if not mf.has(name):
+        raise gs.CheckInputError(
+            f"{mf.path}: no name {name!r} (Function subclasses in the file: {_candidates(mf)})"
+        )
+    obj = mf.get(name)
+    if not _is_checkable(obj):
+        raise gs.CheckInputError(
+            f"{mf.path}: {name} is a {type(obj).__name__}; expected a torch.autograd.Function "
+            "subclass or a function of tensors"
+        )
+    return obj
+
+
+def _call(mf: gs.ModelFile, label: str, fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception as exc:  # the user's code may raise anything
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise gs.CheckInputError(
+            f"{mf.path}: {label}() raised {type(exc).__name__}: {first}"
+        ) from exc
+
+
+def load_inputs(mf: gs.ModelFile, name: str) -> tuple[Any, ...]:
+    """The arguments to check ``name`` with: ``NAME_inputs()`` or else ``example_inputs``."""
+    label = f"{name}_inputs"
+    source = mf.get(label)
+    if source is None:
+        label = "example_inputs"
+        source = mf.get(label)
+    if source is None:
+        raise gs.CheckInputError(
+            f"{mf.path}: no {name}_inputs() or example_inputs to call {name} with; "
+            + _HINT.format(name=name)
+        )
+    value = _call(mf, label, source) if callable(source) else source
+    if isinstance(value, torch.Tensor):
+        return (value,)
+    if isinstance(value, (tuple, list)):
+        return tuple(value)
+    raise gs.CheckInputError(
+        f"{mf.path}: {label} gave a {type(value).__name__}; expected a tensor or a tuple of "
+        "arguments"
+    )
+
+
+def check(
+    target: str = typer.Argument(
+        ..., metavar="FILE:NAME", help="e.g. samples/functions.py:ClippedReLU"
+    ),
+    double: bool = typer.Option(
+        True, "--double/--no-double", help="Also run gradgradcheck (second derivatives)."
+    ),
+) -> None:
+    """gradcheck (and gradgradcheck) a torch.autograd.Function subclass or function in FILE."""
+    match = _SPEC.match(target)
+    if match is None:
+        raise gs.CheckInputError(
+            f"expected FILE:NAME, e.g. samples/functions.py:ClippedReLU, got {target!r}"
+        )
+    name = match["name"]
+    mf = gs.load_model_file(target)
+    fn = _target(mf, name)
+    inputs = load_inputs(mf, name)
+    result = gs.check(fn, *inputs, double=double)
+    Console(highlight=False, soft_wrap=False).print(result)
+    raise typer.Exit(0 if result.ok else 1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``check`` command to the gradscope app."""
+    app.command("check")(check)
