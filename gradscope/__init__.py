@@ -61,6 +61,13 @@ _LAZY = {
     "ExplainInputError": "._explain",
     "saved_memory": "._memory",
     "leak_check": "._memory",
+    "MemoryReport": "._memory",
+    "SavedMemory": "._memory",
+    "LeakCheck": "._memory",
+    "Leak": "._memory",
+    "LeakStep": "._memory",
+    "GraphLeakWarning": "._memory",
+    "MemoryHooksError": "._memory",
 }
 
 
@@ -78,6 +85,13 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "MemoryHooksError",
+    "GraphLeakWarning",
+    "LeakStep",
+    "Leak",
+    "LeakCheck",
+    "SavedMemory",
+    "MemoryReport",
     "FORMATS",
     "Alert",
     "BackwardTrace",

@@ -70,16 +70,19 @@ class _Storages:
 
     def __init__(self) -> None:
         self._ids: dict[int, str] = {}
+        self.sizes: dict[str, int] = {}  # storage id -> untyped_storage().nbytes()
 
     def id_of(self, t: torch.Tensor) -> str | None:
         try:
-            key = t.untyped_storage()._cdata  # the StorageImpl's address: one per storage
+            st = t.untyped_storage()
+            key = st._cdata  # the StorageImpl's address: one per storage
         except (RuntimeError, NotImplementedError, AttributeError):
             return None  # sparse, nested or otherwise storage-less tensors
         sid = self._ids.get(key)
         if sid is None:
             sid = "s%d" % len(self._ids)
             self._ids[key] = sid
+            self.sizes[sid] = st.nbytes()
         return sid
 
 
@@ -135,13 +138,15 @@ class _Walker:
         )
 
     def saved_record(self, name: str, t: torch.Tensor) -> SavedTensor:
+        sid = self.storages.id_of(t)
         return SavedTensor(
             name=name,
             shape=list(t.shape),
             dtype=_dtype_name(t.dtype),
             device="cpu" if t.is_cpu else str(t.device),
             nbytes=t.nbytes,
-            storage=self.storages.id_of(t),
+            storage=sid,
+            storage_nbytes=self.storages.sizes.get(sid) if sid is not None else None,
         )
 
     # -------------------------------------------------------------- roots

@@ -35,6 +35,8 @@ class SavedTensor:
         nbytes: ``numel * element_size`` of the saved tensor (0 once freed).
         storage: an id (``s0``, ``s1``...) shared by every tensor in the graph on the same storage.
         freed: True once backward released the tensor (``retain_graph=False``).
+        storage_nbytes: bytes of the whole storage behind it (a saved slice keeps all of it
+            alive); defaults to ``nbytes``.
     """
 
     name: str
@@ -44,6 +46,11 @@ class SavedTensor:
     nbytes: int
     storage: str | None
     freed: bool = False
+    storage_nbytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.storage_nbytes is None:
+            self.storage_nbytes = self.nbytes
 
 
 @dataclass(slots=True)
@@ -319,7 +326,7 @@ def _saved_to_dict(s: SavedTensor) -> dict[str, Any]:
         "nbytes": s.nbytes,
         "storage": s.storage,
         "freed": s.freed,
-    }
+    } | ({"storage_nbytes": s.storage_nbytes} if s.storage_nbytes != s.nbytes else {})
 
 
 def _tensor_to_dict(t: TensorInfo | None) -> dict[str, Any] | None:
@@ -370,6 +377,7 @@ def _node_from_dict(d: dict[str, Any]) -> Node:
             int(s["nbytes"]),
             s["storage"],
             bool(s["freed"]),
+            s.get("storage_nbytes"),
         )
         for s in d.get("saved", [])
     ]
