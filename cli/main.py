@@ -64,8 +64,21 @@ def render(
     saved: bool = typer.Option(True, "--saved/--no-saved", help="Draw saved tensors as orange boxes."),
     attrs: bool = typer.Option(False, "--attrs", help="List non-tensor saved attributes."),
     loss: bool = typer.Option(False, "--loss", help="Render from the file's loss_fn(output)."),
+    depth: Optional[int] = typer.Option(
+        None, "--depth", min=0,
+        help="Show each module at depth N as one box (encoder.layers.3 is at depth 2).",
+    ),
+    fold: Optional[bool] = typer.Option(
+        None, "--fold/--no-fold",
+        help="Fold runs of identical layers into one box (layers.0-63 x64); default: past --max-nodes.",
+    ),
+    max_nodes: int = typer.Option(
+        1500, "--max-nodes", min=1,
+        help="Past this many nodes, fold and collapse by module depth until the graph fits.",
+    ),
+    full: bool = typer.Option(False, "--full", help="Draw every node, however large the graph."),
 ) -> None:
-    """Build the model file's graph and write it as SVG/PNG/PDF/DOT/JSON."""
+    """Build the model file's graph and write it as SVG/PNG/PDF/DOT/JSON/HTML."""
     if fmt is None and (output is None or not output.suffix):
         fmt = "svg"
     fmt = gs.output_format(output, fmt)
@@ -73,7 +86,18 @@ def render(
     if output is None:
         output = Path(f"{mf.path.stem}.{fmt}")
     graph = load_graph(mf, loss=loss, saved=saved or attrs)
-    graph.save(output, format=fmt, saved=saved, attrs=attrs)
+    note = None
+    if fmt == "html":  # the page expands and collapses modules itself
+        graph.save(output, format=fmt, title=mf.path.name, depth=10**9 if full else depth)
+    elif fmt == "json":  # data: every node unless a depth is asked for
+        (graph if depth is None else graph.collapse(depth)).save(output, format=fmt)
+    else:
+        view, note = gs.readable_view(
+            graph, depth=depth, fold_repeats=fold, max_nodes=max_nodes, full=full
+        )
+        view.save(output, format=fmt, saved=saved, attrs=attrs)
+    if note:
+        stderr().print(note, markup=False)
     stderr().print(f"wrote {output}: {graph.summary()}", markup=False)
 
 
@@ -82,9 +106,15 @@ def tree(
     target: str = TargetArg,
     loss: bool = typer.Option(False, "--loss", help="Start from the file's loss_fn(output)."),
     max_lines: int = typer.Option(2000, "--max-lines", help="Stop after this many lines."),
+    depth: Optional[int] = typer.Option(
+        None, "--depth", min=0,
+        help="Show each module at depth N as one line (encoder.layers.3 is at depth 2).",
+    ),
 ) -> None:
     """Print the graph as a tree: node names, shapes, saved tensors and their bytes."""
     graph = load_graph(gs.load_model_file(target), loss=loss)
+    if depth is not None:
+        graph = graph.collapse(depth)
     stdout().print(gs.render_tree(graph, max_lines=max_lines))
 
 

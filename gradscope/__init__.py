@@ -43,6 +43,10 @@ __version__ = "0.1.0"
 # name -> private module that defines it, imported on first attribute access
 _LAZY = {
     "scopes": "._scopes",
+    "collapse": "._views",
+    "fold": "._views",
+    "auto_depth": "._views",
+    "readable_view": "._views",
     "record_backward": "._backward",
     "record_forward": "._backward",
     "BackwardTrace": "._backward",
@@ -85,6 +89,10 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "readable_view",
+    "auto_depth",
+    "fold",
+    "collapse",
     "MemoryHooksError",
     "GraphLeakWarning",
     "LeakStep",

@@ -23,6 +23,8 @@ _RAW = "_raw_saved_"
 
 #: Key under which ``gs.scopes`` stamps a node's module path into ``grad_fn.metadata``.
 MODULE_KEY = "gradscope.module"
+#: Key under which ``gs.scopes`` stamps the class names along that path (for collapsed boxes).
+MODULE_CLASSES_KEY = "gradscope.module_classes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +202,11 @@ class _Walker:
             node = node_cls(nid, cls.__name__, info.kind)
             add_node(node)
             if read_modules:
-                node.module = fn.metadata.get(MODULE_KEY)
+                meta = fn.metadata
+                node.module = meta.get(MODULE_KEY)
+                classes = meta.get(MODULE_CLASSES_KEY)
+                if classes is not None:
+                    node.attrs["module_classes"] = classes
             if want_saved:
                 if info.kind == "custom":
                     self.custom_saved(fn, node)

@@ -215,13 +215,16 @@ class ModelFile:
         return None, None, obj
 
     def forward(self) -> Forward:
-        """Build the entry point and run the forward (under ``torch.enable_grad``)."""
+        """Build the entry point and run the forward (under ``torch.enable_grad``), recording
+        module scopes (``gs.scopes``) when the file hands gradscope a module to run."""
         module, inputs, outputs = self.build()
         if module is None:
             return Forward(outputs=outputs, model=None, inputs=())
+        from ._scopes import scopes  # imported here: plain output files never need it
+
         args, kwargs = _as_args(inputs)
         with _user_code(self.path, f"running the forward of {type(module).__name__}"):
-            with torch.enable_grad():
+            with torch.enable_grad(), scopes(module):
                 out = module(*args, **kwargs)
         return Forward(outputs=out, model=module, inputs=args)
 

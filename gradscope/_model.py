@@ -274,11 +274,23 @@ class Graph:
 
         return to_html(self, **options)
 
-    def to_dot(self, *, saved: bool = True, attrs: bool = False, max_attr_chars: int = 50) -> str:
-        """DOT text: torchviz's colours, saved tensors as orange boxes when ``saved``."""
+    def to_dot(
+        self,
+        *,
+        saved: bool = True,
+        attrs: bool = False,
+        max_attr_chars: int = 50,
+        clusters: bool = True,
+        **options: Any,
+    ) -> str:
+        """DOT text: torchviz's colours, saved tensors as orange boxes when ``saved``, nodes
+        grouped in nested clusters by module path when ``clusters`` and modules are known."""
         from ._render_dot import to_dot
 
-        return to_dot(self, saved=saved, attrs=attrs, max_attr_chars=max_attr_chars)
+        return to_dot(
+            self, saved=saved, attrs=attrs, max_attr_chars=max_attr_chars, clusters=clusters,
+            **options,
+        )
 
     def to_tree(self, **kwargs: Any) -> Any:
         """A ``rich`` renderable tree of the graph (see ``gradscope.render_tree``)."""

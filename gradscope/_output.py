@@ -1,4 +1,4 @@
-"""Writing graphs to files: DOT and JSON as text, SVG/PNG/PDF through the Graphviz binary."""
+"""Writing graphs to files: DOT, JSON and HTML as text, SVG/PNG/PDF through the Graphviz binary."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from ._errors import FormatError, GradscopeError, GraphvizNotFoundError
 from ._model import Graph
 
-TEXT_FORMATS = ("dot", "json")
+TEXT_FORMATS = ("dot", "json", "html")
 IMAGE_FORMATS = ("svg", "png", "pdf")
 FORMATS = TEXT_FORMATS + IMAGE_FORMATS
 
@@ -74,10 +74,14 @@ def run_dot(dot_source: str, fmt: str, timeout: float | None = None) -> bytes:
 
 
 def render_bytes(graph: Graph, fmt: str, **options: Any) -> bytes:
-    """``graph`` rendered in ``fmt``; options go to ``Graph.to_dot``."""
+    """``graph`` rendered in ``fmt``; options go to ``Graph.to_dot`` (``Graph.to_html`` for
+    html, which takes ``title``, ``depth`` and ``max_nodes`` and ignores the DOT options)."""
     fmt = check_format(fmt)
     if fmt == "json":
         return graph.to_json().encode("utf-8")
+    if fmt == "html":
+        keep = {k: v for k, v in options.items() if k in ("title", "depth", "max_nodes")}
+        return graph.to_html(**keep).encode("utf-8")
     source = graph.to_dot(**options)
     if fmt == "dot":
         return source.encode("utf-8")

@@ -1,11 +1,18 @@
 """DOT text from a ``Graph``: torchviz's colours and shapes, built as a string (fast, and
-byte-identical on every run because node ids are stable)."""
+byte-identical on every run because node ids are stable).
+
+When nodes carry module paths (``gs.scopes``), each module is a nested ``subgraph cluster_*``
+labelled ``name: Class`` (a list item such as ``layers.3`` is one level, as in
+``gradscope._views.levels``); root-level ops and nodes with no module stay at the top level.
+A graph without module paths gives exactly the DOT it gave before clusters existed.
+"""
 
 from __future__ import annotations
 
 import math
 
 from ._model import Edge, Graph, Node, SavedTensor, format_bytes
+from ._views import levels, module_class, node_paths
 
 # torchviz's legend, so its users feel at home.
 LEAF_COLOR = "lightblue"
@@ -15,9 +22,14 @@ BASE_COLOR = "darkolivegreen3"
 CUSTOM_COLOR = "plum1"
 FREED_COLOR = "gray90"
 BAD_COLOR = "red"
+MODULE_COLOR = "lightyellow"
+FOLDED_COLOR = "lightgoldenrod1"
+CLUSTER_ATTR = 'style="rounded,dashed" color=gray50 fontsize=10 fontname=monospace labeljust=l'
 
 #: attrs keys written by gradscope's own recorders, not by torch: never listed as saved attributes
-_ANNOTATION_KEYS = frozenset({"nonfinite", "first_nonfinite", "created_at", "view_base"})
+_ANNOTATION_KEYS = frozenset(
+    {"nonfinite", "first_nonfinite", "created_at", "view_base", "module_classes"}
+)
 
 NODE_ATTR = (
     'style=filled shape=box align=left fontsize=10 ranksep=0.1 height=0.2 fontname=monospace'
@@ -33,12 +45,12 @@ def size_to_str(shape: list[int] | None) -> str:
     """``(3, 4)`` as torchviz writes sizes."""
     if shape is None:
         return "(?)"
-    return "(" + ", ".join("%d" % v for v in shape) + ")"
+    return "(" + ", ".join(str(int(v)) for v in shape) + ")"
 
 
 def var_label(name: str | None, shape: list[int] | None) -> str:
     """torchviz's tensor label: name, newline, space, size."""
-    return "%s\n %s" % (name or "", size_to_str(shape))
+    return f"{name or ''}\n {size_to_str(shape)}"
 
 
 def attr_entries(node: Node) -> dict[str, str]:
@@ -52,7 +64,7 @@ def attr_entries(node: Node) -> dict[str, str]:
         else:
             entries[base] = "[saved tensors]" if index else "[saved tensor]"
     for k, v in node.attrs.items():
-        if not k.endswith(".error") and k not in _ANNOTATION_KEYS:
+        if not k.endswith((".error", ".packed")) and k not in _ANNOTATION_KEYS:
             entries[k] = v
     return dict(sorted(entries.items()))
 
@@ -127,16 +139,19 @@ def _base_style(node: Node, attrs: bool, max_attr_chars: int) -> tuple[str, dict
         if t is not None:
             extra["tooltip"] = f"{t.dtype} on {t.device}, storage {t.storage}"
         return label, extra
-    if node.kind == "module":  # a collapsed group (Graph.collapse)
+    if node.kind == "module":  # a collapsed group (Graph.collapse) or folded run (Graph.fold)
         cls = node.attrs.get("class", "")
         count = node.attrs.get("nodes", "?")
         nbytes = int(node.attrs.get("saved_bytes", "0") or 0)
         label = f"{node.name}\n{cls} · {count} nodes\nsaved {format_bytes(nbytes)}"
-        extra["fillcolor"] = "lightyellow"
+        extra["fillcolor"] = FOLDED_COLOR if node.attrs.get("repeat") else MODULE_COLOR
         extra["shape"] = "box3d"
+        extra["tooltip"] = f"{node.module}: expand with --depth or --no-fold"
         return label, extra
     if node.kind == "custom":
-        entries = {k: v for k, v in node.attrs.items() if k not in _ANNOTATION_KEYS} if attrs else {}
+        entries = (
+            {k: v for k, v in node.attrs.items() if k not in _ANNOTATION_KEYS} if attrs else {}
+        )
         label = attr_table(node.name, entries, max_attr_chars) + "\n(custom Function)"
         extra["fillcolor"] = CUSTOM_COLOR
         extra["peripheries"] = "2"
@@ -176,7 +191,85 @@ def _edge_attrs(e: Edge) -> str:
     return " ".join(parts)
 
 
-def to_dot(graph: Graph, *, saved: bool = True, attrs: bool = False, max_attr_chars: int = 50) -> str:
+def _node_lines(
+    node: Node, saved: bool, attrs: bool, max_attr_chars: int, indent: str
+) -> list[str]:
+    """The node's own line, and its saved tensors' boxes (none for a module box: it stands
+    for many nodes, its label already sums their saved bytes)."""
+    label, extra = node_style(node, attrs, max_attr_chars)
+    lines = [f"{indent}{node.id} [{_attr_list(label, extra)}]"]
+    if saved and node.kind != "module":
+        for i, s in enumerate(node.saved):
+            sid = f"{node.id}_s{i}"
+            slabel, sextra = saved_style(s)
+            lines.append(f"{indent}{sid} [{_attr_list(slabel, sextra)}]")
+            lines.append(f"{indent}{node.id} -> {sid} [dir=none]")
+    return lines
+
+
+def _cluster_keys(graph: Graph) -> dict[str, list[str]]:
+    """Node id -> the module levels of the cluster it is drawn in ([] for the top level)."""
+    out: dict[str, list[str]] = {}
+    for nid, path in node_paths(graph).items():
+        lv = levels(path) if path else []
+        if lv and graph.node(nid).kind == "module":
+            lv = lv[:-1]  # a box stands for its module: drawn inside the module's parent
+        out[nid] = lv
+    return out
+
+
+def _cluster_lines(graph: Graph, keys: dict[str, list[str]], saved: bool, attrs: bool,
+                   max_attr_chars: int) -> list[str]:
+    """Nodes nested in ``subgraph cluster_*`` blocks by module path, in first-seen order."""
+    tree: dict[str, list[str]] = {}  # cluster path -> child cluster paths, in first-seen order
+    members: dict[str, list[Node]] = {}
+    knows: dict[str, Node] = {}  # cluster path -> a node inside it that knows its class
+    for node in graph.nodes:
+        lv = keys[node.id]
+        path = ".".join(lv)
+        members.setdefault(path, []).append(node)
+        if node.kind == "module" or "module_classes" in node.attrs:
+            for d in range(1, len(lv) + 1):
+                knows.setdefault(".".join(lv[:d]), node)
+        for d in range(len(lv), 0, -1):
+            child, parent = ".".join(lv[:d]), ".".join(lv[: d - 1])
+            kids = tree.setdefault(parent, [])
+            if child in kids:
+                break
+            kids.append(child)
+    out: list[str] = []
+    counter = 0
+    # (cluster path, depth, opening?): iterative, so deep module trees meet no recursion limit
+    stack: list[tuple[str, int, bool]] = [("", 0, True)]
+    while stack:
+        path, depth, opening = stack.pop()
+        indent = "\t" * depth
+        if not opening:
+            out.append(f"{indent}}}")
+            continue
+        group = members.get(path, [])
+        if depth:
+            sample = [knows[path]] if path in knows else []
+            label = f"{levels(path)[-1]}: {module_class(path, sample)}".rstrip(": ")
+            out.append(f"{indent}subgraph cluster_{counter} {{")
+            head = f"label={quote(label)} tooltip={quote(path)}"
+            out.append(f"{indent}\tgraph [{head} {CLUSTER_ATTR}]")
+            counter += 1
+            stack.append((path, depth, False))
+        for node in group:
+            out.extend(_node_lines(node, saved, attrs, max_attr_chars, indent + "\t"))
+        stack.extend((child, depth + 1, True) for child in reversed(tree.get(path, [])))
+    return out
+
+
+def to_dot(
+    graph: Graph,
+    *,
+    saved: bool = True,
+    attrs: bool = False,
+    max_attr_chars: int = 50,
+    clusters: bool = True,
+) -> str:
     """Render ``graph`` as DOT text.
 
     Args:
@@ -184,19 +277,25 @@ def to_dot(graph: Graph, *, saved: bool = True, attrs: bool = False, max_attr_ch
         saved: draw each saved tensor as an orange box joined to its node.
         attrs: list each node's non-tensor saved attributes in its label.
         max_attr_chars: truncate attribute values to this many characters.
+        clusters: when nodes carry module paths (``gs.scopes``), draw each module as a
+            nested ``subgraph cluster_*`` labelled ``name: Class``.
 
     Arrows point in the forward direction (input -> op), as torchviz draws them.
+
+    Example:
+        >>> import torch, gradscope as gs
+        >>> x = torch.ones(2, requires_grad=True)
+        >>> to_dot(gs.trace(x * 2)).splitlines()[0]
+        'digraph {'
     """
     out = ["digraph {", f"\tnode [{NODE_ATTR}]", '\tgraph [rankdir=TB]']
-    for node in graph.nodes:
-        label, extra = node_style(node, attrs, max_attr_chars)
-        out.append(f"\t{node.id} [{_attr_list(label, extra)}]")
-        if saved:
-            for i, s in enumerate(node.saved):
-                sid = f"{node.id}_s{i}"
-                slabel, sextra = saved_style(s)
-                out.append(f"\t{sid} [{_attr_list(slabel, sextra)}]")
-                out.append(f"\t{node.id} -> {sid} [dir=none]")
+    # A cheap test first: graphs traced without scopes have no module and skip the grouping.
+    keys = _cluster_keys(graph) if clusters and any(n.module for n in graph.nodes) else {}
+    if any(keys.values()):
+        out.extend(_cluster_lines(graph, keys, saved, attrs, max_attr_chars))
+    else:
+        for node in graph.nodes:
+            out.extend(_node_lines(node, saved, attrs, max_attr_chars, "\t"))
     for e in graph.edges:
         if e.kind == "view":
             out.append(f"\t{e.dst} -> {e.src} [style=dotted]")

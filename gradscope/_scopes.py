@@ -1,0 +1,237 @@
+"""Module scopes: which module's forward created each autograd node.
+
+That can only be seen while the forward runs, so ``scopes(model)`` installs global module
+forward hooks for the duration of a ``with`` block. When a module's forward returns, the hook
+walks back from its outputs over ``next_functions`` and stamps every node created during that
+forward (its autograd sequence number is at least the one current when the forward started)
+that no inner module stamped first. Inner forwards end first, so each node gets the
+*innermost* module, interior nodes included (the ``TBackward0`` inside ``F.linear``).
+
+Path convention (what ``Node.module`` holds):
+
+- the module's dotted name as in ``model.named_modules()`` (``encoder.layers.3.self_attn``);
+- the root module's own ops get ``""``; ops outside every module of ``model`` get no stamp
+  (``Node.module`` is None);
+- a module called more than once within one call of its parent (shared weights, loops) gets
+  ``#k`` on its last component for its k-th repeat call: ``blocks.0``, ``blocks.0#1``,
+  ``blocks.0#2`` for the first three calls, and its children then live under that call
+  (``blocks.0#2.attn``). Calls are counted per ``scopes`` block. Stripping every ``#k`` gives
+  back a ``named_modules()`` name;
+- an ``AccumulateGrad`` node (a parameter's gradient sink) gets the call path of the first
+  call of the module that owns the parameter; other leaves get no stamp.
+
+The hooks are global (``torch.nn.modules.module.register_module_forward_*``), so the model's
+own hook dicts are never touched, and they are removed when the block ends, even when the
+forward raises. Single-threaded forwards only: sequence numbers are per thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.nn.modules.module import (
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
+)
+
+from . import _capture
+from ._errors import GradscopeError
+from ._nest import iter_tensors
+from ._views import levels
+
+#: Key under which the class names along the node's module path are stamped next to the path:
+#: one per depth level (see ``gradscope._views.levels``), joined by "/", e.g.
+#: ``TransformerEncoder/TransformerEncoderLayer/Linear`` for ``encoder.layers.3.linear1``.
+#: ``gs.trace`` copies it into ``Node.attrs["module_classes"]``, so views can name the class of
+#: any enclosing module from the graph alone.
+MODULE_CLASSES_KEY = "gradscope.module_classes"
+
+#: Class name of every module path seen by ``scopes`` (plain ``named_modules()`` names): the
+#: views' fallback for graphs traced without class stamps. The last block to see a path wins.
+MODULE_CLASSES: dict[str, str] = {}
+
+_ACCUMULATE = "AccumulateGrad"
+_NO_SEQ = 2**64 - 1  # sequence number of AccumulateGrad nodes (not created by a forward)
+_CALL = re.compile(r"#\d+$")
+
+
+class ScopesError(GradscopeError):
+    """``scopes`` was used in a way it cannot record (not a module, nested on one model)."""
+
+
+def strip_calls(path: str) -> str:
+    """``blocks.0#2.attn#1`` -> ``blocks.0.attn``: the ``named_modules()`` name of a call path.
+
+    Example:
+        >>> strip_calls("blocks.0#2.attn")
+        'blocks.0.attn'
+    """
+    return ".".join(_CALL.sub("", part) for part in path.split(".")) if "#" in path else path
+
+
+@dataclass
+class _Frame:
+    """One running forward: the module's call path, and the first sequence number it owns."""
+
+    module: torch.nn.Module | None
+    name: str | None  # plain named_modules() name; None for the frame outside the model
+    path: str | None  # call path with #k suffixes; None outside the model
+    start: int
+    classes: str = ""  # class names along the path, one per depth level
+    calls: dict[str, int] = field(default_factory=dict)  # child name -> calls so far
+
+
+class _Recorder:
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.names: dict[int, str] = {}
+        self.classes: dict[str, str] = {}
+        for name, mod in model.named_modules(remove_duplicate=True):
+            self.names[id(mod)] = name
+            self.classes[name] = type(mod).__name__
+        self.owner: dict[int, str] = {}  # id(parameter) -> owning module's name
+        for name, mod in model.named_modules():
+            for p in mod.parameters(recurse=False):
+                self.owner.setdefault(id(p), name)
+        self.first_call: dict[str, str] = {}  # module name -> call path of its first call
+        self.stack = [_Frame(None, None, None, 0)]
+        self.stamped_acc: set[Any] = set()  # AccumulateGrad nodes stamped in this block
+
+    # -------------------------------------------------------------- hooks
+    def pre(self, module: torch.nn.Module, args: Any) -> None:
+        name = self.names.get(id(module))
+        if name is None:
+            return  # a module outside the model (a loss, a helper): its ops go to the caller
+        parent = self._ancestor(name)
+        k = parent.calls.get(name, 0)
+        parent.calls[name] = k + 1
+        if not parent.name:  # outside the model, or directly in the root module
+            rel = name
+        else:
+            rel = name[len(parent.name) + 1 :]
+        base = f"{parent.path}.{rel}" if parent.path else rel
+        path = f"{base}#{k}" if k else base
+        self.first_call.setdefault(name, path)
+        seq = torch._C._autograd._get_sequence_nr()
+        self.stack.append(_Frame(module, name, path, seq, self.class_chain(path)))
+
+    def post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if id(module) not in self.names:
+            return
+        # Pop up to this module's frame: frames above it belong to forwards that raised.
+        while len(self.stack) > 1:
+            frame = self.stack.pop()
+            if frame.module is module:
+                break
+        else:
+            return
+        if output is not None:
+            self.stamp(frame, output)
+
+    def class_chain(self, path: str) -> str:
+        lv = levels(path)
+        return "/".join(
+            self.classes.get(strip_calls(".".join(lv[: d + 1])), "") for d in range(len(lv))
+        )
+
+    def _ancestor(self, name: str) -> _Frame:
+        """The innermost running frame whose module contains ``name`` (else the outside)."""
+        for frame in reversed(self.stack):
+            if frame.name is None:
+                return frame
+            if frame.name == "" or name.startswith(frame.name + "."):
+                return frame
+        return self.stack[0]
+
+    # -------------------------------------------------------------- stamping
+    def stamp(self, frame: _Frame, output: Any) -> None:
+        key, cls_key = _capture.MODULE_KEY, MODULE_CLASSES_KEY
+        chain = frame.classes
+        start = frame.start
+        seen: set[Any] = set()
+        # Any: torch's stubs type Node.metadata as a method; at run time it is a dict property.
+        stack: list[Any] = [t.grad_fn for _, t in iter_tensors(output) if t.grad_fn is not None]
+        while stack:
+            fn = stack.pop()
+            if fn in seen:
+                continue
+            seen.add(fn)
+            seq = fn._sequence_nr()
+            if seq == _NO_SEQ:
+                if type(fn).__name__ == _ACCUMULATE:
+                    self.stamp_accumulate(fn)
+                continue
+            if seq < start:
+                continue  # created before this forward began: not ours
+            meta = fn.metadata
+            if key not in meta:
+                meta[key] = frame.path
+                meta[cls_key] = chain
+            stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
+
+    def stamp_accumulate(self, fn: Any) -> None:
+        if fn in self.stamped_acc:
+            return
+        owner = self.owner.get(id(fn.variable))
+        if owner is None:
+            return
+        self.stamped_acc.add(fn)
+        # A node kept alive from an earlier block may carry a stale stamp: overwrite it.
+        path = self.first_call.get(owner, owner)
+        fn.metadata[_capture.MODULE_KEY] = path
+        fn.metadata[MODULE_CLASSES_KEY] = self.class_chain(path)
+
+
+_ACTIVE: set[int] = set()
+
+
+@contextlib.contextmanager
+def scopes(model: torch.nn.Module) -> Iterator[None]:
+    """Record which module of ``model`` created each autograd node during the block.
+
+    Each node created inside a module's forward is stamped with the innermost module's path
+    (see the module docstring for the ``#k`` convention of repeated calls); ``gs.trace``
+    reads the stamps into ``Node.module``. The hooks are global and removed on exit, even
+    when the forward raises: the model's own hook dicts are never touched.
+
+    Args:
+        model: the ``nn.Module`` whose submodules name the scopes.
+
+    Raises:
+        ScopesError: ``model`` is not an ``nn.Module``, or a ``scopes`` block on the same
+            model is already open.
+
+    Example:
+        >>> import torch, gradscope as gs
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
+        >>> with gs.scopes(net):
+        ...     out = net(torch.randn(2, 3))
+        >>> sorted({n.module for n in gs.trace(out, model=net).nodes if n.kind == "op"})
+        ['0', '1']
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise ScopesError(
+            f"scopes() needs the nn.Module whose forward runs, got {type(model).__name__}; "
+            "use: with gs.scopes(model): out = model(x)"
+        )
+    if id(model) in _ACTIVE:
+        raise ScopesError(
+            "a gs.scopes block on this model is already open; nest the forward inside one block"
+        )
+    rec = _Recorder(model)
+    _capture.SCOPES_USED = True
+    MODULE_CLASSES.update(rec.classes)
+    _ACTIVE.add(id(model))
+    pre = register_module_forward_pre_hook(rec.pre)
+    post = register_module_forward_hook(rec.post, always_call=True)
+    try:
+        yield
+    finally:
+        pre.remove()
+        post.remove()
+        _ACTIVE.discard(id(model))
+        rec.stamped_acc.clear()

@@ -1,0 +1,420 @@
+"""Big-graph views: collapse modules below a depth, fold runs of identical layers.
+
+Both take a ``Graph`` whose nodes carry module paths (``gs.scopes``) and return a new, smaller
+``Graph`` in which a group of nodes is one node of kind ``module``: ``name`` is its label,
+``module`` its path, ``attrs`` hold ``class`` (the module's class name), ``nodes`` (how many
+original nodes it stands for) and ``saved_bytes`` (bytes of its saved tensors, each storage
+counted once), and ``saved`` keeps the members' saved-tensor records, so ``Graph.saved_bytes()``
+and the total node count are the same before and after. Edges between groups are merged into one
+``Edge`` whose ``count`` says how many it stands for.
+
+Depth counts module levels below the model: ``encoder`` is at depth 1 and ``encoder.layers.3``
+at depth 2, because an item of a ``ModuleList``/``Sequential`` (a numeric component) counts with
+its container's name. A ``leaf`` node belongs to the module of its ``AccumulateGrad``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from ._errors import GradscopeError
+from ._model import Edge, Graph, Node, SavedTensor
+
+_NUMERIC = re.compile(r"^\d+(-\d+)?(#\d+(-\d+)?)?$")
+_CALL = re.compile(r"#\d+(-\d+)?$")
+_INDEXED = re.compile(r"^(?:(.*)\.)?(\d+)(#\d+)?$")
+_REPEAT = re.compile(r"^(.*?)(?:#(\d+))?$")
+
+#: The ``AccumulateGrad`` -> ``leaf`` edge; the leaf follows its accumulator's module.
+_GROUP_KINDS = ("op", "custom", "accumulate", "module")
+
+
+class ViewError(GradscopeError):
+    """A view was asked for with arguments it cannot use (a negative depth)."""
+
+
+def levels(path: str) -> list[str]:
+    """A module path split into depth levels; numeric components stay with their container.
+
+    Example:
+        >>> levels("encoder.layers.3.self_attn")
+        ['encoder', 'layers.3', 'self_attn']
+        >>> levels("")
+        []
+    """
+    out: list[str] = []
+    for part in path.split(".") if path else []:
+        if out and _NUMERIC.match(part):
+            out[-1] = f"{out[-1]}.{part}"
+        else:
+            out.append(part)
+    return out
+
+
+def node_paths(graph: Graph) -> dict[str, str | None]:
+    """Module path of every node: its own, or for a leaf its ``AccumulateGrad``'s."""
+    paths: dict[str, str | None] = {
+        n.id: n.module if n.kind in _GROUP_KINDS else None for n in graph.nodes
+    }
+    kinds = {n.id: n.kind for n in graph.nodes}
+    for e in graph.edges:
+        if kinds.get(e.src) == "accumulate" and kinds.get(e.dst) == "leaf":
+            paths[e.dst] = paths[e.src]
+    return paths
+
+
+def module_class(path: str, members: list[Node]) -> str:
+    """Class name of the module at ``path``, from a node inside it that knows (a box's
+    ``class``, or the ``module_classes`` chain ``gs.scopes`` stamps), else from the paths
+    ``gs.scopes`` recorded in this process, else ""."""
+    want = len(levels(path))
+    for n in members:
+        if n.kind == "module" and n.module == path and n.attrs.get("class"):
+            return n.attrs["class"]
+        chain = n.attrs.get("module_classes")
+        inside = n.module is not None and f"{n.module}.".startswith(f"{path}.")
+        if chain and want and inside:
+            parts = chain.split("/")
+            if len(parts) >= want and parts[want - 1]:
+                return parts[want - 1]
+    scopes = sys.modules.get("gradscope._scopes")
+    known: dict[str, str] = getattr(scopes, "MODULE_CLASSES", {})
+    plain = ".".join(_CALL.sub("", p) for p in path.split("."))
+    return known.get(plain, "")
+
+
+def _count(n: Node) -> int:
+    return int(n.attrs.get("nodes", "1")) if n.kind == "module" else 1
+
+
+def _box(nid: str, name: str, path: str, members: list[Node], extra: dict[str, str]) -> Node:
+    saved = [
+        SavedTensor(f"{m.name}.{s.name}" if m.kind != "module" else s.name, s.shape, s.dtype,
+                    s.device, s.nbytes, s.storage, s.freed)
+        for m in members
+        for s in m.saved
+    ]
+    attrs = {
+        "class": module_class(path, members),
+        "nodes": str(sum(_count(m) for m in members)),
+        "saved_bytes": str(Graph(nodes=[Node("", "", "op", saved=saved)]).saved_bytes()),
+    }
+    chain = _chain_prefix(path, members)
+    if chain:
+        attrs["module_classes"] = chain
+    attrs.update(extra)
+    return Node(nid, name, "module", module=path, attrs=attrs, saved=saved)
+
+
+def _chain_prefix(path: str, members: list[Node]) -> str:
+    """The ``module_classes`` chain of ``path`` itself, cut from a member's longer chain."""
+    want = len(levels(path))
+    for n in members:
+        chain = n.attrs.get("module_classes")
+        if chain and n.module is not None and f"{n.module}.".startswith(f"{path}."):
+            parts = chain.split("/")
+            if len(parts) >= want:
+                return "/".join(parts[:want])
+    return ""
+
+
+def _regroup(
+    graph: Graph, key_of: dict[str, str], make: Callable[[str, str, list[Node]], Node]
+) -> Graph:
+    """Replace each set of nodes sharing a key by ``make(id, key, members)``; merge edges."""
+    members: dict[str, list[Node]] = {}
+    for n in graph.nodes:
+        key = key_of.get(n.id)
+        if key is not None:
+            members.setdefault(key, []).append(n)
+    new_id: dict[str, str] = {}
+    nodes: list[Node] = []
+    boxes: dict[str, str] = {}
+    for n in graph.nodes:
+        key = key_of.get(n.id)
+        if key is None:
+            nodes.append(n)
+            new_id[n.id] = n.id
+            continue
+        if key not in boxes:
+            group = members[key]
+            only = group[0]
+            box = only if len(group) == 1 and only.kind == "module" and only.module == key else None
+            box = box or make(f"m{len(boxes)}", key, group)
+            boxes[key] = box.id
+            nodes.append(box)
+        new_id[n.id] = boxes[key]
+    edges = _merge_edges(graph.edges, new_id)
+    return Graph(nodes=nodes, edges=edges, roots=_dedup(new_id[r] for r in graph.roots))
+
+
+def _merge_edges(edges: list[Edge], new_id: dict[str, str]) -> list[Edge]:
+    merged: dict[tuple[str, str, str], Edge] = {}
+    for e in edges:
+        src, dst = new_id[e.src], new_id[e.dst]
+        if src == dst:
+            continue  # inside one group
+        if src == e.src and dst == e.dst:
+            merged.setdefault((src, dst, f"{e.kind}:{e.input_nr}"), e)
+            continue
+        key = (src, dst, e.kind)
+        old = merged.get(key)
+        if old is None:
+            merged[key] = Edge(src, dst, e.input_nr, e.kind, e.grad_norm, e.count)
+        else:  # one norm stands for one edge only: a merged edge has none
+            merged[key] = Edge(src, dst, old.input_nr, e.kind, None, old.count + e.count)
+    return list(merged.values())
+
+
+def _dedup(ids: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(ids))
+
+
+def collapse(graph: Graph, depth: int) -> Graph:
+    """A new graph where each module at ``depth`` is one node standing for all nodes inside it.
+
+    Nodes of shallower modules, and nodes with no module (outputs, inputs), stay as they are.
+
+    Args:
+        graph: a graph traced with module scopes (``gs.scopes``, or the CLI).
+        depth: module levels to keep; 0 makes the whole model one box (see module docstring).
+
+    Raises:
+        ViewError: ``depth`` is negative.
+
+    Example:
+        >>> import torch, gradscope as gs
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
+        >>> with gs.scopes(net):
+        ...     out = net(torch.randn(2, 3))
+        >>> [n.name for n in gs.trace(out, model=net).collapse(1).nodes]
+        ['output', '1', '0']
+    """
+    if depth < 0:
+        raise ViewError(
+            f"depth must be 0 or more, got {depth} (0 shows the whole model as one box)"
+        )
+    key_of: dict[str, str] = {}
+    for nid, path in node_paths(graph).items():
+        if path is None:
+            continue
+        lv = levels(path)
+        if len(lv) >= depth:
+            key_of[nid] = ".".join(lv[:depth])
+
+    def make(nid: str, key: str, group: list[Node]) -> Node:
+        return _box(nid, key or "(model)", key, group, {})
+
+    return _regroup(graph, key_of, make)
+
+
+def collapsed_size(graph: Graph, depth: int, paths: dict[str, str | None] | None = None) -> int:
+    """Number of nodes ``collapse(graph, depth)`` would have, without building it."""
+    paths = node_paths(graph) if paths is None else paths
+    keys: set[str] = set()
+    kept = 0
+    for path in paths.values():
+        lv = levels(path) if path is not None else None
+        if lv is None or len(lv) < depth:
+            kept += 1
+        else:
+            keys.add(".".join(lv[:depth]))
+    return kept + len(keys)
+
+
+def auto_depth(graph: Graph, max_nodes: int = 1500) -> int | None:
+    """The deepest depth whose collapsed graph has at most ``max_nodes`` nodes.
+
+    Returns:
+        None when the graph already fits (draw it whole); else that depth, or 0 when even
+        one box per model does not fit.
+
+    Example:
+        >>> import gradscope as gs
+        >>> auto_depth(gs.Graph(), max_nodes=10) is None
+        True
+    """
+    if len(graph.nodes) <= max_nodes:
+        return None
+    paths = node_paths(graph)
+    deepest = max((len(levels(p)) for p in paths.values() if p is not None), default=0)
+    for depth in range(deepest, -1, -1):
+        if collapsed_size(graph, depth, paths) <= max_nodes:
+            return depth
+    return 0
+
+
+# ---------------------------------------------------------------------- folding
+def _signature(key: str, group: list[Node], edges: list[Edge], ids: set[str]) -> object:
+    """What two sibling modules must share to fold: class, op nodes (by name, relative path and
+    saved shapes) and the edges between them. Parameters (``AccumulateGrad`` and leaves) are left
+    out: a module called in a loop owns them in its first call only, yet every call is alike."""
+    prefix = len(key)
+
+    def sig(n: Node) -> tuple[object, ...]:
+        rel = (n.module or "")[prefix:]
+        shapes = tuple(tuple(s.shape or ()) for s in n.saved)
+        label = n.attrs.get("nodes", "") if n.kind == "module" else n.name
+        return (n.kind, label, rel, shapes)
+
+    by_id = {n.id: sig(n) for n in group if n.kind not in ("accumulate", "leaf")}
+    ids = ids & by_id.keys()
+    inner = Counter(
+        (by_id[e.src], by_id[e.dst], e.input_nr) for e in edges if e.src in ids and e.dst in ids
+    )
+    return (
+        module_class(key, group),
+        tuple(sorted(Counter(by_id.values()).items())),
+        tuple(sorted(inner.items())),
+    )
+
+
+def _sibling_key(level: str) -> tuple[tuple[str, str], int]:
+    """``layers.3`` -> ((``layers``, ""), 3); ``block#2`` -> ((``block``, "#"), 2)."""
+    m = _INDEXED.match(level)
+    if m:
+        return (m.group(1) or "", m.group(3) or ""), int(m.group(2))
+    r = _REPEAT.match(level)
+    assert r is not None  # the pattern matches every string
+    return (r.group(1), "#"), int(r.group(2) or 0)
+
+
+def _runs(children: list[str], sigs: dict[str, object]) -> list[list[str]]:
+    """Maximal runs (2 or more) of siblings with consecutive indices and equal signatures."""
+    by_stem: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    for child in children:
+        stem, idx = _sibling_key(levels(child)[-1])
+        by_stem.setdefault(stem, []).append((idx, child))
+    runs: list[list[str]] = []
+    for items in by_stem.values():
+        items.sort()
+        run = [items[0]]
+        for item in items[1:]:
+            if item[0] == run[-1][0] + 1 and sigs[item[1]] == sigs[run[-1][1]]:
+                run.append(item)
+                continue
+            if len(run) > 1:
+                runs.append([c for _, c in run])
+            run = [item]
+        if len(run) > 1:
+            runs.append([c for _, c in run])
+    return runs
+
+
+def _fold_label(run: list[str]) -> tuple[str, str]:
+    """(box name, box path) of a run: ``encoder.layers.0-63 x64``, ``encoder.layers.0-63``."""
+    first, last = run[0], run[-1]
+    (stem, suffix), a = _sibling_key(levels(first)[-1])
+    b = _sibling_key(levels(last)[-1])[1]
+    parent = ".".join(levels(first)[:-1])
+    head = f"{parent}." if parent else ""
+    if suffix == "#":
+        path = f"{head}{stem}#{a}-{b}"
+    else:
+        path = f"{head}{stem}{'.' if stem else ''}{a}-{b}{suffix}"
+    return f"{path} x{len(run)}", path
+
+
+def fold(graph: Graph) -> Graph:
+    """A new graph where each run of identical consecutive sibling modules is one box.
+
+    Siblings are ``layers.0``, ``layers.1``, ... (or repeated calls ``block``, ``block#1``, ...)
+    of one class whose subgraphs have the same nodes, relative module paths, saved shapes and
+    internal edges. A run of 64 becomes one ``module`` node named ``layers.0-63 x64`` with
+    ``attrs["repeat"] == "64"``. Runs are found from the top down: a folded run's insides are
+    not folded again.
+
+    Example:
+        >>> import torch, gradscope as gs
+        >>> net = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(8)])
+        >>> with gs.scopes(net):
+        ...     out = net(torch.randn(2, 4, requires_grad=True))
+        >>> [n.name for n in gs.trace(out, model=net).fold().nodes]
+        ['output', '0-7 x8', 'AccumulateGrad', '']
+    """
+    paths = node_paths(graph)
+    groups: dict[str, list[Node]] = {}  # module key -> every node in its subtree
+    children: dict[str, set[str]] = {}
+    for n in graph.nodes:
+        path = paths[n.id]
+        if path is None:
+            continue
+        lv = levels(path)
+        for d in range(1, len(lv) + 1):
+            key = ".".join(lv[:d])
+            groups.setdefault(key, []).append(n)
+            children.setdefault(".".join(lv[: d - 1]), set()).add(key)
+    key_of: dict[str, str] = {}
+    extra: dict[str, dict[str, str]] = {}
+    todo = [""]
+    while todo:
+        parent = todo.pop()
+        kids = sorted(children.get(parent, ()))
+        sigs: dict[str, object] = {}
+        for k in kids:
+            ids = {n.id for n in groups[k]}
+            sigs[k] = _signature(k, groups[k], graph.edges, ids)
+        folded: set[str] = set()
+        for run in _runs(kids, sigs):
+            name, path = _fold_label(run)
+            extra[path] = {"repeat": str(len(run)), "name": name, "first": run[0], "last": run[-1]}
+            for k in run:
+                folded.add(k)
+                for n in groups[k]:
+                    key_of[n.id] = path
+        todo.extend(k for k in kids if k not in folded)
+
+    def make(nid: str, key: str, group: list[Node]) -> Node:
+        info = extra[key]
+        box = _box(nid, info["name"], key, group, {"repeat": info["repeat"]})
+        if not box.attrs["class"]:
+            box.attrs["class"] = module_class(info["first"], group)
+        return box
+
+    return _regroup(graph, key_of, make)
+
+
+def readable_view(
+    graph: Graph,
+    *,
+    depth: int | None = None,
+    fold_repeats: bool | None = None,
+    max_nodes: int = 1500,
+    full: bool = False,
+) -> tuple[Graph, str | None]:
+    """The view ``gradscope render`` draws, and a one-line note when it hid nodes on its own.
+
+    ``full`` draws every node. Otherwise: collapse to ``depth`` when given; fold runs of
+    identical layers when ``fold_repeats`` is True, or when it is None (the default) and the
+    graph has more than ``max_nodes`` nodes; then, with no ``depth``, collapse to the deepest
+    depth that fits ``max_nodes`` (``auto_depth``).
+
+    Example:
+        >>> import gradscope as gs
+        >>> readable_view(gs.Graph(), max_nodes=10)
+        (Graph(nodes=[], edges=[], roots=[]), None)
+    """
+    if full:
+        return graph, None
+    total = len(graph.nodes)
+    view = graph if depth is None else collapse(graph, depth)
+    notes = []
+    if fold_repeats or (fold_repeats is None and len(view.nodes) > max_nodes):
+        folded = fold(view)
+        had = {n.name for n in view.nodes if n.kind == "module"}
+        runs = [n.name for n in folded.nodes
+                if n.kind == "module" and "repeat" in n.attrs and n.name not in had]
+        if runs:
+            shown = ", ".join(runs[:3]) + (", ..." if len(runs) > 3 else "")
+            notes.append(f"folded repeated layers ({shown}); use --no-fold to expand")
+        view = folded
+    if depth is None:
+        auto = auto_depth(view, max_nodes)
+        if auto is not None:
+            view = collapse(view, auto)
+            notes.insert(0, f"collapsed to depth {auto} because the graph has {total} nodes; "
+                            "use --depth or --full to expand")
+    return view, "; ".join(notes) or None
