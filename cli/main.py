@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
 import typer
 from rich.console import Console
 
@@ -49,6 +50,36 @@ def load_graph(mf: gs.ModelFile, *, loss: bool = False, saved: bool = True) -> g
     return gs.trace(outputs, saved=saved, model=fwd.model)
 
 
+def record_graph(mf: gs.ModelFile, *, saved: bool = True) -> gs.BackwardTrace:
+    """Forward (and loss_fn when the file has one) with forward lines recorded, then backward
+    under the recorder (ones as the gradient of non-scalar outputs); ``.graph`` is annotated."""
+    with gs.record_forward():
+        fwd = mf.forward()
+        root = mf.loss(fwd.outputs) if mf.has("loss_fn") else fwd.outputs
+    with gs.record_backward(root, model=fwd.model, saved=saved) as rec:
+        tensors = [t for _, t in gs.iter_tensors(root) if t.requires_grad]
+        try:
+            torch.autograd.backward(tensors, [torch.ones_like(t) for t in tensors])
+        except RuntimeError as exc:
+            first = str(exc).strip().splitlines()[0]
+            raise gs.ModelFileError(f"{mf.path}: backward raised RuntimeError: {first}") from exc
+    return rec
+
+
+def report_backward(rec: gs.BackwardTrace | None) -> None:
+    """Print what the recorder found; exit code 1 when a gradient was NaN or Inf."""
+    if rec is None:
+        return
+    stderr().print(rec.summary(), markup=False)
+    if rec.first_nonfinite is not None:
+        raise typer.Exit(EXIT_FOUND)
+
+
+BackwardOpt = typer.Option(
+    False, "--backward",
+    help="Run backward under the recorder: engine order, gradient norm on every edge, the "
+    "first NaN/Inf and its forward line (exit code 1 when one is found).",
+)
 TargetArg = typer.Argument(..., metavar="FILE[:NAME]", help="A model file, e.g. samples/mlp.py")
 
 
@@ -77,6 +108,7 @@ def render(
         help="Past this many nodes, fold and collapse by module depth until the graph fits.",
     ),
     full: bool = typer.Option(False, "--full", help="Draw every node, however large the graph."),
+    backward: bool = BackwardOpt,
 ) -> None:
     """Build the model file's graph and write it as SVG/PNG/PDF/DOT/JSON/HTML."""
     if fmt is None and (output is None or not output.suffix):
@@ -85,7 +117,8 @@ def render(
     mf = gs.load_model_file(target)
     if output is None:
         output = Path(f"{mf.path.stem}.{fmt}")
-    graph = load_graph(mf, loss=loss, saved=saved or attrs)
+    rec = record_graph(mf, saved=saved or attrs) if backward else None
+    graph = rec.graph if rec else load_graph(mf, loss=loss, saved=saved or attrs)
     note = None
     if fmt == "html":  # the page expands and collapses modules itself
         graph.save(output, format=fmt, title=mf.path.name, depth=10**9 if full else depth)
@@ -99,6 +132,7 @@ def render(
     if note:
         stderr().print(note, markup=False)
     stderr().print(f"wrote {output}: {graph.summary()}", markup=False)
+    report_backward(rec)
 
 
 @app.command()
@@ -110,12 +144,16 @@ def tree(
         None, "--depth", min=0,
         help="Show each module at depth N as one line (encoder.layers.3 is at depth 2).",
     ),
+    backward: bool = BackwardOpt,
 ) -> None:
     """Print the graph as a tree: node names, shapes, saved tensors and their bytes."""
-    graph = load_graph(gs.load_model_file(target), loss=loss)
+    mf = gs.load_model_file(target)
+    rec = record_graph(mf) if backward else None
+    graph = rec.graph if rec else load_graph(mf, loss=loss)
     if depth is not None:
         graph = graph.collapse(depth)
     stdout().print(gs.render_tree(graph, max_lines=max_lines))
+    report_backward(rec)
 
 
 # Commands that live in their own modules register themselves on the app.

@@ -32,6 +32,7 @@ from ._errors import (
     NoGradError,
 )
 from ._loader import ModelFile, load_model_file
+from ._nest import iter_tensors
 from ._model import Edge, Graph, Node, SavedTensor, TensorInfo, format_bytes
 from ._output import FORMATS, dot_binary
 from ._output import format_for as output_format
@@ -89,6 +90,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "iter_tensors",
     "readable_view",
     "auto_depth",
     "fold",

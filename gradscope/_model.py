@@ -118,6 +118,15 @@ class Edge:
     grad_norm: float | None = None
     count: int = 1
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Edge):
+            return NotImplemented
+        return (
+            (self.src, self.dst, self.input_nr, self.kind, self.count)
+            == (other.src, other.dst, other.input_nr, other.kind, other.count)
+            and _same_float(self.grad_norm, other.grad_norm)
+        )
+
 
 @dataclass(eq=True)
 class Graph:
@@ -318,6 +327,22 @@ class Graph:
         return self.render("svg").decode("utf-8")
 
 
+def _same_float(a: float | None, b: float | None) -> bool:
+    """Equality that treats NaN as equal to NaN (a recorded NaN norm must round-trip)."""
+    if a is None or b is None:
+        return a is b
+    return a == b or (a != a and b != b)
+
+
+def _float_to_json(x: float) -> float | str:
+    """Strict JSON has no NaN/Infinity: write them as the strings "nan", "inf", "-inf"."""
+    if x != x:
+        return "nan"
+    if x in (float("inf"), float("-inf")):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
 def format_bytes(n: float) -> str:
     """Human-readable bytes: ``512 B``, ``1.5 KiB``, ``3.2 MiB``."""
     if n < 1024:
@@ -367,7 +392,7 @@ def _edge_to_dict(e: Edge) -> dict[str, Any]:
     if e.kind != "grad":
         d["kind"] = e.kind
     if e.grad_norm is not None:
-        d["grad_norm"] = e.grad_norm
+        d["grad_norm"] = _float_to_json(e.grad_norm)
     if e.count != 1:
         d["count"] = e.count
     return d

@@ -4,15 +4,21 @@ Layout: the longest path from each output (the "spine") runs down the left at on
 inputs hang off their node with tree guides, and follow the same rule inside. Indentation then
 grows with branching, not with depth, so a 1,000-layer chain stays readable. A node reached a
 second time is shown once more as a one-line reference (``↺``).
+
+A graph annotated by ``gs.record_backward`` also shows the engine's execution order (``#0`` ran
+first), the norm of the gradient that flowed into each line's node along the edge drawn
+(``‖∇‖``), non-finite gradients in red, and the forward line of the first one.
 """
 
 from __future__ import annotations
 
+import math
+
 from rich.console import Group
 from rich.text import Text
 
-from ._model import Graph, Node, format_bytes
-from ._render_dot import size_to_str
+from ._model import Edge, Graph, Node, format_bytes
+from ._render_dot import format_norm, size_to_str
 
 STYLES = {
     "output": "bold green",
@@ -20,7 +26,42 @@ STYLES = {
     "custom": "bold magenta",
     "op": "bold",
     "accumulate": "bold",
+    "module": "bold yellow",
 }
+BAD = "bold red"
+
+#: a line to draw: node id, line prefix, connector, prefix of its text column, the edge into it
+_Task = tuple[str, str, str, str, Edge | None]
+
+
+def _norm_style(norm: float) -> str:
+    """Colour of a gradient norm, log scale: vanishing blue to exploding red."""
+    if not math.isfinite(norm):
+        return BAD
+    for bound, style in ((1e-6, "blue"), (1e-3, "cyan"), (1e2, "green"), (1e4, "yellow")):
+        if norm < bound:
+            return style
+    return "red"
+
+
+def _grad_text(edge: Edge | None) -> Text:
+    if edge is None or edge.grad_norm is None:
+        return Text()
+    norm = edge.grad_norm
+    return Text.assemble(("  ‖∇‖ ", "dim"), (format_norm(norm), _norm_style(norm)))
+
+
+def _module_text(node: Node) -> Text:
+    """A collapsed module box (``Graph.collapse``): path, class, node count, saved bytes."""
+    text = Text(node.name or node.module or "", STYLES["module"])
+    cls = node.attrs.get("class")
+    if cls:
+        text.append(f" ({cls})", "yellow")
+    text.append(f" · {node.attrs.get('nodes', '?')} nodes", "dim")
+    nbytes = int(node.attrs.get("saved_bytes", "0") or 0)
+    if nbytes:
+        text.append(f"  saved {format_bytes(nbytes)}", "dim")
+    return text
 
 
 def _heights(graph: Graph, kids: dict[str, list[str]]) -> dict[str, int]:
@@ -55,24 +96,35 @@ def _tensor_text(t_name: str | None, node: Node) -> Text:
     return text
 
 
-def _label(node: Node, leaf: Node | None, ref: bool) -> Text:
+def _label(node: Node, leaf: Node | None, ref: bool, edge: Edge | None = None) -> Text:
     text = Text()
     if ref:
         text.append("↺ ", "dim")
-    if node.kind in ("output", "leaf"):
+    if node.order is not None:
+        text.append(f"#{node.order} ", "cyan")
+    bad = node.attrs.get("nonfinite")
+    if node.kind == "module":
+        text.append_text(_module_text(node))
+    elif node.kind in ("output", "leaf"):
         kind = "view base" if node.attrs.get("view_base") else node.kind
         text.append(f"{kind} ", STYLES[node.kind])
         text.append_text(_tensor_text(node.name if node.name not in ("", "output") else None, node))
     else:
-        text.append(node.name, STYLES[node.kind])
+        text.append(node.name, BAD if bad else STYLES.get(node.kind, ""))
         if node.kind == "custom":
             text.append(" (custom Function)", "magenta")
         if leaf is not None:
             text.append(" ← ")
             text.append_text(_tensor_text(leaf.name or "(unnamed leaf)", leaf))
     text.append(f"  {node.id}", "dim")
+    text.append_text(_grad_text(edge))
     if ref:
         text.append(" (shown above)", "dim")
+        return text
+    if bad:
+        first = node.attrs.get("first_nonfinite") == "true"
+        text.append(f"  ✗ {'first ' if first else ''}{bad} gradient", BAD)
+    if node.kind == "module":
         return text
     if node.module:
         text.append(f"  [{node.module}]", "blue")
@@ -90,6 +142,7 @@ def _label(node: Node, leaf: Node | None, ref: bool) -> Text:
 def tree_lines(graph: Graph, *, max_lines: int | None = None) -> list[Text]:
     """The tree as a list of ``rich.text.Text`` lines (see module docstring)."""
     kids: dict[str, list[str]] = {n.id: [] for n in graph.nodes}
+    kid_edges: dict[str, list[Edge]] = {n.id: [] for n in graph.nodes}
     leaf_of: dict[str, Node] = {}
     for e in graph.edges:
         dst = graph.node(e.dst)
@@ -97,6 +150,7 @@ def tree_lines(graph: Graph, *, max_lines: int | None = None) -> list[Text]:
             leaf_of[e.src] = dst
             continue
         kids[e.src].append(e.dst)
+        kid_edges[e.src].append(e)
     height = _heights(graph, kids)
     lines: list[Text] = []
     shown: set[str] = set()
@@ -105,37 +159,58 @@ def tree_lines(graph: Graph, *, max_lines: int | None = None) -> list[Text]:
     starts = list(graph.roots) + [
         n.id for n in graph.nodes if n.kind == "output" and n.id not in graph.roots
     ]
-    # task: (node id, line prefix, connector, prefix of the node's own text column)
-    stack: list[tuple[str, str, str, str]] = [(r, "", "", "") for r in reversed(starts)]
+    # task: (node id, line prefix, connector, prefix of the node's own text column, edge in)
+    stack: list[_Task] = [(r, "", "", "", None) for r in reversed(starts)]
     while stack:
         if max_lines is not None and len(lines) >= max_lines:
             hidden = total - len(shown)
             if hidden > 0:
                 lines.append(Text(f"… {hidden} more nodes not shown (raise --max-lines)", "dim"))
             break
-        nid, prefix, conn, col = stack.pop()
+        nid, prefix, conn, col, edge = stack.pop()
         node = graph.node(nid)
         ref = nid in shown
         line = Text(prefix + conn, "dim")
-        line.append_text(_label(node, leaf_of.get(nid), ref))
+        line.append_text(_label(node, leaf_of.get(nid), ref, edge))
         lines.append(line)
         if ref:
             continue
         shown.add(nid)
-        children = kids[nid]
-        fresh = [c for c in children if c not in shown]
+        if node.attrs.get("first_nonfinite") == "true" and node.attrs.get("created_at"):
+            where = node.attrs["created_at"]
+            lines.append(Text.assemble((col + "  ↳ created at ", "dim"), (where, BAD)))
+        children = kid_edges[nid]
+        fresh = [e.dst for e in children if e.dst not in shown]
         main = max(fresh, key=lambda c: height[c], default=None)
         if main is not None and graph.node(main).kind == "accumulate" and len(children) > 1:
             main = None  # keep parameters as side branches so the spine is the data path
-        side = [c for c in children if c != main]
+        side = [e for e in children if e.dst != main]
         if main is not None:
-            stack.append((main, col, "", col))
+            stack.append((main, col, "", col, next(e for e in children if e.dst == main)))
         for i in range(len(side) - 1, -1, -1):
             last = i == len(side) - 1
-            stack.append(
-                (side[i], col, "└─ " if last else "├─ ", col + ("   " if last else "│  "))
-            )
+            conn, indent = ("└─ ", "   ") if last else ("├─ ", "│  ")
+            stack.append((side[i].dst, col, conn, col + indent, side[i]))
     return lines
+
+
+def _backward_header(graph: Graph) -> Text | None:
+    """A line about the recorded backward pass, for graphs annotated by ``gs.record_backward``."""
+    ran = [n for n in graph.nodes if n.order is not None]
+    if not ran:
+        return None
+    text = Text(
+        f"backward: {len(ran)} nodes ran (#0 first); ‖∇‖ = norm of the gradient along each edge",
+        "dim",
+    )
+    first = next((n for n in graph.nodes if n.attrs.get("first_nonfinite") == "true"), None)
+    if first is not None:
+        text.append("\nfirst non-finite gradient: ", BAD)
+        text.append(f"{first.attrs.get('nonfinite', 'nan')} from {first.name} ({first.id})", BAD)
+        where = first.attrs.get("created_at")
+        if where:
+            text.append(f", created at {where}", BAD)
+    return text
 
 
 def render_tree(graph: Graph, *, max_lines: int | None = None) -> Group:
@@ -148,4 +223,6 @@ def render_tree(graph: Graph, *, max_lines: int | None = None) -> Group:
         >>> Console(width=80).print(gs.render_tree(gs.trace((x * x).sum(), params={"x": x})))
     """
     header = Text(graph.summary(), "dim")
-    return Group(header, *tree_lines(graph, max_lines=max_lines))
+    extra = _backward_header(graph)
+    head = [header] if extra is None else [header, extra]
+    return Group(*head, *tree_lines(graph, max_lines=max_lines))
