@@ -109,6 +109,10 @@ def render(
     ),
     full: bool = typer.Option(False, "--full", help="Draw every node, however large the graph."),
     backward: bool = BackwardOpt,
+    memory: bool = typer.Option(
+        False, "--memory",
+        help="Label each node with the saved bytes it holds (each storage counted once).",
+    ),
 ) -> None:
     """Build the model file's graph and write it as SVG/PNG/PDF/DOT/JSON/HTML."""
     if fmt is None and (output is None or not output.suffix):
@@ -128,7 +132,10 @@ def render(
         view, note = gs.readable_view(
             graph, depth=depth, fold_repeats=fold, max_nodes=max_nodes, full=full
         )
-        view.save(output, format=fmt, saved=saved, attrs=attrs)
+        notes = graph.memory().node_labels() if memory else None
+        if notes:
+            notes = {nid: f"holds {size}" for nid, size in notes.items()}
+        view.save(output, format=fmt, saved=saved, attrs=attrs, notes=notes)
     if note:
         stderr().print(note, markup=False)
     stderr().print(f"wrote {output}: {graph.summary()}", markup=False)
@@ -150,9 +157,13 @@ def tree(
     mf = gs.load_model_file(target)
     rec = record_graph(mf) if backward else None
     graph = rec.graph if rec else load_graph(mf, loss=loss)
+    mem = graph.memory()  # of the whole graph, before any collapse
     if depth is not None:
         graph = graph.collapse(depth)
-    stdout().print(gs.render_tree(graph, max_lines=max_lines))
+    out = stdout()
+    out.print(gs.render_tree(graph, max_lines=max_lines))
+    if mem.total or mem.freed:
+        out.print(mem.render(depth=depth))
     report_backward(rec)
 
 

@@ -40,6 +40,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ._errors import GradscopeError
+from ._views import levels
 from ._model import Graph, format_bytes
 
 ACTIVATION, LEAF, OUTPUT = "activation", "leaf", "output"
@@ -134,10 +135,12 @@ class MemoryReport:
         return self.leaf_bytes + self.output_bytes
 
     def module_bytes(self, depth: int | None = None) -> dict[str | None, int]:
-        """``by_module`` with paths cut to ``depth`` components (``encoder.layers.3``), summed.
+        """``by_module`` with paths cut to ``depth`` levels and summed. Levels are those of
+        ``Graph.collapse``: a list index stays with its container, so ``encoder.layers.3`` is
+        at depth 2.
 
         Example:
-            >>> r = MemoryReport(by_module={"enc.0": 4, "enc.1": 8, None: 2})
+            >>> r = MemoryReport(by_module={"enc.layers.0": 4, "enc.layers.1": 8, None: 2})
             >>> r.module_bytes(1)
             {'enc': 12, None: 2}
         """
@@ -145,7 +148,7 @@ class MemoryReport:
             return dict(self.by_module)
         out: dict[str | None, int] = {}
         for path, n in self.by_module.items():
-            key = path if path is None else ".".join(path.split(".")[:depth]) if depth > 0 else ""
+            key = path if path is None else ".".join(levels(path)[:depth])
             out[key] = out.get(key, 0) + n
         return out
 
@@ -162,6 +165,10 @@ class MemoryReport:
             f"{format_bytes(self.leaf_bytes)} alias leaves (parameters, inputs), "
             f"{format_bytes(self.output_bytes)} alias outputs{peak}"
         )
+
+    def render(self, *, depth: int | None = None, top: int = 20) -> Group:
+        """A rich renderable: summary, bytes per module cut to ``depth``, CUDA figures."""
+        return render_memory(self, depth=depth, top=top)
 
     def __rich__(self) -> Group:
         return render_memory(self)

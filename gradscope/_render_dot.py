@@ -10,6 +10,7 @@ A graph without module paths gives exactly the DOT it gave before clusters exist
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from ._model import Edge, Graph, Node, SavedTensor, format_bytes
 from ._views import levels, module_class, node_paths
@@ -38,7 +39,9 @@ NODE_ATTR = (
 
 def quote(s: str) -> str:
     """A DOT double-quoted string."""
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if "\\" in s or '"' in s or "\n" in s:
+        s = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return '"' + s + '"'
 
 
 def size_to_str(shape: list[int] | None) -> str:
@@ -191,14 +194,23 @@ def _edge_attrs(e: Edge) -> str:
     return " ".join(parts)
 
 
-def _node_lines(
-    node: Node, saved: bool, attrs: bool, max_attr_chars: int, indent: str
-) -> list[str]:
+@dataclass(frozen=True)
+class _Options:
+    saved: bool
+    attrs: bool
+    max_attr_chars: int
+    notes: dict[str, str] | None  # node id -> an extra label line (e.g. memory held)
+
+
+def _node_lines(node: Node, opt: _Options, indent: str) -> list[str]:
     """The node's own line, and its saved tensors' boxes (none for a module box: it stands
     for many nodes, its label already sums their saved bytes)."""
-    label, extra = node_style(node, attrs, max_attr_chars)
+    label, extra = node_style(node, opt.attrs, opt.max_attr_chars)
+    note = opt.notes.get(node.id) if opt.notes else None
+    if note:
+        label += "\n" + note
     lines = [f"{indent}{node.id} [{_attr_list(label, extra)}]"]
-    if saved and node.kind != "module":
+    if opt.saved and node.kind != "module":
         for i, s in enumerate(node.saved):
             sid = f"{node.id}_s{i}"
             slabel, sextra = saved_style(s)
@@ -218,8 +230,7 @@ def _cluster_keys(graph: Graph) -> dict[str, list[str]]:
     return out
 
 
-def _cluster_lines(graph: Graph, keys: dict[str, list[str]], saved: bool, attrs: bool,
-                   max_attr_chars: int) -> list[str]:
+def _cluster_lines(graph: Graph, keys: dict[str, list[str]], opt: _Options) -> list[str]:
     """Nodes nested in ``subgraph cluster_*`` blocks by module path, in first-seen order."""
     tree: dict[str, list[str]] = {}  # cluster path -> child cluster paths, in first-seen order
     members: dict[str, list[Node]] = {}
@@ -257,7 +268,7 @@ def _cluster_lines(graph: Graph, keys: dict[str, list[str]], saved: bool, attrs:
             counter += 1
             stack.append((path, depth, False))
         for node in group:
-            out.extend(_node_lines(node, saved, attrs, max_attr_chars, indent + "\t"))
+            out.extend(_node_lines(node, opt, indent + "\t"))
         stack.extend((child, depth + 1, True) for child in reversed(tree.get(path, [])))
     return out
 
@@ -269,6 +280,7 @@ def to_dot(
     attrs: bool = False,
     max_attr_chars: int = 50,
     clusters: bool = True,
+    notes: dict[str, str] | None = None,
 ) -> str:
     """Render ``graph`` as DOT text.
 
@@ -279,6 +291,7 @@ def to_dot(
         max_attr_chars: truncate attribute values to this many characters.
         clusters: when nodes carry module paths (``gs.scopes``), draw each module as a
             nested ``subgraph cluster_*`` labelled ``name: Class``.
+        notes: an extra label line per node id, e.g. ``Graph.memory().node_labels()``.
 
     Arrows point in the forward direction (input -> op), as torchviz draws them.
 
@@ -288,14 +301,15 @@ def to_dot(
         >>> to_dot(gs.trace(x * 2)).splitlines()[0]
         'digraph {'
     """
+    opt = _Options(saved, attrs, max_attr_chars, notes)
     out = ["digraph {", f"\tnode [{NODE_ATTR}]", '\tgraph [rankdir=TB]']
     # A cheap test first: graphs traced without scopes have no module and skip the grouping.
     keys = _cluster_keys(graph) if clusters and any(n.module for n in graph.nodes) else {}
     if any(keys.values()):
-        out.extend(_cluster_lines(graph, keys, saved, attrs, max_attr_chars))
+        out.extend(_cluster_lines(graph, keys, opt))
     else:
         for node in graph.nodes:
-            out.extend(_node_lines(node, saved, attrs, max_attr_chars, "\t"))
+            out.extend(_node_lines(node, opt, "\t"))
     for e in graph.edges:
         if e.kind == "view":
             out.append(f"\t{e.dst} -> {e.src} [style=dotted]")

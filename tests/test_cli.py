@@ -143,3 +143,27 @@ def test_loss_without_loss_fn(tmp_path):
 def test_help_lists_commands():
     proc = run_cli("--help")
     assert proc.returncode == 0 and "render" in proc.stdout and "tree" in proc.stdout
+
+
+def test_render_backward_marks_the_first_nan_and_exits_1(tmp_path):
+    out = tmp_path / "nan.dot"
+    proc = run_cli("render", str(SAMPLES / "nan_backward.py"), "--backward", "-o", str(out))
+    assert proc.returncode == 1, proc.stderr
+    text = out.read_text()
+    assert "first nan gradient" in text and "#0 " in text
+    assert "SqrtBackward0" in proc.stderr and "nan_backward.py:" in proc.stderr
+    ok = run_cli("tree", str(SAMPLES / "mlp.py"), "--backward")
+    assert ok.returncode == 0 and "#0 " in ok.stdout and "‖∇‖" in ok.stdout
+
+
+def test_depth_memory_and_html(tmp_path):
+    proc = run_cli("tree", str(SAMPLES / "transformer.py"), "--depth", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "encoder (TransformerEncoder)" in proc.stdout
+    assert "saved tensors hold" in proc.stdout and "module" in proc.stdout
+    dot = tmp_path / "m.dot"
+    proc = run_cli("render", str(SAMPLES / "mlp.py"), "--memory", "-o", str(dot))
+    assert proc.returncode == 0 and "holds 2.0 KiB" in dot.read_text()
+    html = tmp_path / "m.html"
+    proc = run_cli("render", str(SAMPLES / "mlp.py"), "-o", str(html))
+    assert proc.returncode == 0 and html.read_text().lstrip().lower().startswith("<!doctype html")

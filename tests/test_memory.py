@@ -191,8 +191,10 @@ def test_memory_renders_as_a_table():
         "enc.0   1.0 KiB  25.0%",
     ]
     console = Console(width=100, color_system=None, record=True)
-    console.print(_memory.render_memory(g.memory(), depth=1))
-    assert "enc     4.0 KiB  100.0%" in console.export_text()
+    console.print(g.memory().render(depth=0))  # depth 0: everything in the root module
+    assert "4.0 KiB  100.0%" in console.export_text()
+    # depth counts levels as Graph.collapse does: enc.0 is one level (index with container)
+    assert g.memory().module_bytes(1) == {"enc.0": 1024, "enc.1": 3072}
 
 
 # ---------------------------------------------------------------------- live accounting
