@@ -1,0 +1,597 @@
+"""GradMonitor: every figure is checked against PyTorch's own .grad and get_total_norm."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import io
+import json
+import math
+import sys
+from functools import partial
+
+import pytest
+import torch
+from conftest import SAMPLES
+from rich.console import Console
+from torch import nn
+
+import gradscope as gs
+from gradscope._monitor_view import MissingExtraError
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 12), nn.Tanh(), nn.Linear(12, 3)
+    )
+
+
+def backward(model: nn.Module, batch: int = 8, seed: int = 0) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, 6, generator=g)
+    model(x).square().mean().backward()
+
+
+def load_sample(name: str):
+    spec = importlib.util.spec_from_file_location(f"sample_{name}", SAMPLES / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def reference(grad: torch.Tensor) -> dict[str, float]:
+    g = grad.detach().float()
+    return {
+        "norm": torch.linalg.vector_norm(g).item(),
+        "max_abs": g.abs().max().item(),
+        "mean_abs": g.abs().mean().item(),
+        "nan": int(torch.isnan(g).sum()),
+        "inf": int(torch.isinf(g).sum()),
+        "zero_frac": (g == 0).float().mean().item(),
+    }
+
+
+def assert_matches(ps: gs.ParamStats, ref: dict[str, float]) -> None:
+    for key, want in ref.items():
+        got = getattr(ps, key)
+        if isinstance(want, float) and math.isnan(want):
+            assert math.isnan(got), key
+        else:
+            assert got == pytest.approx(want, rel=1e-5, abs=1e-12), key
+
+
+# ---------------------------------------------------------------- figures against .grad
+def test_norms_and_total_equal_grad_and_get_total_norm() -> None:
+    model = mlp()
+    with gs.GradMonitor(model) as mon:
+        backward(model)
+    grads = [p.grad for p in model.parameters()]
+    (st,) = mon.history
+    assert list(st.params) == [n for n, _ in model.named_parameters()]
+    for name, p in model.named_parameters():
+        assert_matches(st.params[name], reference(p.grad))
+        assert st.params[name].update_ratio is None
+    want = torch.nn.utils.get_total_norm(grads).item()
+    assert st.total_norm == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("norm_type", [1.0, 3.0, math.inf])
+def test_other_norm_types_match_get_total_norm(norm_type: float) -> None:
+    model = mlp()
+    with gs.GradMonitor(model, norm_type=norm_type) as mon:
+        backward(model)
+    for name, p in model.named_parameters():
+        want = torch.linalg.vector_norm(p.grad, norm_type).item()
+        assert mon.history[0].params[name].norm == pytest.approx(want, rel=1e-5)
+    total = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()], norm_type)
+    assert mon.history[0].total_norm == pytest.approx(total.item(), rel=1e-5)
+
+
+def test_nan_inf_zero_counts_against_grad() -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with gs.GradMonitor(model, optimizer=opt) as mon:
+        backward(model)
+        w = model[2].weight.grad
+        w[0, :3] = float("nan")
+        w[1, :2] = float("inf")
+        w[2, 0] = -float("inf")
+        w[3, :] = 0.0
+        model[0].bias.grad[1] = float("nan")
+        refs = {n: reference(p.grad) for n, p in model.named_parameters()}
+        opt.step()
+    st = mon.history[0]
+    for name, ref in refs.items():
+        assert_matches(
+            st.params[name], {k: v for k, v in ref.items() if k in ("nan", "inf", "zero_frac")}
+        )
+    assert st.params["2.weight"].nan == 3 and st.params["2.weight"].inf == 3
+    assert math.isnan(st.params["2.weight"].norm) and math.isnan(st.total_norm)
+    kinds = {(a.kind, a.name, a.step) for a in mon.alerts}
+    assert {("nan", "2.weight", 0), ("inf", "2.weight", 0), ("nan", "0.bias", 0)} <= kinds
+
+
+def test_half_precision_grads_are_reduced_in_high_precision() -> None:
+    model = mlp().to(torch.bfloat16)
+    with gs.GradMonitor(model) as mon:
+        model(torch.randn(8, 6, dtype=torch.bfloat16)).float().square().mean().backward()
+    for name, p in model.named_parameters():
+        assert p.grad.dtype == torch.bfloat16
+        assert_matches(mon.history[0].params[name], reference(p.grad))
+
+
+def test_many_chunks_give_the_same_figures(monkeypatch) -> None:
+    """Large models are processed chunk by chunk (and a tensor larger than a chunk alone)."""
+    from gradscope import _monitor_stats
+
+    monkeypatch.setattr(_monitor_stats, "_CHUNK_NUMEL", 40)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with gs.GradMonitor(model, optimizer=opt) as mon:
+        backward(model)
+        model[2].weight.grad[0, :2] = float("nan")
+        model[2].weight.grad[1, 0] = float("inf")
+        model[2].weight.grad[2, :] = 0.0
+        refs = {n: reference(p.grad) for n, p in model.named_parameters()}
+        opt.step()
+    for name, ref in refs.items():
+        assert_matches(mon.history[0].params[name], ref)
+
+
+def test_sparse_gradient() -> None:
+    emb = nn.Embedding(20, 4, sparse=True)
+    with gs.GradMonitor(emb) as mon:
+        emb(torch.tensor([1, 5, 5, 7])).sum().backward()
+    assert_matches(mon.history[0].params["weight"], reference(emb.weight.grad.to_dense()))
+
+
+# ---------------------------------------------------------------- step boundaries
+def test_gradient_accumulation_measures_the_accumulated_grad() -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen: list[dict[str, dict[str, float]]] = []
+    with gs.GradMonitor(model, optimizer=opt) as mon:
+        for step in range(2):
+            opt.zero_grad()
+            for micro in range(4):
+                backward(model, seed=10 * step + micro)
+            seen.append({n: reference(p.grad) for n, p in model.named_parameters()})
+            totals = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item()
+            seen[-1]["__total__"] = {"norm": totals}
+            opt.step()
+    assert [st.step for st in mon.history] == [0, 1]
+    for st, ref in zip(mon.history, seen, strict=True):
+        assert st.total_norm == pytest.approx(ref.pop("__total__")["norm"], rel=1e-6)
+        for name, r in ref.items():
+            assert_matches(st.params[name], r)
+
+
+def test_without_optimizer_each_backward_is_a_step() -> None:
+    model = mlp()
+    with gs.GradMonitor(model) as mon:
+        norms = []
+        for micro in range(4):
+            backward(model, seed=micro)  # accumulating: each backward sees the running sum
+            norms.append(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item())
+        # torch.autograd.grad does not touch .grad: not a step
+        x = torch.randn(3, 6)
+        torch.autograd.grad(model(x).sum(), list(model.parameters()))
+    assert [st.step for st in mon.history] == [0, 1, 2, 3]
+    assert [st.total_norm for st in mon.history] == pytest.approx(norms, rel=1e-6)
+
+
+def test_every_k_logs_one_step_in_k() -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with gs.GradMonitor(model, every=3, optimizer=opt) as mon:
+        for i in range(7):
+            opt.zero_grad()
+            backward(model, seed=i)
+            opt.step()
+    assert [st.step for st in mon.history] == [0, 3, 6]
+    assert mon.step == 7
+
+
+def test_update_ratio_matches_the_weight_change() -> None:
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with gs.GradMonitor(model, optimizer=opt) as mon:
+        backward(model)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+    for name, p in model.named_parameters():
+        want = ((p.detach() - before[name]).norm() / before[name].norm()).item()
+        assert mon.history[0].params[name].update_ratio == pytest.approx(want, rel=1e-5)
+
+
+def test_params_selects_by_name_and_glob() -> None:
+    model = mlp()
+    with gs.GradMonitor(model, params=["0.*", "4.bias"]) as mon:
+        backward(model)
+    assert list(mon.history[0].params) == ["0.weight", "0.bias", "4.bias"]
+    want = torch.nn.utils.get_total_norm(
+        [model[0].weight.grad, model[0].bias.grad, model[4].bias.grad]
+    )
+    assert mon.history[0].total_norm == pytest.approx(want.item(), rel=1e-6)
+    with pytest.raises(gs.GradscopeError, match="matches no trainable parameter"):
+        gs.GradMonitor(model, params="decoder.*")
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"every": 0}, {"every": 1.5}, {"norm_type": 0}, {"optimizer": "sgd"}]
+)
+def test_bad_arguments_raise_gradscope_errors(kwargs: dict) -> None:
+    with pytest.raises(gs.GradscopeError):
+        gs.GradMonitor(mlp(), **kwargs)
+    with pytest.raises(gs.GradscopeError, match="nn.Module"):
+        gs.GradMonitor(torch.randn(3))
+
+
+# ---------------------------------------------------------------- never changes anything
+def _train(monitor: bool, steps: int = 5) -> list[torch.Tensor]:
+    torch.manual_seed(3)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    mon = gs.GradMonitor(model, optimizer=opt, modules=True, activations=True) if monitor else None
+    for i in range(steps):
+        opt.zero_grad()
+        backward(model, seed=i)
+        opt.step()
+    if mon is not None:
+        mon.remove()
+        assert len(mon.history) == steps
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_training_with_and_without_monitor_is_bitwise_identical() -> None:
+    plain, watched = _train(False), _train(True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, watched, strict=True))
+
+
+def _hook_dicts(model: nn.Module) -> dict[str, int]:
+    out = {}
+    for name, mod in model.named_modules():
+        for attr in (
+            "_forward_hooks",
+            "_forward_pre_hooks",
+            "_backward_hooks",
+            "_backward_pre_hooks",
+            "_forward_hooks_with_kwargs",
+            "_forward_pre_hooks_with_kwargs",
+            "_state_dict_hooks",
+            "_load_state_dict_pre_hooks",
+        ):
+            out[f"{name}:{attr}"] = len(getattr(mod, attr))
+    for name, p in model.named_parameters():
+        out[f"{name}:_backward_hooks"] = len(p._backward_hooks or {})
+        out[f"{name}:_post_accumulate_grad_hooks"] = len(p._post_accumulate_grad_hooks or {})
+    return out
+
+
+@pytest.mark.parametrize("use_opt", [False, True])
+def test_no_hook_left_after_exit_even_on_error(use_opt: bool) -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with pytest.raises(RuntimeError, match="boom"):
+        with gs.GradMonitor(
+            model, modules=True, activations=True, optimizer=opt if use_opt else None
+        ) as mon:
+            backward(model)
+            opt.step()
+            assert sum(_hook_dicts(model).values()) > 0
+            raise RuntimeError("boom")
+    assert all(v == 0 for v in _hook_dicts(model).values()), _hook_dicts(model)
+    assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+    mon.remove()  # safe twice
+    backward(model)  # and nothing fires any more
+    opt.step()
+    assert len(mon.history) == 1
+
+
+# ---------------------------------------------------------------- host transfers
+class Transfers:
+    """Counts every way a tensor's value can reach Python."""
+
+    NAMES = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        for name in self.NAMES:
+            original = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, self._wrap(original))
+
+    def _wrap(self, original):
+        def counted(t, *args, **kwargs):
+            self.count += 1
+            return original(t, *args, **kwargs)
+
+        return counted
+
+
+@pytest.mark.parametrize("use_opt", [False, True])
+def test_one_host_transfer_per_logged_step_none_on_skipped(monkeypatch, use_opt: bool) -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    xs = [torch.randn(8, 6) for _ in range(7)]
+    counter = Transfers(monkeypatch)
+
+    def step(i: int) -> int:
+        before = counter.count
+        opt.zero_grad()
+        model(xs[i]).square().mean().backward()
+        opt.step()
+        return counter.count - before
+
+    plain = [step(i) for i in range(3)]
+    mon = gs.GradMonitor(
+        model, every=3, modules=True, activations=True, optimizer=opt if use_opt else None
+    )
+    watched = [step(i) for i in range(7)]
+    mon.remove()
+    assert [st.step for st in mon.history] == [0, 3, 6]
+    base = max(plain)
+    assert [w - base for w in watched] == [1, 0, 0, 1, 0, 0, 1]
+
+
+# ---------------------------------------------------------------- modules and activations
+def test_module_grad_output_stats_match_retained_grads() -> None:
+    model = mlp()
+    outs: dict[str, torch.Tensor] = {}
+
+    def keep(name: str, module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+        out.retain_grad()
+        outs[name] = out
+
+    handles = [m.register_forward_hook(partial(keep, n)) for n, m in model.named_modules() if n]
+    with gs.GradMonitor(model, modules=True) as mon:
+        backward(model)
+    for h in handles:
+        h.remove()
+    mods = mon.history[0].modules
+    assert list(mods) == [n for n, _ in model.named_modules() if n]
+    for name, out in outs.items():
+        assert_matches(mods[name], reference(out.grad))
+
+
+class MaskedNaN(nn.Module):
+    """log of a negative number in the forward, masked away before the loss: the gradients stay
+    finite, so detect_anomaly never sees it, but the module output is NaN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.log = Log()
+        self.out = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.log(self.fc(x) - 100.0)
+        return self.out(torch.nan_to_num(h, nan=0.0) + self.fc(x))
+
+
+class Log(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x)
+
+
+@pytest.mark.filterwarnings("ignore:Anomaly Detection has been enabled")
+def test_activations_name_the_first_non_finite_module() -> None:
+    model = MaskedNaN()
+    with gs.GradMonitor(model, activations=True) as mon:
+        with torch.autograd.detect_anomaly(check_nan=True):
+            model(torch.randn(5, 4)).sum().backward()  # anomaly mode raises nothing
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+    (alert,) = mon.alerts
+    assert (alert.kind, alert.step, alert.name) == ("forward_nonfinite", 0, "log")
+
+
+# ---------------------------------------------------------------- alerts on the samples
+def _run_sample(name: str, steps: int, **kwargs) -> gs.GradMonitor:
+    mod = load_sample(name)
+    make_opt = getattr(mod, "optimizer", lambda ps: torch.optim.SGD(ps, lr=1e-2))
+    opt = make_opt(mod.model.parameters())
+    batches = iter(mod.batches()) if hasattr(mod, "batches") else None
+    grads: list[dict[str, torch.Tensor]] = []
+    with gs.GradMonitor(mod.model, optimizer=opt, **kwargs) as mon:
+        for _ in range(steps):
+            x, y = next(batches) if batches else (mod.example_input, mod.example_target)
+            opt.zero_grad()
+            mod.loss_fn(mod.model(x), y).backward()
+            grads.append({n: p.grad.clone() for n, p in mod.model.named_parameters()})
+            opt.step()
+    mon.grads = grads  # ground truth for the test
+    return mon
+
+
+def test_nan_sample_names_gain_at_step_3() -> None:
+    mon = _run_sample("nan_training", 6)
+    truth = [(i, n) for i, g in enumerate(mon.grads) for n, t in g.items() if torch.isnan(t).any()]
+    assert truth[0] == (3, "gain")
+    first = next(a for a in mon.alerts if a.kind == "nan")
+    assert (first.step, first.name) == truth[0]
+    assert "gain" in first.message and "step 3" in first.message
+    st3 = mon.history[3]
+    assert st3.params["gain"].nan == 1
+    assert all(ps.nan == 0 for n, ps in st3.params.items() if n != "gain")
+
+
+def test_vanishing_sample_alerts_on_the_first_layers() -> None:
+    mon = _run_sample("vanishing", 4)
+    vanished = {a.name for a in mon.alerts if a.kind == "vanishing"}
+    truth = {n for n, g in mon.grads[0].items() if g.norm() < 1e-7}
+    assert "0.weight" in vanished and vanished == truth
+    assert all(a.step == 2 for a in mon.alerts)  # after VANISH_PATIENCE = 3 logged steps
+
+
+def test_exploding_sample_and_spikes_over_the_running_median() -> None:
+    mon = _run_sample("exploding", 2)
+    exploding = {a.name for a in mon.alerts if a.kind == "exploding"}
+    assert exploding == {n for n, g in mon.grads[0].items() if g.norm() > 1e3}
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with gs.GradMonitor(model, optimizer=opt, explode=math.inf) as mon:
+        for i in range(8):
+            opt.zero_grad()
+            backward(model)
+            if i == 6:
+                model[4].weight.grad.mul_(50.0)
+            opt.step()
+    (alert,) = mon.alerts
+    assert (alert.kind, alert.step, alert.name) == ("exploding", 6, "4.weight")
+    assert "running median" in alert.message
+
+
+# ---------------------------------------------------------------- views
+def _fixed_grads_monitor() -> gs.GradMonitor:
+    """Gradients set by hand, so every printed figure is exact."""
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    mon = gs.GradMonitor(model, optimizer=opt)
+    for step in range(4):
+        for i, p in enumerate(model.parameters()):
+            p.grad = torch.full_like(p, float(10 ** (step - i)))
+        if step == 3:
+            model[1].bias.grad[0] = float("nan")
+        opt.step()
+    mon.remove()
+    return mon
+
+
+def test_report_golden(golden) -> None:
+    console = Console(color_system=None, width=100, record=True, file=io.StringIO())
+    console.print(_fixed_grads_monitor().report())
+    golden("monitor_report.txt", console.export_text())
+
+
+def test_report_rows_follow_model_order_and_latest_norms() -> None:
+    model = mlp()
+    with gs.GradMonitor(model) as mon:
+        backward(model)
+    console = Console(color_system=None, width=120, record=True, file=io.StringIO())
+    console.print(mon.report())
+    lines = console.export_text().splitlines()
+    rows = [ln.split("│")[0].strip() for ln in lines if "│" in ln]
+    assert rows == [n for n, _ in model.named_parameters()]
+    assert (
+        f"{model[0].weight.grad.norm().item():.3g}"
+        in lines[[i for i, ln in enumerate(lines) if "0.weight" in ln][0]]
+    )
+
+
+def test_jsonl_and_csv_hold_the_history(tmp_path) -> None:
+    mon = _fixed_grads_monitor()
+    lines = mon.to_jsonl(tmp_path / "g.jsonl").read_text().splitlines()
+    assert len(lines) == len(mon.history) == 4
+    objs = [json.loads(ln) for ln in lines]
+    assert objs[0]["params"]["0.weight"]["norm"] == pytest.approx(2.0)  # 4 ones
+    assert objs[3]["params"]["1.bias"] == {
+        "norm": None,
+        "max_abs": None,
+        "mean_abs": None,
+        "nan": 1,
+        "inf": 0,
+        "zero_frac": 0.0,
+        "update_ratio": None,
+    }
+    assert {a["kind"] for a in objs[3]["alerts"]} == {"nan", "exploding"}
+    with (mon.to_csv(tmp_path / "g.csv")).open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 * 4
+    assert float(rows[1]["norm"]) == pytest.approx(math.sqrt(2) * 0.1)
+    assert math.isnan(float(rows[-1]["norm"]))
+
+
+class RecordingWriter:
+    def __init__(self) -> None:
+        self.scalars: dict[tuple[str, int], float] = {}
+        self.histograms: dict[tuple[str, int], list[float]] = {}
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self.scalars[(tag, step)] = value
+
+    def add_histogram(self, tag: str, values, step: int) -> None:
+        self.histograms[(tag, step)] = list(values)
+
+
+def test_tensorboard_scalars_and_histograms() -> None:
+    mon = _fixed_grads_monitor()
+    w = RecordingWriter()
+    mon.to_tensorboard(w)
+    assert w.scalars[("grad_norm/total", 1)] == pytest.approx(mon.history[1].total_norm)
+    assert w.scalars[("grad_norm/0.bias", 2)] == pytest.approx(math.sqrt(2) * 10)
+    assert w.scalars[("grad_nonfinite/1.bias", 3)] == 1
+    assert sorted(w.histograms[("grad_norm/per_parameter", 0)]) == pytest.approx(
+        sorted(ps.norm for ps in mon.history[0].params.values())
+    )
+    assert len(w.histograms[("grad_norm/per_parameter", 3)]) == 3  # the NaN one left out
+
+
+def test_tensorboard_summary_writer(tmp_path) -> None:
+    tb = pytest.importorskip("torch.utils.tensorboard")
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    mon = _fixed_grads_monitor()
+    with tb.SummaryWriter(str(tmp_path)) as writer:
+        mon.to_tensorboard(writer)
+    events = accumulator.EventAccumulator(str(tmp_path), size_guidance={accumulator.HISTOGRAMS: 0})
+    events.Reload()
+    totals = [(e.step, e.value) for e in events.Scalars("grad_norm/total")]
+    assert [s for s, _ in totals] == [st.step for st in mon.history]
+    for (_, got), st in zip(totals[:3], mon.history[:3], strict=True):
+        assert got == pytest.approx(st.total_norm, rel=1e-6)
+    hists = events.Histograms("grad_norm/per_parameter")
+    assert [h.histogram_value.num for h in hists] == [4, 4, 4, 3]  # the NaN norm left out
+
+
+def test_plot_writes_a_png(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    path = _fixed_grads_monitor().plot(tmp_path / "flow.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_says_how_to_install(monkeypatch, tmp_path) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(MissingExtraError, match=r"pip install gradscope\[plot\]"):
+        _fixed_grads_monitor().plot(tmp_path / "flow.png")
+    assert issubclass(MissingExtraError, gs.GradscopeError)
+
+
+def test_parameters_on_several_devices_are_refused() -> None:
+    model = mlp()
+    model[4].to("meta")
+    with pytest.raises(gs.GradscopeError, match="several devices"):
+        gs.GradMonitor(model)
+    with gs.GradMonitor(model, params="0.*") as mon:
+        assert mon.names == ["0.weight", "0.bias"]
+
+
+def test_leaks_option_flags_the_leaky_loop_and_not_the_fixed_one():
+    """GradMonitor(leaks=True): a validation graph kept alive every step is reported as a
+    `leak` alert; the same loop with .item() and no_grad stays silent; hooks all go."""
+    leaky_training = load_sample("leaky_training")
+
+    for fixed in (False, True):
+        net = leaky_training.make_model()
+        opt = torch.optim.SGD(net.parameters(), lr=1e-2)
+        kept = []
+        data = leaky_training.batches()
+        val_x = torch.randn(64, 16)
+        with gs.GradMonitor(net, optimizer=opt, leaks=True) as mon:
+            for _ in range(5):
+                x, y = next(data)
+                opt.zero_grad()
+                loss = leaky_training.loss_fn(net(x), y)
+                loss.backward()
+                if fixed:
+                    with torch.no_grad():
+                        kept.append(net(val_x).mean().item())
+                else:
+                    kept.append(net(val_x).mean())  # keeps the validation graph alive
+                opt.step()
+        leaks = [a for a in mon.alerts if a.kind == "leak"]
+        if fixed:
+            assert leaks == []
+        else:
+            assert leaks and all(a.step >= 1 for a in leaks)
+            assert "step" in leaks[0].name and "graph" in leaks[0].message
+        # the leak check's saved_tensors_hooks are gone with the monitor
+        assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None

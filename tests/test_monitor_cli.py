@@ -1,0 +1,170 @@
+"""`gradscope report`: trains a model file under the monitor; exit 1 on NaN/Inf, 2 on bad input.
+
+Ground truth for the samples comes from training them here with plain PyTorch."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import textwrap
+
+import pytest
+import torch
+from conftest import SAMPLES, run_cli
+from gradscope_cli.main import main
+
+
+def cli(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
+    """Run the CLI in this process (fast); returns (exit code, stdout, stderr)."""
+    monkeypatch.setenv("COLUMNS", "120")
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+def first_nonfinite_by_hand(name: str, steps: int) -> tuple[int, list[str]]:
+    """Train a sample with plain PyTorch (SGD lr 1e-2, its batches) and find the first step whose
+    gradients hold NaN/Inf, and which parameters."""
+    spec = importlib.util.spec_from_file_location(f"truth_{name}", SAMPLES / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    opt = torch.optim.SGD(mod.model.parameters(), lr=1e-2)
+    batches = mod.batches()
+    for step in range(steps):
+        x, y = next(batches)
+        opt.zero_grad()
+        mod.loss_fn(mod.model(x), y).backward()
+        bad = [n for n, p in mod.model.named_parameters() if not torch.isfinite(p.grad).all()]
+        if bad:
+            return step, bad
+        opt.step()
+    raise AssertionError("the sample never produced a non-finite gradient")
+
+
+def test_nan_sample_exit_1_names_parameter_and_step(tmp_path) -> None:
+    step, bad = first_nonfinite_by_hand("nan_training", 6)
+    assert (step, bad) == (3, ["gain"])
+    out = tmp_path / "steps.jsonl"
+    proc = run_cli("report", str(SAMPLES / "nan_training.py"), "--steps", "6", "--json", str(out))
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "first non-finite: gain at step 3" in proc.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(6))
+    first = next(r for r in rows if any(p["nan"] or p["inf"] for p in r["params"].values()))
+    assert first["step"] == step
+    assert [n for n, p in first["params"].items() if p["nan"] or p["inf"]] == bad
+    assert {"kind": "nan", "name": "gain"}.items() <= first["alerts"][0].items()
+
+
+def test_vanishing_sample(capsys, monkeypatch) -> None:
+    code, out, _ = cli(capsys, monkeypatch, "report", str(SAMPLES / "vanishing.py"), "--steps", "4")
+    assert code == 0
+    row = next(line for line in out.splitlines() if line.strip().startswith("0.weight"))
+    assert row.rstrip().endswith("vanishing")
+    assert "vanishing" in out.splitlines()[-1] or "vanishing" in out
+
+
+def test_exploding_sample(capsys, monkeypatch) -> None:
+    code, out, _ = cli(capsys, monkeypatch, "report", str(SAMPLES / "exploding.py"), "--steps", "2")
+    assert code == 0
+    assert "alerts: exploding" in out
+
+
+def test_every_and_csv_on_the_mlp(capsys, monkeypatch, tmp_path) -> None:
+    path = tmp_path / "g.csv"
+    code, out, err = cli(
+        capsys,
+        monkeypatch,
+        "report",
+        str(SAMPLES / "mlp.py"),
+        "--steps",
+        "5",
+        "--every",
+        "2",
+        "--csv",
+        str(path),
+    )
+    assert code == 0, err
+    assert "3 logged steps (every 2)" in out
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    assert sorted({int(r["step"]) for r in rows}) == [0, 2, 4]
+    assert {r["param"] for r in rows} == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
+    assert f"wrote {path}" in err
+
+
+def test_plot_option_writes_png(capsys, monkeypatch, tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "flow.png"
+    code, _, _ = cli(
+        capsys, monkeypatch, "report", str(SAMPLES / "mlp.py"), "--steps", "2", "--plot", str(path)
+    )
+    assert code == 0
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+BAD_FILES = {
+    "no loss_fn": (
+        """
+        import torch
+        model = torch.nn.Linear(3, 1)
+        example_input = torch.randn(4, 3)
+        """,
+        "defines no loss_fn",
+    ),
+    "no target": (
+        """
+        import torch
+        model = torch.nn.Linear(3, 1)
+        example_input = torch.randn(4, 3)
+        def loss_fn(output, target): return (output - target).pow(2).mean()
+        """,
+        "neither batches() nor example_target",
+    ),
+    "bad batch": (
+        """
+        import torch
+        model = torch.nn.Linear(3, 1)
+        example_input = torch.randn(4, 3)
+        def loss_fn(output, target): return (output - target).pow(2).mean()
+        def batches(): yield torch.randn(4, 3)
+        """,
+        "must be an (inputs, target) pair",
+    ),
+    "raising forward": (
+        """
+        import torch
+        class M(torch.nn.Linear):
+            def forward(self, x): raise ValueError("shape trouble")
+        model = M(3, 1)
+        example_input = torch.randn(4, 3)
+        def loss_fn(output): return output.sum()
+        """,
+        "ValueError: shape trouble (raised while running the forward)",
+    ),
+    "bad optimizer": (
+        """
+        import torch
+        model = torch.nn.Linear(3, 1)
+        example_input = torch.randn(4, 3)
+        def loss_fn(output): return output.sum()
+        def optimizer(params): return 0.1
+        """,
+        "expected a torch.optim.Optimizer",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_unusable_files_exit_2_with_one_line(capsys, monkeypatch, tmp_path, case: str) -> None:
+    source, message = BAD_FILES[case]
+    path = tmp_path / "bad_model.py"
+    path.write_text(textwrap.dedent(source))
+    code, _, err = cli(capsys, monkeypatch, "report", str(path), "--steps", "2")
+    assert code == 2
+    lines = [ln for ln in err.splitlines() if ln.startswith("gradscope: error:")]
+    assert len(lines) == 1 and message in lines[0], err
+    assert "Traceback" not in err
