@@ -10,7 +10,7 @@ A graph without module paths gives exactly the DOT it gave before clusters exist
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ._model import Edge, Graph, Node, SavedTensor, format_bytes
 from ._views import levels, module_class, node_paths
@@ -200,22 +200,50 @@ class _Options:
     attrs: bool
     max_attr_chars: int
     notes: dict[str, str] | None  # node id -> an extra label line (e.g. memory held)
+    # Attribute lists of plain backward nodes, by everything they depend on: a deep model
+    # repeats the same few (1,000 identical AddmmBackward0 labels), so each is built once.
+    memo: dict[tuple[object, ...], str] = field(default_factory=dict, compare=False)
+
+
+def _op_key(node: Node) -> tuple[object, ...] | None:
+    """Cache key of an un-annotated backward node's attribute list, else None."""
+    if node.kind not in ("op", "accumulate", "custom") or node.order is not None:
+        return None
+    attrs = node.attrs
+    if "nonfinite" in attrs:
+        return None
+    saved = tuple((s.name, s.freed) for s in node.saved)
+    return (node.name, node.kind, node.module, tuple(attrs.items()) if attrs else (), saved)
 
 
 def _node_lines(node: Node, opt: _Options, indent: str) -> list[str]:
     """The node's own line, and its saved tensors' boxes (none for a module box: it stands
     for many nodes, its label already sums their saved bytes)."""
-    label, extra = node_style(node, opt.attrs, opt.max_attr_chars)
     note = opt.notes.get(node.id) if opt.notes else None
-    if note:
-        label += "\n" + note
-    lines = [f"{indent}{node.id} [{_attr_list(label, extra)}]"]
+    key = None if note else _op_key(node)
+    attr_list = opt.memo.get(key) if key is not None else None
+    if attr_list is None:
+        label, extra = node_style(node, opt.attrs, opt.max_attr_chars)
+        if note:
+            label += "\n" + note
+        attr_list = _attr_list(label, extra)
+        if key is not None:
+            opt.memo[key] = attr_list
+    lines = [f"{indent}{node.id} [{attr_list}]"]
     if opt.saved and node.kind != "module":
+        nid = node.id
         for i, s in enumerate(node.saved):
-            sid = f"{node.id}_s{i}"
-            slabel, sextra = saved_style(s)
-            lines.append(f"{indent}{sid} [{_attr_list(slabel, sextra)}]")
-            lines.append(f"{indent}{node.id} -> {sid} [dir=none]")
+            sid = f"{nid}_s{i}"
+            if s.freed:
+                slabel, sextra = saved_style(s)
+                lines.append(f"{indent}{sid} [{_attr_list(slabel, sextra)}]")
+            else:  # the common case, written directly: nothing in it needs escaping but the name
+                tip = f"{s.dtype} on {s.device}, {format_bytes(s.nbytes)}, storage {s.storage}"
+                label = quote(var_label(s.name, s.shape))
+                lines.append(
+                    f'{indent}{sid} [label={label} fillcolor="{SAVED_COLOR}" tooltip="{tip}"]'
+                )
+            lines.append(f"{indent}{nid} -> {sid} [dir=none]")
     return lines
 
 
