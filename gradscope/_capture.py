@@ -34,6 +34,8 @@ class _ClassInfo:
     kind: str
     saved: tuple[str, ...]  # every `_saved_*` name, without the prefix, sorted as dir() sorts
     tensors: frozenset[str]  # the names that hold tensors (they have a `_raw_saved_*` twin)
+    # (name, attribute to read, is a tensor): `_raw_saved_x` for tensors, else `_saved_x`
+    reads: tuple[tuple[str, str, bool], ...] = ()
 
 
 _CLASS_INFO: dict[type, _ClassInfo] = {}
@@ -52,7 +54,10 @@ def _class_info(cls: type) -> _ClassInfo:
             kind = "op"
         saved = tuple(a[len(_SAVED):] for a in names if a.startswith(_SAVED))
         tensors = frozenset(a[len(_RAW):] for a in names if a.startswith(_RAW))
-        info = _ClassInfo(kind, saved, tensors)
+        reads = tuple(
+            (n, (_RAW if n in tensors else _SAVED) + n, n in tensors) for n in saved
+        )
+        info = _ClassInfo(kind, saved, tensors, reads)
         _CLASS_INFO[cls] = info
     return info
 
@@ -141,14 +146,16 @@ class _Walker:
 
     def saved_record(self, name: str, t: torch.Tensor) -> SavedTensor:
         sid = self.storages.id_of(t)
+        dtype = _DTYPE_NAMES.get(t.dtype) or _dtype_name(t.dtype)
         return SavedTensor(
-            name=name,
-            shape=list(t.shape),
-            dtype=_dtype_name(t.dtype),
-            device="cpu" if t.is_cpu else str(t.device),
-            nbytes=t.nbytes,
-            storage=sid,
-            storage_nbytes=self.storages.sizes.get(sid) if sid is not None else None,
+            name,
+            list(t.shape),
+            dtype,
+            "cpu" if t.is_cpu else str(t.device),
+            t.nbytes,
+            sid,
+            False,
+            self.storages.sizes.get(sid) if sid is not None else None,
         )
 
     # -------------------------------------------------------------- roots
@@ -238,17 +245,22 @@ class _Walker:
     # hooks, and for torch.utils.checkpoint that recomputes the forward. Reading `.data` has
     # no side effects and is cheaper.
     def builtin_saved(self, fn: Any, info: _ClassInfo, node: Node) -> None:
-        tensors = info.tensors
-        for name in info.saved:
-            if name not in tensors:
-                node.attrs[name] = str(getattr(fn, _SAVED + name))
+        attrs, saved = node.attrs, node.saved
+        record, tensor_type = self.saved_record, torch.Tensor
+        for name, attr, is_tensor in info.reads:
+            if not is_tensor:
+                attrs[name] = str(getattr(fn, attr))
                 continue
-            raw = getattr(fn, _RAW + name)
+            raw = getattr(fn, attr)
             if isinstance(raw, (list, tuple)):
                 if not raw:
-                    node.attrs[name] = "()"
+                    attrs[name] = "()"
                 for i, r in enumerate(raw):
                     self.read_saved(fn, name, i, r, node)
+                continue
+            data = raw.data
+            if isinstance(data, tensor_type):  # the common case, inline
+                saved.append(record(name, data))
             else:
                 self.read_saved(fn, name, None, raw, node)
 
