@@ -94,6 +94,7 @@ def save_graph(graph: Graph, path: str | Path, format: str | None = None, **opti
     fmt = format_for(path, format)
     data = render_bytes(graph, fmt, **options)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     except OSError as exc:
         raise GradscopeError(f"cannot write {path}: {exc.strerror}") from None
