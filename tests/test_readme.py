@@ -9,6 +9,12 @@ from conftest import ROOT
 
 
 def test_readme_python_blocks_run(tmp_path, monkeypatch):
+    import pytest
+
+    import gradscope as gs
+
+    if gs.dot_binary() is None:
+        pytest.skip("the README saves an SVG, which needs the Graphviz binary")
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     assert len(blocks) >= 2
