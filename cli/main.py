@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import typer
@@ -75,7 +75,8 @@ def report_backward(rec: gs.BackwardTrace | None) -> None:
 
 
 BackwardOpt = typer.Option(
-    False, "--backward",
+    False,
+    "--backward",
     help="Run backward under the recorder: engine order, gradient norm on every edge, the "
     "first NaN/Inf and its forward line (exit code 1 when one is found).",
 )
@@ -85,31 +86,40 @@ TargetArg = typer.Argument(..., metavar="FILE[:NAME]", help="A model file, e.g. 
 @app.command()
 def render(
     target: str = TargetArg,
-    output: Optional[Path] = typer.Option(
+    output: Path | None = typer.Option(
         None, "-o", "--output", help="Output file; default <file stem>.<format>."
     ),
-    fmt: Optional[str] = typer.Option(
+    fmt: str | None = typer.Option(
         None, "--format", "-f", help=f"One of {', '.join(gs.FORMATS)} (default: from -o, else svg)."
     ),
-    saved: bool = typer.Option(True, "--saved/--no-saved", help="Draw saved tensors as orange boxes."),
+    saved: bool = typer.Option(
+        True, "--saved/--no-saved", help="Draw saved tensors as orange boxes."
+    ),
     attrs: bool = typer.Option(False, "--attrs", help="List non-tensor saved attributes."),
     loss: bool = typer.Option(False, "--loss", help="Render from the file's loss_fn(output)."),
-    depth: Optional[int] = typer.Option(
-        None, "--depth", min=0,
+    depth: int | None = typer.Option(
+        None,
+        "--depth",
+        min=0,
         help="Show each module at depth N as one box (encoder.layers.3 is at depth 2).",
     ),
-    fold: Optional[bool] = typer.Option(
-        None, "--fold/--no-fold",
-        help="Fold runs of identical layers into one box (layers.0-63 x64); default: past --max-nodes.",
+    fold: bool | None = typer.Option(
+        None,
+        "--fold/--no-fold",
+        help="Fold runs of identical layers into one box (layers.0-63 x64); "
+        "default: only past --max-nodes.",
     ),
     max_nodes: int = typer.Option(
-        1500, "--max-nodes", min=1,
+        1500,
+        "--max-nodes",
+        min=1,
         help="Past this many nodes, fold and collapse by module depth until the graph fits.",
     ),
     full: bool = typer.Option(False, "--full", help="Draw every node, however large the graph."),
     backward: bool = BackwardOpt,
     memory: bool = typer.Option(
-        False, "--memory",
+        False,
+        "--memory",
         help="Label each node with the saved bytes it holds (each storage counted once).",
     ),
 ) -> None:
@@ -146,8 +156,10 @@ def tree(
     target: str = TargetArg,
     loss: bool = typer.Option(False, "--loss", help="Start from the file's loss_fn(output)."),
     max_lines: int = typer.Option(2000, "--max-lines", help="Stop after this many lines."),
-    depth: Optional[int] = typer.Option(
-        None, "--depth", min=0,
+    depth: int | None = typer.Option(
+        None,
+        "--depth",
+        min=0,
         help="Show each module at depth N as one line (encoder.layers.3 is at depth 2).",
     ),
     backward: bool = BackwardOpt,
@@ -174,7 +186,7 @@ _report_command.register(app)
 _check_command.register(app)
 
 
-def main(argv: Optional[list[str]] = None) -> Any:
+def main(argv: list[str] | None = None) -> Any:
     """Console-script entry point: runs the app, mapping gradscope errors to exit code 2."""
     try:
         return app(args=argv, prog_name="gradscope", standalone_mode=True)

@@ -12,9 +12,7 @@ Exit codes: 0 trained and nothing non-finite; 1 NaN/Inf appeared (gradients or f
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import itertools
-import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -38,53 +36,13 @@ class ReportError(gs.GradscopeError):
     """The model file cannot be trained by ``gradscope report``."""
 
 
-def _user_call(mf: gs.ModelFile, doing: str, fn: Callable[[], Any]) -> Any:
-    """Run the user's code; anything it raises becomes one line naming the file and line."""
-    try:
-        return fn()
-    except gs.GradscopeError:
-        raise
-    except Exception as exc:  # the user's code may raise anything
-        here = str(Path(mf.path).resolve())
-        frames = [
-            f
-            for f in traceback.extract_tb(exc.__traceback__)
-            if str(Path(f.filename).resolve()) == here
-        ]
-        where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else str(mf.path)
-        text = str(exc).strip().splitlines()
-        raise ReportError(
-            f"{where}: {type(exc).__name__}: {text[0] if text else ''} (raised while {doing})"
-        ) from exc
-
-
-def _arity(fn: Callable[..., Any]) -> int:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return 1
-    return sum(
-        1
-        for p in params
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-    )
-
-
-def _as_call(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    if isinstance(inputs, dict):
-        return (), dict(inputs)
-    if isinstance(inputs, (tuple, list)):
-        return tuple(inputs), {}
-    return (inputs,), {}
-
-
 def _loss_fn(mf: gs.ModelFile) -> tuple[Callable[..., Any], bool]:
     fn = mf.get("loss_fn")
     if fn is None or not callable(fn):
         raise ReportError(
             f"{mf.path}: report trains the model but the file defines no loss_fn; {_LOSS_HINT}"
         )
-    return fn, _arity(fn) >= 2
+    return fn, mf.loss_takes_target
 
 
 def _batches(mf: gs.ModelFile, example: Any, wants_target: bool) -> Iterator[tuple[Any, Any]]:
@@ -98,7 +56,7 @@ def _batches(mf: gs.ModelFile, example: Any, wants_target: bool) -> Iterator[tup
                 f"batches() nor example_target; {_LOSS_HINT}"
             )
         return itertools.repeat((example, target))
-    items = _user_call(mf, "calling batches()", source) if callable(source) else source
+    items = mf.call("calling batches()", source) if callable(source) else source
     it = iter(items)
     if not wants_target:
         return ((x, None) for x in it)
@@ -118,7 +76,7 @@ def _optimizer(mf: gs.ModelFile, model: torch.nn.Module) -> torch.optim.Optimize
     make = mf.get("optimizer")
     if make is None:
         return torch.optim.SGD(model.parameters(), lr=1e-2)
-    opt = _user_call(mf, "calling optimizer(params)", lambda: make(model.parameters()))
+    opt = mf.call("calling optimizer(params)", lambda: make(model.parameters()))
     if not isinstance(opt, torch.optim.Optimizer):
         raise ReportError(
             f"{mf.path}: optimizer(params) returned a {type(opt).__name__}; expected "
@@ -146,11 +104,10 @@ def _train_step(
     batch: tuple[Any, Any],
 ) -> None:
     inputs, target = batch
-    args, kwargs = _as_call(inputs)
     opt.zero_grad(set_to_none=True)
-    out = _user_call(mf, "running the forward", lambda: model(*args, **kwargs))
-    loss = _user_call(
-        mf, "running loss_fn", lambda: loss_fn(out) if target is None else loss_fn(out, target)
+    out = mf.run_model(model, inputs)
+    loss = mf.call(
+        "running loss_fn", lambda: loss_fn(out) if target is None else loss_fn(out, target)
     )
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
         raise ReportError(
@@ -158,8 +115,8 @@ def _train_step(
             f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}; expected "
             "a scalar tensor that depends on the model's parameters"
         )
-    _user_call(mf, "running backward", loss.backward)
-    _user_call(mf, "running optimizer.step()", opt.step)
+    mf.call("running backward", loss.backward)
+    mf.call("running optimizer.step()", opt.step)
 
 
 def _progress(err: Console) -> Progress:
@@ -185,9 +142,7 @@ def _train(mf: gs.ModelFile, steps: int, every: int, err: Console) -> gs.GradMon
     ):
         task = bar.add_task("train", total=steps, norm="-")
         for _ in range(steps):
-            batch = _user_call(
-                mf, "taking the next batch from batches()", lambda: next(batches, None)
-            )
+            batch = mf.call("taking the next batch from batches()", next, batches, None)
             if batch is None:
                 err.print(f"batches() ran out after {mon.step} steps", markup=False)
                 break

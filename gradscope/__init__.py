@@ -32,8 +32,8 @@ from ._errors import (
     NoGradError,
 )
 from ._loader import ModelFile, load_model_file
-from ._nest import iter_tensors
 from ._model import Edge, Graph, Node, SavedTensor, TensorInfo, format_bytes
+from ._nest import iter_tensors
 from ._output import FORMATS, dot_binary
 from ._output import format_for as output_format
 from ._render_tree import render_tree

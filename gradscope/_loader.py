@@ -75,7 +75,9 @@ def _user_code(path: Path, doing: str) -> Iterator[None]:
     except ModelFileError:
         raise
     except Exception as exc:  # the user's code may raise anything
-        raise ModelFileError(f"{_where(exc, path)}: {_describe(exc)} (raised while {doing})") from exc
+        raise ModelFileError(
+            f"{_where(exc, path)}: {_describe(exc)} (raised while {doing})"
+        ) from exc
 
 
 def _zero_arg(obj: Any) -> bool:
@@ -136,6 +138,24 @@ class ModelFile:
     def __repr__(self) -> str:
         return f"ModelFile({str(self.path)!r}, name={self.name!r})"
 
+    def call(self, doing: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run the user's ``fn(*args, **kwargs)``; anything it raises becomes a one-line
+        ``ModelFileError`` naming the file and line (``doing`` says what was running)."""
+        with _user_code(self.path, doing):
+            return fn(*args, **kwargs)
+
+    def run_model(self, module: torch.nn.Module, inputs: Any) -> Any:
+        """``module(inputs)``: a tuple/list is spread as arguments, a dict as keywords."""
+        args, kwargs = _as_args(inputs)
+        return self.call(f"running the forward of {type(module).__name__}", module, *args, **kwargs)
+
+    @property
+    def loss_takes_target(self) -> bool:
+        """Whether the file's ``loss_fn`` takes ``(output, target)`` rather than ``(output)``."""
+        fn = self.get("loss_fn")
+        arity = positional_arity(fn) if callable(fn) else None
+        return arity is not None and arity >= 2
+
     def get(self, attr: str, default: Any = None) -> Any:
         """A module-level name of the file, or ``default``."""
         return getattr(self.module, attr, default)
@@ -151,7 +171,8 @@ class ModelFile:
 
     def _found_names(self) -> str:
         names = [
-            n for n in vars(self.module)
+            n
+            for n in vars(self.module)
             if not n.startswith("_") and not isinstance(getattr(self.module, n), ModuleType)
         ]
         shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
@@ -206,11 +227,7 @@ class ModelFile:
                 obj = obj()
         if isinstance(obj, torch.nn.Module):
             return obj, self.example_input(f"{label} gave an nn.Module to run"), None
-        if (
-            isinstance(obj, tuple)
-            and len(obj) == 2
-            and isinstance(obj[0], torch.nn.Module)
-        ):
+        if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], torch.nn.Module):
             return obj[0], obj[1], None
         return None, None, obj
 
@@ -260,7 +277,9 @@ def load_model_file(spec: str | Path) -> ModelFile:
     path_str, name = _split_spec(str(spec))
     path = Path(path_str)
     if not path.exists():
-        raise ModelFileError(f"no such file: {path} (give the path of a Python model file, e.g. samples/mlp.py)")
+        raise ModelFileError(
+            f"no such file: {path} (give the path of a Python model file, e.g. samples/mlp.py)"
+        )
     if path.is_dir():
         raise ModelFileError(f"{path} is a directory; give the path of a Python model file")
     folder = str(path.resolve().parent)

@@ -40,8 +40,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ._errors import GradscopeError
-from ._views import levels
 from ._model import Graph, format_bytes
+from ._views import levels
 
 ACTIVATION, LEAF, OUTPUT = "activation", "leaf", "output"
 

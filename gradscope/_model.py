@@ -121,11 +121,13 @@ class Edge:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Edge):
             return NotImplemented
-        return (
-            (self.src, self.dst, self.input_nr, self.kind, self.count)
-            == (other.src, other.dst, other.input_nr, other.kind, other.count)
-            and _same_float(self.grad_norm, other.grad_norm)
-        )
+        return (self.src, self.dst, self.input_nr, self.kind, self.count) == (
+            other.src,
+            other.dst,
+            other.input_nr,
+            other.kind,
+            other.count,
+        ) and _same_float(self.grad_norm, other.grad_norm)
 
 
 @dataclass(eq=True)
@@ -227,7 +229,7 @@ class Graph:
         """Inverse of ``to_dict``."""
         if not isinstance(d, dict) or d.get("gradscope") != SCHEMA_VERSION:
             raise GradscopeError(
-                "not a gradscope graph: expected a JSON object with \"gradscope\": 1 "
+                'not a gradscope graph: expected a JSON object with "gradscope": 1 '
                 "(write one with Graph.to_json() or gradscope render -o graph.json)"
             )
         try:
@@ -245,7 +247,9 @@ class Graph:
             ]
             roots = list(d["roots"])
         except (KeyError, TypeError) as exc:
-            raise GradscopeError(f"malformed gradscope graph JSON: missing or bad field {exc}") from None
+            raise GradscopeError(
+                f"malformed gradscope graph JSON: missing or bad field {exc}"
+            ) from None
         return cls(nodes=nodes, edges=edges, roots=roots)
 
     @classmethod
@@ -254,7 +258,9 @@ class Graph:
         try:
             data = json.loads(s)
         except json.JSONDecodeError as exc:
-            raise GradscopeError(f"not valid JSON ({exc}); expected the output of Graph.to_json()") from None
+            raise GradscopeError(
+                f"not valid JSON ({exc}); expected the output of Graph.to_json()"
+            ) from None
         return cls.from_dict(data)
 
     # ------------------------------------------------------------------ derived graphs
@@ -297,7 +303,11 @@ class Graph:
         from ._render_dot import to_dot
 
         return to_dot(
-            self, saved=saved, attrs=attrs, max_attr_chars=max_attr_chars, clusters=clusters,
+            self,
+            saved=saved,
+            attrs=attrs,
+            max_attr_chars=max_attr_chars,
+            clusters=clusters,
             **options,
         )
 
@@ -369,7 +379,13 @@ def _saved_to_dict(s: SavedTensor) -> dict[str, Any]:
 def _tensor_to_dict(t: TensorInfo | None) -> dict[str, Any] | None:
     if t is None:
         return None
-    return {"name": t.name, "shape": t.shape, "dtype": t.dtype, "device": t.device, "storage": t.storage}
+    return {
+        "name": t.name,
+        "shape": t.shape,
+        "dtype": t.dtype,
+        "device": t.device,
+        "storage": t.storage,
+    }
 
 
 def _node_to_dict(n: Node) -> dict[str, Any]:

@@ -133,7 +133,9 @@ def _label(node: Node, leaf: Node | None, ref: bool, edge: Edge | None = None) -
         parts = []
         for s in node.saved:
             shape = size_to_str(s.shape) if s.shape is not None else ""
-            parts.append(f"{s.name} {shape} freed".replace("  ", " ") if s.freed else f"{s.name} {shape}")
+            parts.append(
+                f"{s.name} {shape} freed".replace("  ", " ") if s.freed else f"{s.name} {shape}"
+            )
         text.append(", ".join(parts), "yellow")
         text.append(f"  {format_bytes(node.saved_bytes)}", "dim")
     return text

@@ -52,8 +52,9 @@ def make_dot(
         True
     """
     graph = trace(var, params=params, saved=True)  # custom Functions' tensors are always drawn
-    return dot_from_graph(graph, show_attrs=show_attrs, show_saved=show_saved,
-                          max_attr_chars=max_attr_chars)
+    return dot_from_graph(
+        graph, show_attrs=show_attrs, show_saved=show_saved, max_attr_chars=max_attr_chars
+    )
 
 
 def dot_from_graph(
@@ -62,18 +63,30 @@ def dot_from_graph(
     """A torchviz-style ``graphviz.Digraph`` of an already traced ``graph``."""
     from graphviz import Digraph
 
-    node_attr = dict(style="filled", shape="box", align="left", fontsize="10",
-                     ranksep="0.1", height="0.2", fontname="monospace")
+    node_attr = dict(
+        style="filled",
+        shape="box",
+        align="left",
+        fontsize="10",
+        ranksep="0.1",
+        height="0.2",
+        fontname="monospace",
+    )
     dot = Digraph(node_attr=node_attr, graph_attr=dict(size="12,12"))
     for node in graph.nodes:
         nid = node.id
         if node.kind == "output":
             color = BASE_COLOR if node.attrs.get("view_base") else OUTPUT_COLOR
-            dot.node(nid, var_label("", node.tensor.shape if node.tensor else None), fillcolor=color)
+            dot.node(
+                nid, var_label("", node.tensor.shape if node.tensor else None), fillcolor=color
+            )
             continue
         if node.kind == "leaf":
-            dot.node(nid, var_label(node.name, node.tensor.shape if node.tensor else None),
-                     fillcolor=LEAF_COLOR)
+            dot.node(
+                nid,
+                var_label(node.name, node.tensor.shape if node.tensor else None),
+                fillcolor=LEAF_COLOR,
+            )
             continue
         if node.kind == "custom":
             label = node.name  # torchviz lists no attributes for custom Functions
@@ -86,14 +99,18 @@ def dot_from_graph(
             for i, s in enumerate(node.saved):
                 sid = f"{nid}_s{i}"
                 dot.edge(nid, sid, dir="none")
-                dot.node(sid, var_label(s.name, s.shape) if not s.freed else f"{s.name}\n (freed)",
-                         fillcolor=SAVED_COLOR)
+                dot.node(
+                    sid,
+                    var_label(s.name, s.shape) if not s.freed else f"{s.name}\n (freed)",
+                    fillcolor=SAVED_COLOR,
+                )
         dot.node(nid, label)
         for i, s in enumerate(saved_custom):
             sid = f"{nid}_s{i}"
             dot.edge(sid, nid, dir="none")
-            dot.node(sid, var_label("", s.shape) if not s.freed else "\n (freed)",
-                     fillcolor=SAVED_COLOR)
+            dot.node(
+                sid, var_label("", s.shape) if not s.freed else "\n (freed)", fillcolor=SAVED_COLOR
+            )
     for e in graph.edges:
         if e.kind == "view":
             dot.edge(e.dst, e.src, style="dotted")

@@ -1,6 +1,6 @@
 """A small ResNet-style convolutional network (written here, no torchvision).
 
-    gradscope render samples/cnn.py -o cnn.svg
+gradscope render samples/cnn.py -o cnn.svg
 """
 
 import torch
@@ -34,7 +34,9 @@ class BasicBlock(nn.Module):
 class SmallResNet(nn.Module):
     def __init__(self, num_classes: int = 10) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU()
+        )
         self.layer1 = BasicBlock(8, 8)
         self.layer2 = BasicBlock(8, 16, stride=2)
         self.pool = nn.AdaptiveAvgPool2d(1)

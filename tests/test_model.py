@@ -46,7 +46,15 @@ def test_schema_matches_the_design():
     assert set(d) == {"gradscope", "roots", "nodes", "edges"}
     node = next(n for n in d["nodes"] if n["saved"])
     assert set(node) == {"id", "name", "kind", "module", "attrs", "saved", "tensor"}
-    assert set(node["saved"][0]) == {"name", "shape", "dtype", "device", "nbytes", "storage", "freed"}
+    assert set(node["saved"][0]) == {
+        "name",
+        "shape",
+        "dtype",
+        "device",
+        "nbytes",
+        "storage",
+        "freed",
+    }
     assert set(d["edges"][0]) == {"src", "dst", "input_nr"}
     assert all(isinstance(v, str) for n in d["nodes"] for v in n["attrs"].values())
 

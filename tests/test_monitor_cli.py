@@ -143,7 +143,7 @@ BAD_FILES = {
         example_input = torch.randn(4, 3)
         def loss_fn(output): return output.sum()
         """,
-        "ValueError: shape trouble (raised while running the forward)",
+        "ValueError: shape trouble (raised while running the forward of M)",
     ),
     "bad optimizer": (
         """
