@@ -29,7 +29,7 @@ EXIT_OK, EXIT_FOUND, EXIT_UNUSABLE = 0, 1, 2
 
 
 def stdout() -> Console:
-    return Console(highlight=False, soft_wrap=False)
+    return Console(highlight=False, soft_wrap=True)  # long tree lines stay whole when piped
 
 
 def stderr() -> Console:
