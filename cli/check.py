@@ -7,7 +7,6 @@ or as ``example_inputs`` (a tuple, or a function returning one). Exit codes: 0 t
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
@@ -15,8 +14,6 @@ import typer
 from rich.console import Console
 
 import gradscope as gs
-
-_SPEC = re.compile(r"^(?P<path>.+\.py):(?P<name>[A-Za-z_][A-Za-z0-9_]*)$")
 
 _HINT = (
     "define {name}_inputs() returning a tuple of arguments, e.g.\n"
@@ -96,13 +93,12 @@ def check(
     ),
 ) -> None:
     """gradcheck (and gradgradcheck) a torch.autograd.Function subclass or function in FILE."""
-    match = _SPEC.match(target)
-    if match is None:
+    mf = gs.load_model_file(target)  # parses FILE:NAME as every command does
+    name = mf.name
+    if name is None:
         raise gs.CheckInputError(
             f"expected FILE:NAME, e.g. samples/functions.py:ClippedReLU, got {target!r}"
         )
-    name = match["name"]
-    mf = gs.load_model_file(target)
     fn = _target(mf, name)
     inputs = load_inputs(mf, name)
     result = gs.check(fn, *inputs, double=double)

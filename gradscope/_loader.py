@@ -239,11 +239,9 @@ class ModelFile:
             return Forward(outputs=outputs, model=None, inputs=())
         from ._scopes import scopes  # imported here: plain output files never need it
 
-        args, kwargs = _as_args(inputs)
-        with _user_code(self.path, f"running the forward of {type(module).__name__}"):
-            with torch.enable_grad(), scopes(module):
-                out = module(*args, **kwargs)
-        return Forward(outputs=out, model=module, inputs=args)
+        with torch.enable_grad(), scopes(module):
+            out = self.run_model(module, inputs)
+        return Forward(outputs=out, model=module, inputs=_as_args(inputs)[0])
 
     def loss(self, output: Any, target: Any = None) -> Any:
         """Apply the file's ``loss_fn`` to ``output`` (and ``target`` when it takes two)."""

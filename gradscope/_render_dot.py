@@ -67,7 +67,7 @@ def attr_entries(node: Node) -> dict[str, str]:
         else:
             entries[base] = "[saved tensors]" if index else "[saved tensor]"
     for k, v in node.attrs.items():
-        if not k.endswith((".error", ".packed")) and k not in _ANNOTATION_KEYS:
+        if not k.endswith(".packed") and k not in _ANNOTATION_KEYS:
             entries[k] = v
     return dict(sorted(entries.items()))
 
