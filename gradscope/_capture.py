@@ -8,8 +8,9 @@ million nodes deep never meets Python's recursion limit.
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -72,6 +73,27 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
+def _load_cwalk() -> Any:
+    """The compiled walk (``gradscope/_cwalk.c``), configured; None when the build skipped it
+    (no C compiler) or ``GRADSCOPE_PURE_PYTHON=1`` asks for the Python walker."""
+    if os.environ.get("GRADSCOPE_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from . import _cwalk
+    except ImportError:
+        return None
+    layouts = []
+    for cls in (Node, Edge, TensorInfo):
+        layouts += [cls, tuple(f.name for f in fields(cls))]
+    # raises if a dataclass's fields no longer match what the C code fills
+    _cwalk.configure(*layouts, _class_info, _DTYPE_NAMES, _dtype_name)
+    return _cwalk
+
+
+#: The compiled walk, or None for the pure-Python one (tests switch it to compare the two).
+CWALK = _load_cwalk()
+
+
 class _Storages:
     """Gives each distinct storage a stable id (``s0``, ``s1``...) in order of first sight."""
 
@@ -99,15 +121,15 @@ def _param_names(params: Any) -> dict[int, str]:
     if isinstance(params, torch.nn.Module):
         return {id(p): name for name, p in params.named_parameters()}
     if isinstance(params, Mapping):
-        out = {}
-        for name, p in params.items():
-            if not isinstance(p, torch.Tensor):
-                raise GradscopeError(
-                    f"params[{name!r}] is a {type(p).__name__}, not a tensor; pass a dict of "
-                    "name -> tensor, or the nn.Module itself (params=model)"
-                )
-            out[id(p)] = str(name)
-        return out
+        # map() keeps the per-entry work in C: a dict of every parameter of a big model is
+        # common, and this runs on every trace
+        if not all(issubclass(t, torch.Tensor) for t in set(map(type, params.values()))):
+            name, p = next((k, v) for k, v in params.items() if not isinstance(v, torch.Tensor))
+            raise GradscopeError(
+                f"params[{name!r}] is a {type(p).__name__}, not a tensor; pass a dict of "
+                "name -> tensor, or the nn.Module itself (params=model)"
+            )
+        return dict(zip(map(id, params.values()), map(str, params.keys())))
     raise GradscopeError(
         f"params must be a dict of name -> tensor or an nn.Module, got {type(params).__name__}; "
         "try params=dict(model.named_parameters())"
@@ -126,8 +148,9 @@ class _Walker:
         self.ids: dict[Any, str] = {}  # grad_fn object -> node id (the dict keeps them alive)
         self.tensor_ids: dict[int, str] = {}  # id(tensor) -> node id for output/base tensors
         self.keep: list[torch.Tensor] = []  # keeps those tensors alive so id() stays unique
-        # (src id, dst grad_fn or dst id, input_nr), appended in src order
-        self.raw_edges: list[tuple[str, Any, int]] = []
+        # in src order: (src id, dst grad_fn or dst id, input_nr) tuples, or (compiled walk)
+        # Edges whose dst may still be a grad_fn; `finish` turns them into the graph's edges
+        self.raw_edges: list[Any] = []
         self.view_edges: list[Edge] = []
 
     def new_id(self) -> str:
@@ -190,6 +213,32 @@ class _Walker:
     # -------------------------------------------------------------- the walk
     def walk(self, start: Any) -> None:
         """Depth-first preorder from ``start``; ids are given when a node is first popped."""
+        if CWALK is not None:
+            want_saved, read_modules = self.want_saved, self.read_modules
+            CWALK.walk(
+                start, self.nodes, self.ids, self.raw_edges, self.names,
+                self.visit if (want_saved or read_modules) else None,
+                self.add_leaf if want_saved else None,
+            )
+            return
+        self.walk_py(start)
+
+    def visit(self, fn: Any, node: Node, info: _ClassInfo) -> None:
+        """The per-node reads the compiled walk leaves to Python: module path, saved tensors."""
+        if self.read_modules:
+            meta = fn.metadata
+            node.module = meta.get(MODULE_KEY)
+            classes = meta.get(MODULE_CLASSES_KEY)
+            if classes is not None:
+                node.attrs["module_classes"] = classes
+        if self.want_saved:
+            if info.kind == "custom":
+                self.custom_saved(fn, node)
+            elif info.saved:
+                self.builtin_saved(fn, info, node)
+
+    def walk_py(self, start: Any) -> None:
+        """The pure-Python walk (the reference the compiled one is tested against)."""
         ids = self.ids
         nodes = self.nodes
         stack = [start]
@@ -322,8 +371,11 @@ class _Walker:
                 node.attrs[key] = str(val)
 
     def finish(self, roots: list[str]) -> Graph:
-        get = self.ids.get
-        edges = [Edge(src, get(dst) or dst, k) for src, dst, k in self.raw_edges]
+        if CWALK is not None:
+            edges = CWALK.make_edges(self.raw_edges, self.ids)
+        else:
+            get = self.ids.get
+            edges = [Edge(src, get(dst) or dst, k) for src, dst, k in self.raw_edges]
         if self.view_edges:  # rare: merge them in src order (grad edges first)
             order = {n.id: i for i, n in enumerate(self.nodes)}
             edges.extend(self.view_edges)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up used by the README's two commands and by CI:
 #   a virtual environment in .venv, the CPU build of torch 2.13.0 (pinned: a bare `torch`
-#   pulls a multi-GB CUDA build), gradscope with its test extras, and the Graphviz binary.
+#   pulls a multi-GB CUDA build), gradscope with its test extras (which compiles the optional
+#   C walk, gradscope/_cwalk.c, when a C compiler is present), and the Graphviz binary.
 # Set GRADSCOPE_EXTRAS to choose extras (default: test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +14,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 VPY=.venv/bin/python
-stamp=".venv/.gradscope-setup-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)-$EXTRAS"
+# the stamp covers everything the install builds from, so an edited C file is rebuilt
+stamp=".venv/.gradscope-setup-$(cat pyproject.toml setup.py gradscope/_cwalk.c scripts/setup.sh \
+  | sha1sum | cut -c1-12)-$EXTRAS"
 if [ ! -f "$stamp" ]; then
   echo "setup: installing torch==2.13.0 (CPU) and gradscope[$EXTRAS]" >&2
   "$VPY" -m pip install -q --disable-pip-version-check --upgrade pip >&2 || true
@@ -21,6 +24,9 @@ if [ ! -f "$stamp" ]; then
   "$VPY" -m pip install -q --disable-pip-version-check -e ".[$EXTRAS]" >&2
   rm -f .venv/.gradscope-setup-*
   touch "$stamp"
+fi
+if ! "$VPY" -c "import gradscope._cwalk" 2>/dev/null; then
+  echo "setup: the compiled walk (gradscope/_cwalk.c) is not built, so gs.trace uses its slower pure-Python walker; install a C compiler and the Python headers (apt-get install gcc python3-dev) and run: .venv/bin/pip install -e ." >&2
 fi
 
 if ! command -v dot >/dev/null 2>&1; then
