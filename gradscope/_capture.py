@@ -3,6 +3,12 @@
 This is the only place (with the hook-based recorders) that touches autograd nodes. The walk is
 iterative (an explicit stack), visits each node once, and costs O(nodes + edges): a graph a
 million nodes deep never meets Python's recursion limit.
+
+The walk loop itself runs in C (``gradscope/_cwalk.c``, built by pip when a C compiler is
+present): it builds the ``Node``/``Edge`` objects and leaf ``TensorInfo``s, and calls back into
+``_Walker`` for the per-node reads that stay in Python (saved tensors, module paths, storage
+ids). ``_Walker.walk_py`` is the same walk in pure Python; it runs when the extension is missing
+or ``GRADSCOPE_PURE_PYTHON=1``, and ``tests/test_cwalk.py`` checks that both give equal graphs.
 """
 
 from __future__ import annotations

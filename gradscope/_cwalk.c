@@ -208,7 +208,11 @@ node_id(PyObject *nodes)
         v /= 10;
     } while (v);
     *--p = 'n';
-    return PyUnicode_FromStringAndSize(p, buf + sizeof(buf) - p);
+    Py_ssize_t len = buf + sizeof(buf) - p;
+    PyObject *s = PyUnicode_New(len, 127); /* ASCII: no UTF-8 decoding */
+    if (s != NULL)
+        memcpy(PyUnicode_1BYTE_DATA(s), p, len);
+    return s;
 }
 
 /* The `leaf` node of an AccumulateGrad: the variable's name, shape, dtype and device.
