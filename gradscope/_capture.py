@@ -43,6 +43,8 @@ class _ClassInfo:
     tensors: frozenset[str]  # the names that hold tensors (they have a `_raw_saved_*` twin)
     # (name, attribute to read, is a tensor): `_raw_saved_x` for tensors, else `_saved_x`
     reads: tuple[tuple[str, str, bool], ...] = ()
+    # `_saved_x` per entry of `reads` (the unpacked value, read when a tensor was not saved)
+    unpacked: tuple[str, ...] = ()
 
 
 _CLASS_INFO: dict[type, _ClassInfo] = {}
@@ -64,7 +66,7 @@ def _class_info(cls: type) -> _ClassInfo:
         reads = tuple(
             (n, (_RAW if n in tensors else _SAVED) + n, n in tensors) for n in saved
         )
-        info = _ClassInfo(kind, saved, tensors, reads)
+        info = _ClassInfo(kind, saved, tensors, reads, tuple(_SAVED + n for n in saved))
         _CLASS_INFO[cls] = info
     return info
 
@@ -79,6 +81,14 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
+def _storage_key_fallback(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+#: The address of a tensor's StorageImpl: one key per storage (raises for storage-less tensors).
+_storage_key = getattr(torch._C, "_storage_address", None) or _storage_key_fallback
+
+
 def _load_cwalk() -> Any:
     """The compiled walk (``gradscope/_cwalk.c``), configured; None when the build skipped it
     (no C compiler) or ``GRADSCOPE_PURE_PYTHON=1`` asks for the Python walker."""
@@ -89,15 +99,35 @@ def _load_cwalk() -> Any:
     except ImportError:
         return None
     layouts = []
-    for cls in (Node, Edge, TensorInfo):
+    for cls in (Node, Edge, TensorInfo, SavedTensor):
         layouts += [cls, tuple(f.name for f in fields(cls))]
     # raises if a dataclass's fields no longer match what the C code fills
-    _cwalk.configure(*layouts, _class_info, _DTYPE_NAMES, _dtype_name)
+    _cwalk.configure(
+        *layouts, _class_info, _DTYPE_NAMES, _dtype_name, torch.Tensor, _storage_key
+    )
     return _cwalk
 
 
 #: The compiled walk, or None for the pure-Python one (tests switch it to compare the two).
 CWALK = _load_cwalk()
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    """``t.nbytes``; for sparse tensors (which refuse it) the bytes of their index and value
+    tensors, which is what the graph holds."""
+    try:
+        return t.nbytes
+    except RuntimeError:
+        layout = t.layout
+        if layout == torch.sparse_coo:
+            parts = (t._indices(), t._values())
+        elif layout in (torch.sparse_csr, torch.sparse_bsr):
+            parts = (t.crow_indices(), t.col_indices(), t.values())
+        elif layout in (torch.sparse_csc, torch.sparse_bsc):
+            parts = (t.ccol_indices(), t.row_indices(), t.values())
+        else:
+            return 0
+        return sum(p.nbytes for p in parts)
 
 
 class _Storages:
@@ -108,16 +138,16 @@ class _Storages:
         self.sizes: dict[str, int] = {}  # storage id -> untyped_storage().nbytes()
 
     def id_of(self, t: torch.Tensor) -> str | None:
+        # the compiled walk looks known keys up in `_ids` itself and calls this for new ones
         try:
-            st = t.untyped_storage()
-            key = st._cdata  # the StorageImpl's address: one per storage
+            key = _storage_key(t)
         except (RuntimeError, NotImplementedError, AttributeError):
             return None  # sparse, nested or otherwise storage-less tensors
         sid = self._ids.get(key)
         if sid is None:
             sid = "s%d" % len(self._ids)
             self._ids[key] = sid
-            self.sizes[sid] = st.nbytes()
+            self.sizes[sid] = t.untyped_storage().nbytes()
         return sid
 
 
@@ -181,7 +211,7 @@ class _Walker:
             list(t.shape),
             dtype,
             "cpu" if t.is_cpu else str(t.device),
-            t.nbytes,
+            _nbytes(t),
             sid,
             False,
             self.storages.sizes.get(sid) if sid is not None else None,
@@ -220,28 +250,17 @@ class _Walker:
     def walk(self, start: Any) -> None:
         """Depth-first preorder from ``start``; ids are given when a node is first popped."""
         if CWALK is not None:
-            want_saved, read_modules = self.want_saved, self.read_modules
-            CWALK.walk(
-                start, self.nodes, self.ids, self.raw_edges, self.names,
-                self.visit if (want_saved or read_modules) else None,
-                self.add_leaf if want_saved else None,
-            )
-            return
-        self.walk_py(start)
+            CWALK.walk(start, self)
+        else:
+            self.walk_py(start)
 
-    def visit(self, fn: Any, node: Node, info: _ClassInfo) -> None:
-        """The per-node reads the compiled walk leaves to Python: module path, saved tensors."""
-        if self.read_modules:
-            meta = fn.metadata
-            node.module = meta.get(MODULE_KEY)
-            classes = meta.get(MODULE_CLASSES_KEY)
-            if classes is not None:
-                node.attrs["module_classes"] = classes
-        if self.want_saved:
-            if info.kind == "custom":
-                self.custom_saved(fn, node)
-            elif info.saved:
-                self.builtin_saved(fn, info, node)
+    def visit_modules(self, fn: Any, node: Node) -> None:
+        """The module path ``gs.scopes`` stamped into the node's metadata."""
+        meta = fn.metadata
+        node.module = meta.get(MODULE_KEY)
+        classes = meta.get(MODULE_CLASSES_KEY)
+        if classes is not None:
+            node.attrs["module_classes"] = classes
 
     def walk_py(self, start: Any) -> None:
         """The pure-Python walk (the reference the compiled one is tested against)."""
@@ -264,11 +283,7 @@ class _Walker:
             node = node_cls(nid, cls.__name__, info.kind)
             add_node(node)
             if read_modules:
-                meta = fn.metadata
-                node.module = meta.get(MODULE_KEY)
-                classes = meta.get(MODULE_CLASSES_KEY)
-                if classes is not None:
-                    node.attrs["module_classes"] = classes
+                self.visit_modules(fn, node)
             if want_saved:
                 if info.kind == "custom":
                     self.custom_saved(fn, node)
@@ -308,16 +323,20 @@ class _Walker:
                 continue
             raw = getattr(fn, attr)
             if isinstance(raw, (list, tuple)):
-                if not raw:
-                    attrs[name] = "()"
-                for i, r in enumerate(raw):
-                    self.read_saved(fn, name, i, r, node)
+                self.read_saved_seq(fn, name, raw, node)
                 continue
             data = raw.data
             if isinstance(data, tensor_type):  # the common case, inline
                 saved.append(record(name, data))
             else:
                 self.read_saved(fn, name, None, raw, node)
+
+    def read_saved_seq(self, fn: Any, name: str, raws: Any, node: Node) -> None:
+        """A saved list of tensors (``_raw_saved_tensors`` of cat, stack...)."""
+        if not raws:
+            node.attrs[name] = "()"
+        for i, r in enumerate(raws):
+            self.read_saved(fn, name, i, r, node)
 
     def read_saved(self, fn: Any, name: str, index: int | None, raw: Any, node: Node) -> None:
         label = name if index is None else f"{name}[{index}]"

@@ -13,8 +13,10 @@
  * `configure` checks the slot layout once, so a field added to a dataclass without updating
  * this file fails loudly at import rather than producing half-built objects.
  *
- * Per-node Python work (saved tensors, module paths, storage ids) stays in Python: the walk
- * calls `visit(fn, node, info)` and `leaf(acc_id, fn)` when the caller asks for it.
+ * Saved tensors of built-in nodes are read here too, in the common case (a plain tensor held by
+ * a `_raw_saved_*` handle, or a non-tensor attribute); everything rarer (saved lists, tensors
+ * packed by saved_tensors_hooks, freed tensors, custom Functions, module paths, a storage seen
+ * for the first time) is handed back to the `_Walker` methods that the Python walk uses.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -31,17 +33,23 @@ typedef struct {
 enum { N_ID, N_NAME, N_KIND, N_MODULE, N_ATTRS, N_SAVED, N_TENSOR, N_ORDER, N_FIELDS };
 enum { E_SRC, E_DST, E_INPUT_NR, E_KIND, E_GRAD_NORM, E_COUNT, E_FIELDS };
 enum { T_NAME, T_SHAPE, T_DTYPE, T_DEVICE, T_STORAGE, T_FIELDS };
+enum { S_NAME, S_SHAPE, S_DTYPE, S_DEVICE, S_NBYTES, S_STORAGE, S_FREED, S_STORAGE_NBYTES,
+       S_FIELDS };
 
-static Layout NODE, EDGE, TINFO;
+static Layout NODE, EDGE, TINFO, SAVED;
 static int configured = 0;
 
-static PyObject *class_cache;   /* type -> (name, kind, info, is_accumulate) */
+/* type -> (name, kind, info, is_accumulate, is_custom, reads, unpacked) */
+static PyObject *class_cache;
 static PyObject *class_info_fn; /* gradscope._capture._class_info */
 static PyObject *dtype_names;   /* dtype -> "float32" (shared with the Python walker) */
 static PyObject *dtype_name_fn; /* gradscope._capture._dtype_name */
+static PyObject *tensor_type;   /* torch.Tensor */
+static PyObject *storage_key_fn; /* tensor -> its StorageImpl's address (_Storages' key) */
 
 static PyObject *s_cpu, *s_grad, *s_leaf, *s_accumulate, *s_empty, *s_kind, *s_dunder_name;
 static PyObject *s_next_functions, *s_variable, *s_shape, *s_dtype, *s_is_cpu, *s_device;
+static PyObject *s_custom, *s_reads, *s_unpacked, *s_data, *s_nbytes, *s_untyped_storage;
 static PyObject *i_one, *i_zero;
 
 static int
@@ -126,38 +134,49 @@ new_edge(PyObject *src, PyObject *dst, PyObject *input_nr)
 static PyObject *
 configure(PyObject *self, PyObject *args)
 {
-    PyObject *node_t, *node_f, *edge_t, *edge_f, *ti_t, *ti_f, *info_fn, *dnames, *dname_fn;
-    if (!PyArg_ParseTuple(args, "OOOOOOOO!O", &node_t, &node_f, &edge_t, &edge_f, &ti_t, &ti_f,
-                          &info_fn, &PyDict_Type, &dnames, &dname_fn))
+    PyObject *node_t, *node_f, *edge_t, *edge_f, *ti_t, *ti_f, *saved_t, *saved_f;
+    PyObject *info_fn, *dnames, *dname_fn, *tensor_t, *key_fn;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO!OOO", &node_t, &node_f, &edge_t, &edge_f, &ti_t,
+                          &ti_f, &saved_t, &saved_f, &info_fn, &PyDict_Type, &dnames, &dname_fn,
+                          &tensor_t, &key_fn))
         return NULL;
     /* all or nothing: a rejected layout leaves the previous configuration in place */
     Layout node = {NULL, 0, {0}}, edge = {NULL, 0, {0}}, tinfo = {NULL, 0, {0}};
+    Layout saved = {NULL, 0, {0}};
     if (layout_init(&node, node_t, node_f, N_FIELDS) < 0
         || layout_init(&edge, edge_t, edge_f, E_FIELDS) < 0
-        || layout_init(&tinfo, ti_t, ti_f, T_FIELDS) < 0) {
+        || layout_init(&tinfo, ti_t, ti_f, T_FIELDS) < 0
+        || layout_init(&saved, saved_t, saved_f, S_FIELDS) < 0) {
         Py_XDECREF(node.type);
         Py_XDECREF(edge.type);
         Py_XDECREF(tinfo.type);
+        Py_XDECREF(saved.type);
         return NULL;
     }
-    Py_XDECREF(NODE.type);
-    Py_XDECREF(EDGE.type);
-    Py_XDECREF(TINFO.type);
-    NODE = node;
-    EDGE = edge;
-    TINFO = tinfo;
-    Py_XSETREF(class_info_fn, Py_NewRef(info_fn));
-    Py_XSETREF(dtype_names, Py_NewRef(dnames));
-    Py_XSETREF(dtype_name_fn, Py_NewRef(dname_fn));
     PyObject *cache = PyDict_New();
     if (cache == NULL)
         return NULL;
+    Py_XDECREF(NODE.type);
+    Py_XDECREF(EDGE.type);
+    Py_XDECREF(TINFO.type);
+    Py_XDECREF(SAVED.type);
+    NODE = node;
+    EDGE = edge;
+    TINFO = tinfo;
+    SAVED = saved;
+    Py_XSETREF(class_info_fn, Py_NewRef(info_fn));
+    Py_XSETREF(dtype_names, Py_NewRef(dnames));
+    Py_XSETREF(dtype_name_fn, Py_NewRef(dname_fn));
+    Py_XSETREF(tensor_type, Py_NewRef(tensor_t));
+    Py_XSETREF(storage_key_fn, Py_NewRef(key_fn));
     Py_XSETREF(class_cache, cache);
     configured = 1;
     Py_RETURN_NONE;
 }
 
-/* (name, kind, info, is_accumulate) for the class of an autograd node; borrowed. */
+/* (name, kind, info, is_accumulate, is_custom, reads, unpacked) for the class of an autograd
+ * node; borrowed. `reads` is `_ClassInfo.reads`: (name, attribute, is a tensor) per saved
+ * field; `unpacked` its `_saved_<name>` attribute names. */
 static PyObject *
 class_entry(PyObject *cls)
 {
@@ -174,8 +193,26 @@ class_entry(PyObject *cls)
         Py_DECREF(info);
         return NULL;
     }
+    PyObject *reads = PyObject_GetAttr(info, s_reads);
+    PyObject *unpacked = reads ? PyObject_GetAttr(info, s_unpacked) : NULL;
+    if (unpacked == NULL || !PyTuple_Check(reads) || !PyTuple_Check(unpacked)
+        || PyTuple_GET_SIZE(reads) != PyTuple_GET_SIZE(unpacked)) {
+        if (unpacked != NULL)
+            PyErr_SetString(PyExc_TypeError,
+                            "_ClassInfo.reads and .unpacked must be tuples of one length");
+        Py_XDECREF(reads);
+        Py_XDECREF(unpacked);
+        Py_DECREF(kind);
+        Py_DECREF(name);
+        Py_DECREF(info);
+        return NULL;
+    }
     int acc = PyUnicode_Check(kind) ? PyUnicode_Compare(kind, s_accumulate) == 0 : 0;
-    entry = PyTuple_Pack(4, name, kind, info, acc ? Py_True : Py_False);
+    int custom = PyUnicode_Check(kind) ? PyUnicode_Compare(kind, s_custom) == 0 : 0;
+    entry = PyTuple_Pack(7, name, kind, info, acc ? Py_True : Py_False,
+                         custom ? Py_True : Py_False, reads, unpacked);
+    Py_DECREF(reads);
+    Py_DECREF(unpacked);
     Py_DECREF(kind);
     Py_DECREF(name);
     Py_DECREF(info);
@@ -215,26 +252,286 @@ node_id(PyObject *nodes)
     return s;
 }
 
-/* The `leaf` node of an AccumulateGrad: the variable's name, shape, dtype and device.
- * Mirrors `_Walker.add_leaf` with `storage=None` (storage ids are read only with saved=True,
- * and then the Python `add_leaf` runs instead). */
+/* What one walk works on: the `_Walker`'s containers and the methods it falls back to. */
+typedef struct {
+    PyObject *nodes, *ids, *raw_edges, *names; /* list, dict, list, dict */
+    int want_saved, read_modules;
+    PyObject *storage_ids, *storage_sizes;     /* _Storages._ids (key -> sid), .sizes */
+    PyObject *id_of, *visit_modules, *custom_saved, *read_saved, *read_saved_seq, *record;
+} Ctx;
+
+static void
+ctx_clear(Ctx *c)
+{
+    Py_CLEAR(c->nodes);
+    Py_CLEAR(c->ids);
+    Py_CLEAR(c->raw_edges);
+    Py_CLEAR(c->names);
+    Py_CLEAR(c->storage_ids);
+    Py_CLEAR(c->storage_sizes);
+    Py_CLEAR(c->id_of);
+    Py_CLEAR(c->visit_modules);
+    Py_CLEAR(c->custom_saved);
+    Py_CLEAR(c->read_saved);
+    Py_CLEAR(c->read_saved_seq);
+    Py_CLEAR(c->record);
+}
+
 static int
-add_leaf(PyObject *nodes, PyObject *raw_edges, PyObject *names, PyObject *acc_id, PyObject *fn)
+ctx_get(PyObject *obj, const char *attr, PyTypeObject *type, PyObject **out)
+{
+    *out = PyObject_GetAttrString(obj, attr);
+    if (*out == NULL)
+        return -1;
+    if (type != NULL && !Py_IS_TYPE(*out, type)) {
+        PyErr_Format(PyExc_TypeError, "walker.%s must be a %s", attr, type->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
+static int
+ctx_flag(PyObject *obj, const char *attr, int *out)
+{
+    PyObject *v = PyObject_GetAttrString(obj, attr);
+    if (v == NULL)
+        return -1;
+    *out = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return *out < 0 ? -1 : 0;
+}
+
+static int
+ctx_init(Ctx *c, PyObject *w)
+{
+    memset(c, 0, sizeof(*c));
+    PyObject *storages = NULL;
+    int err = ctx_get(w, "nodes", &PyList_Type, &c->nodes) < 0
+              || ctx_get(w, "ids", &PyDict_Type, &c->ids) < 0
+              || ctx_get(w, "raw_edges", &PyList_Type, &c->raw_edges) < 0
+              || ctx_get(w, "names", &PyDict_Type, &c->names) < 0
+              || ctx_flag(w, "want_saved", &c->want_saved) < 0
+              || ctx_flag(w, "read_modules", &c->read_modules) < 0
+              || ctx_get(w, "storages", NULL, &storages) < 0
+              || ctx_get(storages, "_ids", &PyDict_Type, &c->storage_ids) < 0
+              || ctx_get(storages, "sizes", &PyDict_Type, &c->storage_sizes) < 0
+              || ctx_get(storages, "id_of", NULL, &c->id_of) < 0
+              || ctx_get(w, "visit_modules", NULL, &c->visit_modules) < 0
+              || ctx_get(w, "custom_saved", NULL, &c->custom_saved) < 0
+              || ctx_get(w, "read_saved", NULL, &c->read_saved) < 0
+              || ctx_get(w, "read_saved_seq", NULL, &c->read_saved_seq) < 0
+              || ctx_get(w, "saved_record", NULL, &c->record) < 0;
+    Py_XDECREF(storages);
+    if (err)
+        ctx_clear(c);
+    return err ? -1 : 0;
+}
+
+static int
+call_drop(PyObject *callable, PyObject *a, PyObject *b, PyObject *c, PyObject *d, PyObject *e)
+{
+    PyObject *r = PyObject_CallFunctionObjArgs(callable, a, b, c, d, e, NULL);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* The storage id of `t` (new reference; None for storage-less tensors), exactly as
+ * `_Storages.id_of` gives it (same key, same numbering, same size record); a tensor whose
+ * storage cannot be read goes to `id_of` itself. */
+static PyObject *
+storage_id(Ctx *c, PyObject *t)
+{
+    PyObject *key = PyObject_CallOneArg(storage_key_fn, t);
+    if (key == NULL) {
+        /* a storage-less tensor (sparse, nested...): id_of gives it None, as it decides */
+        if (!PyErr_ExceptionMatches(PyExc_RuntimeError)
+            && !PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();
+        return PyObject_CallOneArg(c->id_of, t);
+    }
+    PyObject *sid = PyDict_GetItemWithError(c->storage_ids, key);
+    if (sid != NULL || PyErr_Occurred()) {
+        Py_DECREF(key);
+        return Py_XNewRef(sid);
+    }
+    /* first sight: "s<count>", and the storage's size (what id_of does) */
+    PyObject *size = NULL, *st = PyObject_CallMethodNoArgs(t, s_untyped_storage);
+    if (st != NULL) {
+        size = PyObject_CallMethodNoArgs(st, s_nbytes);
+        Py_DECREF(st);
+    }
+    if (size == NULL
+        || (sid = PyUnicode_FromFormat("s%zd", PyDict_GET_SIZE(c->storage_ids))) == NULL
+        || PyDict_SetItem(c->storage_ids, key, sid) < 0
+        || PyDict_SetItem(c->storage_sizes, sid, size) < 0) {
+        Py_XDECREF(sid);
+        sid = NULL;
+    }
+    Py_DECREF(key);
+    Py_XDECREF(size);
+    return sid;
+}
+
+static PyObject *
+dtype_str(PyObject *t)
+{
+    PyObject *dtype = PyObject_GetAttr(t, s_dtype);
+    if (dtype == NULL)
+        return NULL;
+    PyObject *name = PyDict_GetItemWithError(dtype_names, dtype);
+    if (name != NULL)
+        Py_INCREF(name);
+    else if (!PyErr_Occurred())
+        name = PyObject_CallOneArg(dtype_name_fn, dtype);
+    Py_DECREF(dtype);
+    return name;
+}
+
+static PyObject *
+device_str(PyObject *t)
+{
+    PyObject *is_cpu = PyObject_GetAttr(t, s_is_cpu);
+    if (is_cpu == NULL)
+        return NULL;
+    int cpu = is_cpu == Py_True;
+    Py_DECREF(is_cpu);
+    if (cpu)
+        return Py_NewRef(s_cpu);
+    PyObject *dev = PyObject_GetAttr(t, s_device);
+    if (dev == NULL)
+        return NULL;
+    PyObject *out = PyObject_Str(dev);
+    Py_DECREF(dev);
+    return out;
+}
+
+static PyObject *
+shape_list(PyObject *t)
+{
+    PyObject *shape = PyObject_GetAttr(t, s_shape);
+    if (shape == NULL)
+        return NULL;
+    PyObject *out = PySequence_List(shape);
+    Py_DECREF(shape);
+    return out;
+}
+
+/* `_Walker.saved_record(name, t)`: a SavedTensor for a tensor still held by the graph. The
+ * dataclass's __post_init__ (storage_nbytes defaults to nbytes) is applied here. */
+static PyObject *
+saved_record(Ctx *c, PyObject *name, PyObject *t)
+{
+    PyObject *out = NULL, *shape = NULL, *dtype = NULL, *device = NULL, *nbytes = NULL;
+    PyObject *sid = storage_id(c, t);
+    if (sid == NULL || (shape = shape_list(t)) == NULL || (dtype = dtype_str(t)) == NULL
+        || (device = device_str(t)) == NULL || (nbytes = PyObject_GetAttr(t, s_nbytes)) == NULL)
+        goto done;
+    PyObject *size = NULL; /* borrowed */
+    if (sid != Py_None && (size = PyDict_GetItemWithError(c->storage_sizes, sid)) == NULL
+        && PyErr_Occurred())
+        goto done;
+    PyObject *vals[S_FIELDS] = {name, shape, dtype, device, nbytes, sid, Py_False,
+                                (size != NULL && size != Py_None) ? size : nbytes};
+    out = new_instance(&SAVED, vals);
+done:
+    if (out == NULL && PyErr_ExceptionMatches(PyExc_RuntimeError)) {
+        /* e.g. a sparse tensor's nbytes: `_Walker.saved_record` knows the unusual tensors */
+        PyErr_Clear();
+        out = PyObject_CallFunctionObjArgs(c->record, name, t, NULL);
+    }
+    Py_XDECREF(sid);
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+    Py_XDECREF(device);
+    Py_XDECREF(nbytes);
+    return out;
+}
+
+/* A saved-tensor handle with no data: an optional tensor that was never saved (the unpacked
+ * value, usually None, becomes an attribute, as `read_saved` does), or one that backward freed
+ * (unpacking raises; `read_saved` records it as freed). */
+static int
+not_saved(Ctx *c, PyObject *fn, PyObject *name, PyObject *unpacked_attr, PyObject *raw,
+          PyObject *node, PyObject *attrs)
+{
+    PyObject *val = PyObject_GetAttr(fn, unpacked_attr);
+    if (val == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_RuntimeError))
+            return -1;
+        PyErr_Clear();
+        return call_drop(c->read_saved, fn, name, Py_None, raw, node);
+    }
+    PyObject *text = PyObject_Str(val);
+    Py_DECREF(val);
+    int err = text == NULL ? -1 : PyDict_SetItem(attrs, name, text);
+    Py_XDECREF(text);
+    return err;
+}
+
+/* `_Walker.builtin_saved`: every `_saved_*` field of a built-in node, in `reads` order. */
+static int
+builtin_saved(Ctx *c, PyObject *fn, PyObject *node, PyObject *reads, PyObject *unpacked)
+{
+    PyObject *attrs = *(PyObject **)((char *)node + NODE.off[N_ATTRS]);
+    PyObject *saved = *(PyObject **)((char *)node + NODE.off[N_SAVED]);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(reads); i++) {
+        PyObject *r = PyTuple_GET_ITEM(reads, i);
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 3) {
+            PyErr_SetString(PyExc_TypeError, "_ClassInfo.reads items must be 3-tuples");
+            return -1;
+        }
+        PyObject *name = PyTuple_GET_ITEM(r, 0), *attr = PyTuple_GET_ITEM(r, 1);
+        PyObject *raw = PyObject_GetAttr(fn, attr);
+        if (raw == NULL)
+            return -1;
+        int err;
+        if (PyTuple_GET_ITEM(r, 2) != Py_True) { /* a non-tensor attribute */
+            PyObject *text = PyObject_Str(raw);
+            err = text == NULL ? -1 : PyDict_SetItem(attrs, name, text);
+            Py_XDECREF(text);
+        }
+        else if (PyList_Check(raw) || PyTuple_Check(raw)) {
+            err = call_drop(c->read_saved_seq, fn, name, raw, node, NULL);
+        }
+        else {
+            PyObject *data = PyObject_GetAttr(raw, s_data);
+            int is_tensor = data == NULL ? -1 : PyObject_IsInstance(data, tensor_type);
+            if (is_tensor < 0)
+                err = -1;
+            else if (is_tensor)
+                err = append_steal(saved, saved_record(c, name, data));
+            else if (data == Py_None)
+                err = not_saved(c, fn, name, PyTuple_GET_ITEM(unpacked, i), raw, node, attrs);
+            else /* packed by a saved_tensors_hooks pack hook */
+                err = call_drop(c->read_saved, fn, name, Py_None, raw, node);
+            Py_XDECREF(data);
+        }
+        Py_DECREF(raw);
+        if (err < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The `leaf` node of an AccumulateGrad (`_Walker.add_leaf`): the variable's name, shape,
+ * dtype, device and (with saved tensors) storage id. */
+static int
+add_leaf(Ctx *c, PyObject *acc_id, PyObject *fn)
 {
     int ret = -1;
-    PyObject *var = NULL, *lid = NULL, *key = NULL, *shape = NULL, *shape_list = NULL;
-    PyObject *dtype = NULL, *dname = NULL, *is_cpu = NULL, *device = NULL, *dev = NULL;
-    PyObject *tinfo = NULL;
+    PyObject *var = NULL, *lid = NULL, *key = NULL, *shape = NULL, *dname = NULL;
+    PyObject *device = NULL, *sid = NULL, *tinfo = NULL;
 
-    if ((var = PyObject_GetAttr(fn, s_variable)) == NULL)
-        goto done;
-    if ((lid = node_id(nodes)) == NULL)
+    if ((var = PyObject_GetAttr(fn, s_variable)) == NULL || (lid = node_id(c->nodes)) == NULL)
         goto done;
     PyObject *name = NULL; /* borrowed */
-    if (PyDict_GET_SIZE(names) > 0) {
+    if (PyDict_GET_SIZE(c->names) > 0) {
         if ((key = PyLong_FromVoidPtr(var)) == NULL)
             goto done;
-        if ((name = PyDict_GetItemWithError(names, key)) == NULL && PyErr_Occurred())
+        if ((name = PyDict_GetItemWithError(c->names, key)) == NULL && PyErr_Occurred())
             goto done;
     }
     if (name == NULL)
@@ -242,39 +539,29 @@ add_leaf(PyObject *nodes, PyObject *raw_edges, PyObject *names, PyObject *acc_id
     int truthy = PyObject_IsTrue(name);
     if (truthy < 0)
         goto done;
-    if ((shape = PyObject_GetAttr(var, s_shape)) == NULL
-        || (shape_list = PySequence_List(shape)) == NULL
-        || (dtype = PyObject_GetAttr(var, s_dtype)) == NULL)
+    if ((shape = shape_list(var)) == NULL || (dname = dtype_str(var)) == NULL
+        || (device = device_str(var)) == NULL)
         goto done;
-    dname = PyDict_GetItemWithError(dtype_names, dtype);
-    if (dname != NULL)
-        Py_INCREF(dname);
-    else if (PyErr_Occurred() || (dname = PyObject_CallOneArg(dtype_name_fn, dtype)) == NULL)
-        goto done;
-    if ((is_cpu = PyObject_GetAttr(var, s_is_cpu)) == NULL)
-        goto done;
-    if (is_cpu == Py_True)
-        device = Py_NewRef(s_cpu);
-    else if ((dev = PyObject_GetAttr(var, s_device)) == NULL
-             || (device = PyObject_Str(dev)) == NULL)
-        goto done;
-    PyObject *tvals[T_FIELDS] = {truthy ? name : Py_None, shape_list, dname, device, Py_None};
+    if (c->want_saved) {
+        if ((sid = storage_id(c, var)) == NULL)
+            goto done;
+    }
+    else
+        sid = Py_NewRef(Py_None);
+    PyObject *tvals[T_FIELDS] = {truthy ? name : Py_None, shape, dname, device, sid};
     if ((tinfo = new_instance(&TINFO, tvals)) == NULL)
         goto done;
-    if (append_steal(nodes, new_node(lid, name, s_leaf, tinfo)) < 0)
+    if (append_steal(c->nodes, new_node(lid, name, s_leaf, tinfo)) < 0)
         goto done;
-    ret = append_steal(raw_edges, new_edge(acc_id, lid, i_zero));
+    ret = append_steal(c->raw_edges, new_edge(acc_id, lid, i_zero));
 done:
     Py_XDECREF(var);
     Py_XDECREF(lid);
     Py_XDECREF(key);
     Py_XDECREF(shape);
-    Py_XDECREF(shape_list);
-    Py_XDECREF(dtype);
     Py_XDECREF(dname);
-    Py_XDECREF(is_cpu);
-    Py_XDECREF(dev);
     Py_XDECREF(device);
+    Py_XDECREF(sid);
     Py_XDECREF(tinfo);
     return ret;
 }
@@ -309,39 +596,35 @@ stack_clear(Stack *s)
     PyMem_Free(s->items);
 }
 
-/* One node: give it its id, build its Node (and leaf), record its edges, push its inputs. */
+/* One node: give it its id, build its Node (saved tensors, leaf), record its edges, push its
+ * inputs. The order of the reads is the Python walk's: module path, saved tensors, leaf. */
 static int
-visit_node(PyObject *fn, Stack *stack, PyObject *nodes, PyObject *ids, PyObject *raw_edges,
-           PyObject *names, PyObject *visit, PyObject *leaf)
+visit_node(Ctx *c, PyObject *fn, Stack *stack)
 {
     int ret = -1;
     PyObject *node = NULL, *nf = NULL, *k_obj = NULL;
-    PyObject *nid = node_id(nodes);
-    if (nid == NULL || PyDict_SetItem(ids, fn, nid) < 0)
+    PyObject *nid = node_id(c->nodes);
+    if (nid == NULL || PyDict_SetItem(c->ids, fn, nid) < 0)
         goto done;
     PyObject *entry = class_entry((PyObject *)Py_TYPE(fn));
     if (entry == NULL)
         goto done;
-    PyObject *info = PyTuple_GET_ITEM(entry, 2);
     node = new_node(nid, PyTuple_GET_ITEM(entry, 0), PyTuple_GET_ITEM(entry, 1), Py_None);
-    if (node == NULL || PyList_Append(nodes, node) < 0)
+    if (node == NULL || PyList_Append(c->nodes, node) < 0)
         goto done;
-    if (visit != Py_None) {
-        PyObject *r = PyObject_CallFunctionObjArgs(visit, fn, node, info, NULL);
-        if (r == NULL)
-            goto done;
-        Py_DECREF(r);
-    }
-    if (PyTuple_GET_ITEM(entry, 3) == Py_True) {
-        if (leaf != Py_None) {
-            PyObject *r = PyObject_CallFunctionObjArgs(leaf, nid, fn, NULL);
-            if (r == NULL)
+    if (c->read_modules && call_drop(c->visit_modules, fn, node, NULL, NULL, NULL) < 0)
+        goto done;
+    if (c->want_saved) {
+        if (PyTuple_GET_ITEM(entry, 4) == Py_True) {
+            if (call_drop(c->custom_saved, fn, node, NULL, NULL, NULL) < 0)
                 goto done;
-            Py_DECREF(r);
         }
-        else if (add_leaf(nodes, raw_edges, names, nid, fn) < 0)
+        else if (builtin_saved(c, fn, node, PyTuple_GET_ITEM(entry, 5),
+                               PyTuple_GET_ITEM(entry, 6)) < 0)
             goto done;
     }
+    if (PyTuple_GET_ITEM(entry, 3) == Py_True && add_leaf(c, nid, fn) < 0)
+        goto done;
     if ((nf = PyObject_GetAttr(fn, s_next_functions)) == NULL)
         goto done;
     if (!PyTuple_Check(nf)) {
@@ -359,7 +642,7 @@ visit_node(PyObject *fn, Stack *stack, PyObject *nodes, PyObject *ids, PyObject 
         if (nxt == Py_None)
             continue;
         if ((k_obj = PyLong_FromSsize_t(k)) == NULL
-            || append_steal(raw_edges, new_edge(nid, nxt, k_obj)) < 0)
+            || append_steal(c->raw_edges, new_edge(nid, nxt, k_obj)) < 0)
             goto done;
         Py_CLEAR(k_obj);
     }
@@ -367,7 +650,7 @@ visit_node(PyObject *fn, Stack *stack, PyObject *nodes, PyObject *ids, PyObject 
         PyObject *nxt = PyTuple_GET_ITEM(PyTuple_GET_ITEM(nf, k), 0);
         if (nxt == Py_None)
             continue;
-        int seen = PyDict_Contains(ids, nxt);
+        int seen = PyDict_Contains(c->ids, nxt);
         if (seen < 0 || (!seen && stack_push(stack, nxt) < 0))
             goto done;
     }
@@ -381,39 +664,39 @@ done:
 }
 
 PyDoc_STRVAR(walk_doc,
-"walk(start, nodes, ids, raw_edges, names, visit, leaf)\n\n"
-"Depth-first preorder from the autograd node `start`, exactly as `_Walker.walk` does: appends a\n"
-"Node per new autograd node (and a leaf Node after each AccumulateGrad) to `nodes`, maps each\n"
-"node object to its id in `ids`, and appends (src_id, dst node or leaf id, input_nr) to\n"
-"`raw_edges`. `visit(fn, node, info)` and `leaf(acc_id, fn)` are called when not None.");
+"walk(start, walker)\n\n"
+"Depth-first preorder from the autograd node `start`, exactly as `_Walker.walk_py` does, into\n"
+"the `_Walker` `walker`: a Node per new autograd node (and a leaf Node after each\n"
+"AccumulateGrad) in `walker.nodes`, each node object's id in `walker.ids`, and one Edge per\n"
+"edge in `walker.raw_edges` (its dst still the autograd node; `make_edges` resolves it).\n"
+"With `walker.want_saved`, saved tensors and attributes are read as `builtin_saved` reads\n"
+"them; the walker's own methods handle custom Functions, module paths and the rare cases.");
 
 static PyObject *
 walk(PyObject *self, PyObject *args)
 {
-    PyObject *start, *nodes, *ids, *raw_edges, *names, *visit, *leaf;
-    if (!PyArg_ParseTuple(args, "OO!O!O!O!OO", &start, &PyList_Type, &nodes, &PyDict_Type, &ids,
-                          &PyList_Type, &raw_edges, &PyDict_Type, &names, &visit, &leaf))
+    PyObject *start, *walker;
+    if (!PyArg_ParseTuple(args, "OO", &start, &walker))
         return NULL;
     if (!configured) {
         PyErr_SetString(PyExc_RuntimeError, "gradscope._cwalk.configure was not called");
         return NULL;
     }
-    Stack stack = {NULL, 0, 0};
-    if (stack_push(&stack, start) < 0)
+    Ctx c;
+    if (ctx_init(&c, walker) < 0)
         return NULL;
-    while (stack.size > 0) {
+    Stack stack = {NULL, 0, 0};
+    int err = stack_push(&stack, start);
+    while (!err && stack.size > 0) {
         PyObject *fn = stack.items[--stack.size]; /* owned */
-        int seen = PyDict_Contains(ids, fn);
-        int err = seen < 0 ? -1
-                  : seen  ? 0
-                          : visit_node(fn, &stack, nodes, ids, raw_edges, names, visit, leaf);
+        int seen = PyDict_Contains(c.ids, fn);
+        err = seen < 0 ? -1 : seen ? 0 : visit_node(&c, fn, &stack);
         Py_DECREF(fn);
-        if (err < 0) {
-            stack_clear(&stack);
-            return NULL;
-        }
     }
     stack_clear(&stack);
+    ctx_clear(&c);
+    if (err)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -471,8 +754,9 @@ make_edges(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
-     "configure(Node, fields, Edge, fields, TensorInfo, fields, class_info, dtype_names, "
-     "dtype_name): check the dataclasses' slot layouts and keep the helpers the walk needs."},
+     "configure(Node, fields, Edge, fields, TensorInfo, fields, SavedTensor, fields, "
+     "class_info, dtype_names, dtype_name, Tensor, storage_key): check the dataclasses' slot "
+     "layouts and keep the helpers the walk needs."},
     {"walk", walk, METH_VARARGS, walk_doc},
     {"make_edges", make_edges, METH_VARARGS, make_edges_doc},
     {NULL, NULL, 0, NULL},
@@ -503,6 +787,12 @@ PyInit__cwalk(void)
     INTERN(s_dtype, "dtype");
     INTERN(s_is_cpu, "is_cpu");
     INTERN(s_device, "device");
+    INTERN(s_custom, "custom");
+    INTERN(s_reads, "reads");
+    INTERN(s_unpacked, "unpacked");
+    INTERN(s_untyped_storage, "untyped_storage");
+    INTERN(s_data, "data");
+    INTERN(s_nbytes, "nbytes");
     if ((i_one = PyLong_FromLong(1)) == NULL || (i_zero = PyLong_FromLong(0)) == NULL)
         return NULL;
     return PyModule_Create(&module);

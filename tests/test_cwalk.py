@@ -133,16 +133,49 @@ def test_no_reference_leaks():
 def test_errors_in_python_callbacks_propagate():
     out, _ = ALL["mlp"]()
 
-    def boom(fn, node, info):
+    def boom(*args):
         raise ValueError("visit failed")
 
-    w = _capture._Walker({}, False, False)
+    w = _capture._Walker({}, False, True)  # reads module paths through a Python method
+    w.visit_modules = boom
     with pytest.raises(ValueError, match="visit failed"):
-        _capture.CWALK.walk(out.grad_fn, w.nodes, w.ids, w.raw_edges, {}, boom, None)
+        _capture.CWALK.walk(out.grad_fn, w)
+    out.backward()
+    w = _capture._Walker({}, True, False)
+    w.read_saved = boom  # freed tensors go to Python
+    with pytest.raises(ValueError, match="visit failed"):
+        _capture.CWALK.walk(out.grad_fn, w)
+    with pytest.raises(TypeError, match="walker.nodes must be a list"):
+        w.nodes = ()
+        _capture.CWALK.walk(out.grad_fn, w)
     with pytest.raises(TypeError, match="make_edges"):
         _capture.CWALK.make_edges([object()], {})
     with pytest.raises(KeyError, match="never walked"):
         _capture.CWALK.make_edges([(("n0"), out.grad_fn, 0)], {})
+
+
+@needs_c
+def test_rare_saved_cases_match_python(pure_python):
+    """Saved lists (cat), tensors packed by a pack hook, freed and sparse tensors take the
+    Python fallbacks from inside the compiled walk; results must not differ."""
+    x = torch.randn(4, 3, requires_grad=True)
+    s = torch.randn(4, 4).to_sparse().requires_grad_()
+    cat = torch.cat([x.sin(), x.cos()])  # CatBackward0 keeps sizes; stack-like saved lists
+    stacked = torch.stack([x.exp(), x.tanh()]).sum()
+    sp = torch.sparse.mm(s, x).sum()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: ("packed", t), lambda p: p[1]):
+        packed = (x * x.sigmoid()).sum()
+    freed = (x.pow(3)).sum()
+    freed.backward()
+    outs = (cat.sum(), stacked, sp, packed, freed)
+    g_c, g_py = _both(pure_python, lambda: gs.trace(outs, params={"x": x, "s": s}))
+    assert g_c == g_py
+    saved = [sv for n in g_c.nodes for sv in n.saved]
+    assert any(sv.freed for sv in saved)
+    assert any(".packed" in k for n in g_c.nodes for k in n.attrs)
+    # the sparse operand: no storage id, its bytes are its indices' and values'
+    sparse_bytes = s._indices().nbytes + s._values().nbytes
+    assert any(sv.storage is None and sv.nbytes == sparse_bytes for sv in saved)
 
 
 @needs_c
@@ -164,11 +197,12 @@ def test_layout_check_rejects_a_changed_dataclass():
     from gradscope import _cwalk
 
     def cfg(node_cls, ti_cls):
+        layouts = []
+        for cls in (node_cls, gs.Edge, ti_cls, gs.SavedTensor):
+            layouts += [cls, tuple(f.name for f in fields(cls))]
         _cwalk.configure(
-            node_cls, tuple(f.name for f in fields(node_cls)),
-            gs.Edge, tuple(f.name for f in fields(gs.Edge)),
-            ti_cls, tuple(f.name for f in fields(ti_cls)),
-            _capture._class_info, _capture._DTYPE_NAMES, _capture._dtype_name,
+            *layouts, _capture._class_info, _capture._DTYPE_NAMES, _capture._dtype_name,
+            torch.Tensor, _capture._storage_key,
         )
 
     try:
