@@ -602,11 +602,12 @@ static int
 visit_node(Ctx *c, PyObject *fn, Stack *stack)
 {
     int ret = -1;
-    PyObject *node = NULL, *nf = NULL, *k_obj = NULL;
+    PyObject *node = NULL, *nf = NULL, *k_obj = NULL, *entry = NULL;
     PyObject *nid = node_id(c->nodes);
     if (nid == NULL || PyDict_SetItem(c->ids, fn, nid) < 0)
         goto done;
-    PyObject *entry = class_entry((PyObject *)Py_TYPE(fn));
+    /* held for the whole visit: the Python callbacks below could (in principle) reconfigure */
+    entry = Py_XNewRef(class_entry((PyObject *)Py_TYPE(fn)));
     if (entry == NULL)
         goto done;
     node = new_node(nid, PyTuple_GET_ITEM(entry, 0), PyTuple_GET_ITEM(entry, 1), Py_None);
@@ -660,6 +661,7 @@ done:
     Py_XDECREF(node);
     Py_XDECREF(nf);
     Py_XDECREF(k_obj);
+    Py_XDECREF(entry);
     return ret;
 }
 
