@@ -2,9 +2,10 @@
 
 Each logged step, for every watched parameter with a gradient: norm, max abs, mean abs, NaN and
 Inf counts, fraction of exact zeros, and (with ``optimizer=``) the update-to-weight ratio. All of
-it is computed on the device by a fixed handful of batched ops over the concatenated gradients
-(see ``_monitor_stats``: their number does not grow with the number of parameters) and moved to
-the host as ONE ``.tolist()`` per logged step; a step that is not logged runs no tensor op.
+it is computed on the device, in inference mode, by nine batched ops over the gradients copied
+into one reused float64 buffer (see ``_monitor_stats``: their number does not grow with the
+number of parameters) and moved to the host as ONE ``.tolist()`` per logged step; a step that is
+not logged runs no tensor op.
 
 Step boundary:
     * with ``optimizer=``: the optimizer step (step pre/post hooks), so gradient accumulation is
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed
 from torch.utils.hooks import RemovableHandle
 
 from . import _monitor_stats as S
@@ -133,8 +135,12 @@ def _check_args(model: Any, every: Any, norm_type: Any) -> None:
         raise MonitorError(f"norm_type={norm_type!r} must be a positive number or math.inf")
 
 
-def _engine_callback(fn: Any) -> None:
-    torch.autograd.Variable._execution_engine.queue_callback(fn)  # type: ignore[attr-defined]
+# bound once: they run on every backward (the hooks) or every logged step
+_engine_callback = torch.autograd.Variable._execution_engine.queue_callback  # type: ignore
+_graph_task_id = torch._C._current_graph_task_id
+# the C++ guard behind torch.inference_mode(), without its Python wrapper: the statistics'
+# ops dispatch straight to their kernels, and entering costs a fraction of a microsecond
+_inference_mode = torch._C._InferenceMode
 
 
 class GradMonitor:
@@ -189,14 +195,12 @@ class GradMonitor:
         chosen = _select(model, params)
         self.names = [n for n, _ in chosen]
         self._params = [p for _, p in chosen]
-        self._numel = torch.tensor(
-            [float(p.numel()) for p in self._params],
-            dtype=torch.float64,
-            device=self._params[0].device,
-        )
+        # the work buffers of _monitor_stats, reused from step to step (freed by remove())
+        self._cache: dict = {}
         self._replicated = isinstance(model, torch.nn.parallel.DistributedDataParallel)
         self._modules = [(n, m) for n, m in model.named_modules() if n] if modules else []
-        self._module_rows: list[list[torch.Tensor]] = [[] for _ in self._modules]
+        self._module_names = [n for n, _ in self._modules]
+        self._module_stats: list[list[torch.Tensor]] = [[] for _ in self._modules]
         self._act_names = (
             [n or type(model).__name__ for n, _ in model.named_modules()] if activations else []
         )
@@ -207,7 +211,7 @@ class GradMonitor:
         self._handles: list[RemovableHandle] = []
         self._queued = -1
         self._pending: torch.Tensor | None = None
-        self._old_weights: list[torch.Tensor] = []
+        self._old_weights: S.Snapshot = []
         self._alert_state = _AlertState()
         self._leak_check: Any = None
         self._leak_alerted: set[int] = set()
@@ -242,9 +246,10 @@ class GradMonitor:
             self._leak_check.remove()
         self._pending = None
         self._old_weights = []
+        self._cache.clear()
         self._act_flags.clear()
-        for rows in self._module_rows:
-            rows.clear()
+        for calls in self._module_stats:
+            calls.clear()
 
     def __enter__(self) -> GradMonitor:
         return self
@@ -269,7 +274,7 @@ class GradMonitor:
     def _on_accumulate(self, param: torch.Tensor) -> None:
         # one callback per backward: compare graph-task ids rather than keep a flag, so a
         # backward that raised (and never ran its callbacks) cannot block later steps
-        task = torch._C._current_graph_task_id()
+        task = _graph_task_id()
         if task != self._queued:
             self._queued = task
             _engine_callback(self._backward_done)
@@ -283,24 +288,23 @@ class GradMonitor:
         _engine_callback(self._measure_after_backward)
 
     def _measure_after_backward(self) -> None:
-        matrix = self._measure()
+        with _inference_mode(True):
+            matrix = self._measure()
         self._finish(matrix)
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self._logged():
             return
-        with torch.no_grad():
+        with _inference_mode(True):
             self._pending = self._measure()
-            self._old_weights = list(torch._foreach_mul([p.detach() for p in self._params], 1.0))
+            self._old_weights = S.snapshot(self._params, self._cache)
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._pending is None:
             self._advance()
             return
-        with torch.no_grad():
-            matrix = S.add_update(
-                self._pending, self._old_weights, [p.detach() for p in self._params]
-            )
+        with _inference_mode(True):
+            matrix = S.add_update(self._pending, self._old_weights, self._params, self._cache)
         self._pending, self._old_weights = None, []
         self._finish(matrix)
 
@@ -315,7 +319,7 @@ class GradMonitor:
         if grad.numel() == 0:
             return
         with torch.no_grad():
-            self._module_rows[index].append(S.module_row(grad.detach(), self.norm_type))
+            self._module_stats[index].append(S.module_row(grad.detach(), self.norm_type))
 
     def _activation_check(
         self, index: int, module: torch.nn.Module, args: Any, output: Any
@@ -329,78 +333,84 @@ class GradMonitor:
 
     # ------------------------------------------------------------------ measuring
     def _measure(self) -> torch.Tensor:
-        """The packed ``[n_params, NCOLS]`` matrix of this step (no host sync)."""
-        present = [i for i, p in enumerate(self._params) if p.grad is not None and p.numel()]
-        grads = [_dense(self._params[i].grad) for i in present]  # type: ignore[arg-type]
-        if grads and grads[0].device != self._numel.device:  # the model moved (model.to(...))
-            self._numel = self._numel.to(grads[0].device)
-        device = self._numel.device
-        if len(present) == len(self._params):
-            return S.grad_matrix(grads, self.norm_type, self._numel)
-        matrix = torch.zeros(len(self._params), S.NCOLS, dtype=torch.float64, device=device)
+        """The packed ``[NCOLS, n_params]`` matrix of this step (no host sync; call it under
+        inference mode: its buffers and the matrix are inference tensors).
+        A parameter without elements gets NUMEL 0, so it reads as absent."""
+        grads = [p.grad for p in self._params]
+        for g in grads:
+            if g is None or g.is_sparse:
+                return self._measure_some(grads)
+        return S.grad_matrix(grads, self.norm_type, self._cache)  # type: ignore[arg-type]
+
+    def _measure_some(self, grads: list[torch.Tensor | None]) -> torch.Tensor:
+        """The same, when some parameters have no gradient or a sparse one."""
+        present = [i for i, g in enumerate(grads) if g is not None and g.numel()]
+        dense = [_dense(grads[i]) for i in present]  # type: ignore[arg-type]
+        device = dense[0].device if dense else self._params[0].device
+        matrix = torch.zeros(S.NCOLS, len(grads), dtype=torch.float64, device=device)
         if present:
             idx = torch.tensor(present, device=device)
-            matrix[idx] = S.grad_matrix(grads, self.norm_type, self._numel[idx])
+            matrix[:, idx] = S.grad_matrix(dense, self.norm_type, self._cache)
         return matrix
 
-    def _module_matrix(self) -> torch.Tensor | None:
+    def _module_matrix(self, device: torch.device) -> torch.Tensor | None:
         if not self._modules:
             return None
-        device = self._numel.device
-        rows = []
-        for calls in self._module_rows:
+        columns = []
+        for calls in self._module_stats:
             if calls:
-                rows.append(S.combine(torch.stack(calls)[:, None, :].to(device), self.norm_type)[0])
+                columns.append(S.combine(torch.stack(calls)[:, :, None].to(device))[:, 0])
             else:
-                rows.append(torch.zeros(S.NCOLS, dtype=torch.float64, device=device))
+                columns.append(torch.zeros(S.NCOLS, dtype=torch.float64, device=device))
             calls.clear()
-        return torch.stack(rows)
+        return torch.stack(columns, dim=1)
 
     def _finish(self, matrix: torch.Tensor) -> None:
         """Reduce across ranks, move everything to the host in ONE transfer, record the step."""
-        step, n = self.step, len(self._params)
+        step = self.step
         self._advance()
-        mods = self._module_matrix()
-        full = matrix if mods is None else torch.cat([matrix, mods])
+        mods = self._module_matrix(matrix.device) if self._modules else None
+        full = matrix if mods is None else torch.cat([matrix, mods], dim=1)
         if _distributed():
-            full = S.reduce_across_ranks(full, self.norm_type, replicated=self._replicated)
+            full = S.reduce_across_ranks(full, replicated=self._replicated)
         flags = self._act_flags
-        self._act_flags = []
-        packed = full.reshape(-1)
         if flags:
-            packed = torch.cat([packed, torch.stack([f for _, f in flags]).to(packed)])
-        values = packed.tolist()  # the one device-to-host transfer of this step
-        rows = [values[i * S.NCOLS : (i + 1) * S.NCOLS] for i in range(len(full))]
-        self._record(
-            step,
-            rows[:n],
-            rows[n:],
-            [(i, v) for (i, _), v in zip(flags, values[len(rows) * S.NCOLS :], strict=True)],
-        )
+            self._act_flags = []
+            packed = torch.cat([full.reshape(-1), torch.stack([f for _, f in flags]).to(full)])
+            values = packed.tolist()  # the one device-to-host transfer of this step
+            width = full.shape[1]
+            stats = [values[i : i + width] for i in range(0, S.NCOLS * width, width)]
+            bad = [(i, v) for (i, _), v in zip(flags, values[S.NCOLS * width :], strict=True)]
+        else:
+            stats = full.tolist()  # the one device-to-host transfer of this step
+            bad = []
+        if mods is None:
+            self._record(step, stats, None, bad)
+        else:
+            n = len(self._params)
+            self._record(step, [row[:n] for row in stats], [row[n:] for row in stats], bad)
 
     def _record(
         self,
         step: int,
-        rows: list[list[float]],
-        mod_rows: list[list[float]],
+        stats: list[list[float]],
+        mod_stats: list[list[float]] | None,
         flags: list[tuple[int, float]],
     ) -> None:
-        with_update = self.optimizer is not None
-        params = {
-            name: _param_stats(row, with_update)
-            for name, row in zip(self.names, rows, strict=True)
-            if row[S.PRESENT] > 0
-        }
-        modules = {
-            name: _param_stats(row, False)
-            for (name, _), row in zip(self._modules, mod_rows, strict=True)
-            if row[S.PRESENT] > 0
-        }
-        total = S.total_norm([p.norm for p in params.values()], self.norm_type)
-        stats = StepStats(step=step, total_norm=total, params=params, modules=modules)
-        self.history.append(stats)
-        first_bad = next((self._act_names[i] for i, v in flags if v), None)
-        self.alerts.extend(self._alert_state.update(stats, first_bad, self.vanish, self.explode))
+        """``stats``: the ``NCOLS`` rows of the packed matrix, one value per parameter;
+        ``mod_stats`` the same per module; ``flags``: (module index, non-finite flag)."""
+        norm_type = self.norm_type
+        params = _stats_by_name(self.names, stats, norm_type, self.optimizer is not None)
+        modules = (
+            _stats_by_name(self._module_names, mod_stats, norm_type, False) if mod_stats else {}
+        )
+        total = S.total_norm(stats, norm_type)
+        st = StepStats(step=step, total_norm=total, params=params, modules=modules)
+        self.history.append(st)
+        first_bad = next((self._act_names[i] for i, v in flags if v), None) if flags else None
+        alerts = self._alert_state.update(st, first_bad, self.vanish, self.explode)
+        if alerts:
+            self.alerts.extend(alerts)
 
     # ------------------------------------------------------------------ views
     def report(self, *, width: int = 24) -> Any:
@@ -449,26 +459,57 @@ def _dense(grad: torch.Tensor) -> torch.Tensor:
 
 
 def _distributed() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized()
+    return _DIST_AVAILABLE and torch.distributed.is_initialized()
 
 
-def _param_stats(row: Sequence[float], with_update: bool) -> ParamStats:
-    numel = row[S.NUMEL]
-    ratio = None
-    if with_update:
-        upd, wgt = row[S.UPDATE_SQ], row[S.WEIGHT_SQ]
-        ratio = math.sqrt(upd / wgt) if wgt > 0 else (math.inf if upd > 0 else 0.0)
-    return ParamStats(
-        norm=row[S.NORM],
-        max_abs=row[S.MAX_ABS],
-        mean_abs=row[S.SUM_ABS] / numel if numel else 0.0,
-        nan=int(row[S.NAN]),
-        inf=int(row[S.NONFINITE] - row[S.NAN]),
-        zero_frac=(numel - row[S.NONZERO] - row[S.NAN]) / numel if numel else 0.0,
-        update_ratio=ratio,
-    )
+_DIST_AVAILABLE = torch.distributed.is_available()
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+def _stats_by_name(
+    names: Sequence[str], stats: Sequence[Sequence[float]], norm_type: float, with_update: bool
+) -> dict[str, ParamStats]:
+    """``ParamStats`` of every tensor with elements (NUMEL > 0: it had a gradient), from the
+    rows of the packed matrix.
+
+    Runs once per parameter per logged step, so it builds each frozen ``ParamStats`` by setting
+    its ``__dict__`` at once rather than through the dataclass ``__init__`` (seven
+    ``object.__setattr__`` calls): the instance is the same, field for field."""
+    out = {}
+    sqrt = math.sqrt
+    columns = zip(names, *stats[: S.UPDATE_SQ], strict=True)
+    updates = zip(stats[S.UPDATE_SQ], stats[S.WEIGHT_SQ], strict=True) if with_update else None
+    for name, pow_sum, sum_abs, nonzero, inf, not_nan, max_abs, numel, slots in columns:
+        ratio = None
+        if updates is not None:
+            upd, wgt = next(updates)
+            ratio = sqrt(upd / wgt) if wgt > 0 else (math.inf if upd > 0 else 0.0)
+        if not numel > 0:
+            continue
+        nan = slots - not_nan
+        ps = _new(ParamStats)
+        _set(
+            ps,
+            "__dict__",
+            {
+                "norm": (
+                    sqrt(pow_sum)
+                    if norm_type == 2
+                    else S.norm_of(pow_sum, sum_abs, max_abs, norm_type)
+                ),
+                "max_abs": max_abs,
+                "mean_abs": sum_abs / numel,
+                "nan": int(nan),
+                "inf": int(inf),
+                "zero_frac": (numel - nan - nonzero) / numel,
+                "update_ratio": ratio,
+            },
+        )
+        out[name] = ps
+    return out
 
 
 def _count(n: int, what: str) -> str:
@@ -483,19 +524,11 @@ class _Track:
     def __init__(self) -> None:
         self.low = 0  # consecutive logged steps below ``vanish``
         self.window: deque[float] = deque(maxlen=_SPIKE_WINDOW)
-        self.median: float | None = None
+        # the median of ``window``, recomputed every ``_MEDIAN_EVERY`` steps: it moves slowly,
+        # and sorting a window per parameter per step would cost more than all the rest
+        self.median = 0.0
         self.age = _MEDIAN_EVERY
         self.exploding = self.nan = self.inf = False
-
-    def running_median(self) -> float | None:
-        """Recomputed every few steps: it moves slowly, and sorting a window per parameter per
-        step would cost more than all the rest of the bookkeeping."""
-        if len(self.window) < SPIKE_MIN_HISTORY:
-            return None
-        if self.age >= _MEDIAN_EVERY:
-            self.age, self.median = 0, statistics.median(self.window)
-        self.age += 1
-        return self.median
 
 
 class _AlertState:
@@ -514,16 +547,33 @@ class _AlertState:
             out.append(Alert("forward_nonfinite", st.step, first_bad, msg))
         self.forward_bad = first_bad is not None
         tracks = self.tracks
+        isfinite = math.isfinite
         for name, ps in st.params.items():
             track = tracks.get(name)
             if track is None:
                 track = tracks[name] = _Track()
             if ps.nan or ps.inf or track.nan or track.inf:
                 out.extend(_nonfinite(track, st.step, name, ps))
-            if math.isfinite(ps.norm):
-                if ps.norm < vanish or track.low:
-                    out.extend(_vanish(track, st.step, name, ps.norm, vanish))
-                out.extend(_explode(track, st.step, name, ps.norm, explode))
+            norm = ps.norm
+            if not isfinite(norm):
+                continue
+            if norm < vanish or track.low:
+                out.extend(_vanish(track, st.step, name, norm, vanish))
+            # exploding: above ``explode``, or SPIKE_FACTOR x the running median of the window
+            window = track.window
+            median: float | None = None
+            if len(window) >= SPIKE_MIN_HISTORY:
+                if track.age >= _MEDIAN_EVERY:
+                    track.age, track.median = 0, statistics.median(window)
+                track.age += 1
+                median = track.median
+            now = norm > explode or (
+                median is not None and median > 0 and norm > SPIKE_FACTOR * median
+            )
+            window.append(norm)
+            if now and not track.exploding:
+                out.append(_exploding(st.step, name, norm, explode, median))
+            track.exploding = now
         return out
 
 
@@ -550,19 +600,11 @@ def _vanish(track: _Track, step: int, name: str, norm: float, vanish: float) -> 
     return [Alert("vanishing", step, name, msg)]
 
 
-def _explode(track: _Track, step: int, name: str, norm: float, explode: float) -> list[Alert]:
-    median = track.running_median()
-    track.window.append(norm)
-    spike = median is not None and median > 0 and norm > SPIKE_FACTOR * median
-    now = norm > explode or spike
-    started = now and not track.exploding
-    track.exploding = now
-    if not started:
-        return []
+def _exploding(step: int, name: str, norm: float, explode: float, median: float | None) -> Alert:
     if norm > explode or median is None:
         why = f"above {explode:g}"
     else:
         why = f"{norm / median:.0f}x its running median {median:.3g}"
-    return [
-        Alert("exploding", step, name, f"step {step}: gradient norm of {name} is {norm:.3g}, {why}")
-    ]
+    return Alert(
+        "exploding", step, name, f"step {step}: gradient norm of {name} is {norm:.3g}, {why}"
+    )

@@ -18,7 +18,9 @@ from graphs import ALL, chain
 import gradscope as gs
 from gradscope import _capture
 
-needs_c = pytest.mark.skipif(_capture.CWALK is None, reason="compiled walk off (not built, or GRADSCOPE_PURE_PYTHON=1)")
+needs_c = pytest.mark.skipif(
+    _capture.CWALK is None, reason="compiled walk off (not built, or GRADSCOPE_PURE_PYTHON=1)"
+)
 
 
 @pytest.fixture

@@ -145,6 +145,171 @@ def test_sparse_gradient() -> None:
     assert_matches(mon.history[0].params["weight"], reference(emb.weight.grad.to_dense()))
 
 
+class Params(nn.Module):
+    """Bare parameters of the given shapes (and dtypes), gradients set by hand."""
+
+    def __init__(self, *shapes: tuple[int, ...], dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.ps = nn.ParameterList(nn.Parameter(torch.randn(s, dtype=dtype)) for s in shapes)
+
+
+def _poison(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient with NaNs, infinities of both signs and exact zeros in it."""
+    flat = grad.view(-1)
+    flat[:3] = float("nan")
+    flat[3:5] = float("inf")
+    flat[5] = -float("inf")
+    flat[6:10] = 0.0
+    return grad
+
+
+class NoStep(torch.optim.Optimizer):
+    """An optimizer whose step changes nothing (even with NaN gradients): update ratio 0."""
+
+    def __init__(self, params) -> None:
+        super().__init__(params, {})
+
+    def step(self, closure=None) -> None:
+        pass
+
+
+def _check_steps(
+    model: nn.Module, grads_per_step, norm_type: float = 2.0, **kwargs
+) -> gs.GradMonitor:
+    """Log one step per list of gradients (None: no gradient) and check every figure."""
+    params = list(model.parameters())
+    opt = NoStep(params)
+    refs = []
+    with gs.GradMonitor(model, optimizer=opt, norm_type=norm_type, **kwargs) as mon:
+        for grads in grads_per_step:
+            for p, g in zip(params, grads, strict=True):
+                p.grad = g
+            refs.append({})
+            for n, p in model.named_parameters():
+                if p.grad is not None and p.numel():
+                    g = p.grad.detach().float()
+                    norm = torch.linalg.vector_norm(g, norm_type).item()
+                    refs[-1][n] = {**reference(p.grad), "norm": norm}
+            present = [p.grad for p in params if p.grad is not None]
+            refs[-1]["__total__"] = torch.nn.utils.get_total_norm(present, norm_type).item()
+            opt.step()
+    assert len(mon.history) == len(grads_per_step)
+    for st, ref in zip(mon.history, refs, strict=True):
+        total = ref.pop("__total__")
+        assert list(st.params) == list(ref)
+        for name, r in ref.items():
+            assert_matches(st.params[name], r)
+            assert st.params[name].update_ratio == 0.0
+        if math.isnan(total):
+            assert math.isnan(st.total_norm)
+        else:
+            assert st.total_norm == pytest.approx(total, rel=1e-6)
+    return mon
+
+
+def test_one_large_tensor_among_small_ones() -> None:
+    """When padding every tensor to the largest would waste too much, the per-tensor sums and
+    maxima come from a sparse product and segment_reduce instead: same figures."""
+    shapes = [(400, 400)] + [(3,)] * 20 + [(2, 5)]
+    model = Params(*shapes)
+    steps = [
+        [torch.randn(s) for s in shapes],
+        [_poison(torch.randn(s)) if i in (0, 21) else torch.randn(s) for i, s in enumerate(shapes)],
+    ]
+    _check_steps(model, steps)
+    from gradscope._monitor_stats import _Layout
+
+    assert not _Layout(tuple(map(torch.Size, shapes)), torch.device("cpu")).dense
+    assert _Layout(tuple(map(torch.Size, shapes[1:])), torch.device("cpu")).dense
+
+
+def test_buffers_are_reused_across_steps_and_layouts() -> None:
+    """Each step overwrites the same buffers; a step where a parameter has no gradient uses
+    another layout; earlier steps' figures stay as they were."""
+    shapes = [(12, 6), (12,), (3, 12), (3,)]
+    model = Params(*shapes)
+    steps = [[torch.randn(s) for s in shapes] for _ in range(2)]
+    steps.append([torch.randn(s) if i != 1 else None for i, s in enumerate(shapes)])
+    steps.append(
+        [_poison(torch.randn(s)) if i == 2 else torch.randn(s) for i, s in enumerate(shapes)]
+    )
+    steps.append([torch.zeros(s) for s in shapes])
+    _check_steps(model, steps)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0])
+def test_chunks_share_one_work_buffer_across_steps(monkeypatch, norm_type: float) -> None:
+    """The chunks of a large model reuse one work buffer: what a chunk or a step leaves in it
+    (NaNs included) never reaches another."""
+    from gradscope import _monitor_stats
+
+    monkeypatch.setattr(_monitor_stats, "_CHUNK_NUMEL", 40)
+    shapes = [(12, 6), (12,), (3, 12), (3,), (7,)]
+    model = Params(*shapes)
+    steps = [
+        [_poison(torch.randn(s)) if i in (0, 2) else torch.randn(s) for i, s in enumerate(shapes)],
+        [torch.randn(s) for s in shapes],
+        [torch.randn(s) if i != 2 else None for i, s in enumerate(shapes)],
+        [torch.zeros(s) for s in shapes],
+    ]
+    _check_steps(model, steps, norm_type=norm_type)
+
+
+def test_mixed_dtypes_strided_and_empty_gradients() -> None:
+    model = Params((12, 6), (6,), (0,), (5, 4))
+    model.ps[1].data = model.ps[1].data.to(torch.bfloat16)
+    model.ps[3].data = model.ps[3].data.to(torch.float64)
+    grads = [
+        torch.randn(6, 12).t(),  # not contiguous
+        torch.randn(6).to(torch.bfloat16),
+        torch.randn(0),
+        _poison(torch.randn(5, 4, dtype=torch.float64)),
+    ]
+    mon = _check_steps(model, [grads])
+    assert "ps.2" not in mon.history[0].params  # no element: no statistics
+
+
+@pytest.mark.parametrize("norm_type", [1.0, 3.0, math.inf])
+def test_other_norm_types_with_non_finite_values(norm_type: float) -> None:
+    shapes = [(12, 6), (12,), (40, 3)]
+    model = Params(*shapes)
+    steps = [
+        [torch.randn(s) for s in shapes],
+        [torch.randn(s) if i else _poison(torch.randn(s)) for i, s in enumerate(shapes)],
+    ]
+    opt = NoStep(model.parameters())
+    with gs.GradMonitor(model, optimizer=opt, norm_type=norm_type) as mon:
+        for grads in steps:
+            for p, g in zip(model.parameters(), grads, strict=True):
+                p.grad = g
+            opt.step()
+    for st, grads in zip(mon.history, steps, strict=True):
+        for name, g in zip(st.params, grads, strict=True):
+            want = torch.linalg.vector_norm(g, norm_type).item()
+            got = st.params[name].norm
+            assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want, rel=1e-6)
+        want = torch.nn.utils.get_total_norm(grads, norm_type).item()
+        assert (math.isnan(st.total_norm) and math.isnan(want)) or st.total_norm == pytest.approx(
+            want, rel=1e-6
+        )
+
+
+def test_update_ratio_across_chunks(monkeypatch) -> None:
+    from gradscope import _monitor_stats
+
+    monkeypatch.setattr(_monitor_stats, "_CHUNK_NUMEL", 40)
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with gs.GradMonitor(model, optimizer=opt) as mon:
+        backward(model)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+    for name, p in model.named_parameters():
+        want = ((p.detach() - before[name]).norm() / before[name].norm()).item()
+        assert mon.history[0].params[name].update_ratio == pytest.approx(want, rel=1e-5)
+
+
 # ---------------------------------------------------------------- step boundaries
 def test_gradient_accumulation_measures_the_accumulated_grad() -> None:
     model = mlp()
