@@ -26,6 +26,19 @@ def best_of(fn: Callable[[], object], repeat: int = 5) -> float:
     return best
 
 
+def best_of_interleaved(
+    fns: list[Callable[[], object]], repeat: int = 5, rounds: int = 3
+) -> list[float]:
+    """``best_of`` for each of ``fns``, in ``rounds`` alternating rounds of ``repeat`` runs: a
+    burst of load from elsewhere on a shared machine then hits every side of a ratio, rather
+    than all the runs of one side."""
+    best = [float("inf")] * len(fns)
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            best[i] = min(best[i], best_of(fn, repeat))
+    return best
+
+
 def verdict(ratio: float, target: float, higher_is_worse: bool = True) -> str:
     ok = ratio <= target if higher_is_worse else ratio >= target
     return "ok" if ok else "MISSED"

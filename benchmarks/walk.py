@@ -15,7 +15,7 @@ import argparse
 import sys
 
 import torch
-from _timing import best_of, verdict
+from _timing import best_of, best_of_interleaved, verdict
 
 import gradscope as gs
 from gradscope._capture import CWALK
@@ -91,23 +91,25 @@ def main() -> int:
     print(f"graph: {len(g.backward_nodes)} autograd nodes, {len(g.nodes)} gradscope nodes")
 
     sys.setrecursionlimit(100_000)  # torchviz recurses once per node
-    t_viz = best_of(
-        lambda: torchviz.make_dot(out, params=params, show_attrs=True, show_saved=True).source,
+    t_viz, t_ours = best_of_interleaved(
+        [
+            lambda: torchviz.make_dot(
+                out, params=params, show_attrs=True, show_saved=True
+            ).source,
+            lambda: gs.trace(out, params=params).to_dot(attrs=True),
+        ],
         args.repeat,
     )
-    t_ours = best_of(lambda: gs.trace(out, params=params).to_dot(attrs=True), args.repeat)
     r1 = t_ours / t_viz
     print(f"1. trace().to_dot(): {t_ours * 1e3:.1f} ms  torchviz: {t_viz * 1e3:.1f} ms  "
           f"ratio {r1:.3f} (target <= 0.2: {verdict(r1, 0.2)})")
 
     # both sides take a few ms, so a stray context switch is a large fraction of one run:
-    # more runs (interleaved, so load drifts hit both alike) make the best-of estimates stable
-    fast_repeat = max(3 * args.repeat, 15)
-    t_bfs = t_fast = float("inf")
-    for _ in range(3):
-        t_bfs = min(t_bfs, best_of(lambda: bare_bfs(out), fast_repeat // 3))
-        t_fast = min(t_fast, best_of(lambda: gs.trace(out, params=params, saved=False),
-                                     fast_repeat // 3))
+    # more runs make the best-of estimates stable
+    t_bfs, t_fast = best_of_interleaved(
+        [lambda: bare_bfs(out), lambda: gs.trace(out, params=params, saved=False)],
+        max(args.repeat, 5),
+    )
     r2 = t_fast / t_bfs
     walker = "compiled walk" if CWALK is not None else "pure-Python walk"
     print(f"2. trace(saved=False): {t_fast * 1e3:.1f} ms  bare BFS: {t_bfs * 1e3:.1f} ms  "

@@ -599,13 +599,10 @@ stack_clear(Stack *s)
 /* One node: give it its id, build its Node (saved tensors, leaf), record its edges, push its
  * inputs. The order of the reads is the Python walk's: module path, saved tensors, leaf. */
 static int
-visit_node(Ctx *c, PyObject *fn, Stack *stack)
+visit_node(Ctx *c, PyObject *fn, PyObject *nid, Stack *stack)
 {
     int ret = -1;
     PyObject *node = NULL, *nf = NULL, *k_obj = NULL, *entry = NULL;
-    PyObject *nid = node_id(c->nodes);
-    if (nid == NULL || PyDict_SetItem(c->ids, fn, nid) < 0)
-        goto done;
     /* held for the whole visit: the Python callbacks below could (in principle) reconfigure */
     entry = Py_XNewRef(class_entry((PyObject *)Py_TYPE(fn)));
     if (entry == NULL)
@@ -647,17 +644,16 @@ visit_node(Ctx *c, PyObject *fn, Stack *stack)
             goto done;
         Py_CLEAR(k_obj);
     }
+    /* every input is pushed, visited or not: a visited one is skipped when popped, which
+     * visits the others in the same order as checking first, with one dict lookup per input
+     * fewer (on a big graph each lookup is a cache miss) */
     for (Py_ssize_t k = n - 1; k >= 0; k--) {
         PyObject *nxt = PyTuple_GET_ITEM(PyTuple_GET_ITEM(nf, k), 0);
-        if (nxt == Py_None)
-            continue;
-        int seen = PyDict_Contains(c->ids, nxt);
-        if (seen < 0 || (!seen && stack_push(stack, nxt) < 0))
+        if (nxt != Py_None && stack_push(stack, nxt) < 0)
             goto done;
     }
     ret = 0;
 done:
-    Py_XDECREF(nid);
     Py_XDECREF(node);
     Py_XDECREF(nf);
     Py_XDECREF(k_obj);
@@ -691,8 +687,11 @@ walk(PyObject *self, PyObject *args)
     int err = stack_push(&stack, start);
     while (!err && stack.size > 0) {
         PyObject *fn = stack.items[--stack.size]; /* owned */
-        int seen = PyDict_Contains(c.ids, fn);
-        err = seen < 0 ? -1 : seen ? 0 : visit_node(&c, fn, &stack);
+        /* look up and claim the id in one dict operation: a node seen before keeps its id */
+        PyObject *nid = node_id(c.nodes);
+        PyObject *got = nid ? PyDict_SetDefault(c.ids, fn, nid) : NULL;
+        err = got == NULL ? -1 : got != nid ? 0 : visit_node(&c, fn, nid, &stack);
+        Py_XDECREF(nid);
         Py_DECREF(fn);
     }
     stack_clear(&stack);
