@@ -349,7 +349,7 @@ class GradMonitor:
         device = dense[0].device if dense else self._params[0].device
         matrix = torch.zeros(S.NCOLS, len(grads), dtype=torch.float64, device=device)
         if present:
-            idx = torch.tensor(present, device=device)
+            idx = S.to_device(present, torch.int64, device)
             matrix[:, idx] = S.grad_matrix(dense, self.norm_type, self._cache)
         return matrix
 

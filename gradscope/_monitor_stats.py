@@ -78,6 +78,15 @@ _CACHE_SIZE = 4
 _F64 = torch.float64
 
 
+def to_device(values: Sequence[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small constant tensor on ``device`` without waiting for the device: a blocking copy
+    from host memory (what ``torch.tensor(..., device=...)`` does) synchronises the stream,
+    which would add host syncs to a logged step on a GPU. The copy is queued instead; pageable
+    host memory is staged by the driver at once, so the source may go away."""
+    t = torch.tensor(values, dtype=dtype)
+    return t if device.type == "cpu" else t.to(device, non_blocking=True)
+
+
 def _chunks(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
     out: list[list[torch.Tensor]] = [[]]
     size = 0
@@ -139,7 +148,7 @@ class _Layout(_Geometry):
         mag = self.row[SUM_ABS]
         self.views = self.place(mag)
         self.mag_2d = mag.view(1, -1)
-        self.thresholds = torch.tensor(_THRESHOLDS, dtype=_F64, device=device).view(-1, 1)
+        self.thresholds = to_device(_THRESHOLDS, _F64, device).view(-1, 1)
         self.counts = self.rows[NONZERO : NOT_NAN + 1]
         # per block: rows 0.._ROWS-1 the sums of the rows, row _ROWS (= MAX_ABS) the max of |g|
         self.block = torch.empty(_ROWS + 1, nb, dtype=_F64, device=device)
@@ -154,7 +163,7 @@ class _Layout(_Geometry):
         self.dense = n * widest <= 4 * nb + 1024
         if self.dense:
             # row i: the blocks of tensor i, then the empty last block as often as needed
-            blocks = torch.tensor(self.blocks, device=device)
+            blocks = to_device(self.blocks, torch.int64, device)
             first = torch.cumsum(blocks, 0) - blocks
             j = torch.arange(widest, device=device)
             index = torch.where(j < blocks[:, None], first[:, None] + j, nb - 1)
@@ -166,7 +175,7 @@ class _Layout(_Geometry):
         else:
             # int32 indices when they fit: the sparse kernels would convert int64 ones each call
             itype = torch.int32 if nb < 2**31 else torch.int64
-            crow = torch.tensor((0, *self.blocks), device=device).cumsum(0).to(itype)
+            crow = to_device((0, *self.blocks), torch.int64, device).cumsum(0).to(itype)
             with warnings.catch_warnings():  # "sparse CSR tensor support is in beta state"
                 warnings.simplefilter("ignore", UserWarning)
                 self.segments = torch.sparse_csr_tensor(
@@ -175,10 +184,10 @@ class _Layout(_Geometry):
                     torch.ones(nb - 1, dtype=_F64, device=device),
                     size=(n, nb),
                 )
-            self.lengths = torch.tensor(self.blocks, device=device)
+            self.lengths = to_device(self.blocks, torch.int64, device)
             slots = [_BLOCK * b for b in self.blocks]
-        self.out[NUMEL] = torch.tensor(self.sizes, dtype=_F64)
-        self.out[SLOTS] = torch.tensor(slots, dtype=_F64)
+        self.out[NUMEL] = to_device(self.sizes, _F64, device)
+        self.out[SLOTS] = to_device(slots, _F64, device)
         self.snapshots: dict[torch.dtype, tuple[torch.Tensor, list[torch.Tensor]]] = {}
 
     def per_tensor_sums(self, rows: slice, out: torch.Tensor) -> None:

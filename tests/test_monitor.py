@@ -760,3 +760,31 @@ def test_leaks_option_flags_the_leaky_loop_and_not_the_fixed_one():
             assert "step" in leaks[0].name and "graph" in leaks[0].message
         # the leak check's saved_tensors_hooks are gone with the monitor
         assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+
+
+def test_layout_constants_reach_a_device_without_blocking_copies(monkeypatch):
+    """On a GPU a blocking host-to-device copy synchronises the stream (a host sync): the
+    constants of a stats layout must be queued copies. The meta device stands in for one."""
+    from gradscope import _monitor_stats as S
+
+    calls = []
+    real_to = torch.Tensor.to
+
+    def spy(self, *args, **kwargs):
+        out = real_to(self, *args, **kwargs)
+        if out.device != self.device:  # a copy between devices (not a dtype conversion)
+            calls.append(kwargs.get("non_blocking", False))
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "to", spy)
+    real_tensor = torch.tensor
+
+    def no_device_tensor(*args, **kwargs):
+        assert kwargs.get("device") in (None, "cpu"), "torch.tensor(..., device=) copies blocking"
+        return real_tensor(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "tensor", no_device_tensor)
+    dense = (torch.Size([3, 4]), torch.Size([5]), torch.Size([100, 2]))
+    sparse = (torch.Size([1]),) * 100 + (torch.Size([100_000]),)  # padding would waste a lot
+    assert [S._Layout(s, torch.device("meta")).dense for s in (dense, sparse)] == [True, False]
+    assert calls and all(calls)
