@@ -133,22 +133,27 @@ def _nbytes(t: torch.Tensor) -> int:
 class _Storages:
     """Gives each distinct storage a stable id (``s0``, ``s1``...) in order of first sight."""
 
-    def __init__(self) -> None:
-        self._ids: dict[int, str] = {}
-        self.sizes: dict[str, int] = {}  # storage id -> untyped_storage().nbytes()
+    _NONE = (None, None)
 
-    def id_of(self, t: torch.Tensor) -> str | None:
-        # the compiled walk looks known keys up in `_ids` itself and calls this for new ones
+    def __init__(self) -> None:
+        # storage key -> (id, untyped_storage().nbytes()); the compiled walk reads and fills
+        # it too (one dict operation per saved tensor: on a big graph each is a cache miss)
+        self._ids: dict[int, tuple[str, int]] = {}
+
+    def record_of(self, t: torch.Tensor) -> tuple[str, int] | tuple[None, None]:
+        """``(storage id, bytes of the whole storage)``, or ``(None, None)`` for a tensor
+        without a storage (sparse, nested...)."""
         try:
             key = _storage_key(t)
         except (RuntimeError, NotImplementedError, AttributeError):
-            return None  # sparse, nested or otherwise storage-less tensors
-        sid = self._ids.get(key)
-        if sid is None:
-            sid = "s%d" % len(self._ids)
-            self._ids[key] = sid
-            self.sizes[sid] = t.untyped_storage().nbytes()
-        return sid
+            return self._NONE
+        found = self._ids.get(key)
+        if found is None:
+            found = self._ids[key] = ("s%d" % len(self._ids), t.untyped_storage().nbytes())
+        return found
+
+    def id_of(self, t: torch.Tensor) -> str | None:
+        return self.record_of(t)[0]
 
 
 def _param_names(params: Any) -> dict[int, str]:
@@ -204,7 +209,7 @@ class _Walker:
         )
 
     def saved_record(self, name: str, t: torch.Tensor) -> SavedTensor:
-        sid = self.storages.id_of(t)
+        sid, size = self.storages.record_of(t)
         dtype = _DTYPE_NAMES.get(t.dtype) or _dtype_name(t.dtype)
         return SavedTensor(
             name,
@@ -214,7 +219,7 @@ class _Walker:
             _nbytes(t),
             sid,
             False,
-            self.storages.sizes.get(sid) if sid is not None else None,
+            size,
         )
 
     # -------------------------------------------------------------- roots

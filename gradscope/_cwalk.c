@@ -256,8 +256,8 @@ node_id(PyObject *nodes)
 typedef struct {
     PyObject *nodes, *ids, *raw_edges, *names; /* list, dict, list, dict */
     int want_saved, read_modules;
-    PyObject *storage_ids, *storage_sizes;     /* _Storages._ids (key -> sid), .sizes */
-    PyObject *id_of, *visit_modules, *custom_saved, *read_saved, *read_saved_seq, *record;
+    PyObject *storage_ids;                     /* _Storages._ids: key -> (sid, size) */
+    PyObject *record_of, *visit_modules, *custom_saved, *read_saved, *read_saved_seq, *record;
 } Ctx;
 
 static void
@@ -268,8 +268,7 @@ ctx_clear(Ctx *c)
     Py_CLEAR(c->raw_edges);
     Py_CLEAR(c->names);
     Py_CLEAR(c->storage_ids);
-    Py_CLEAR(c->storage_sizes);
-    Py_CLEAR(c->id_of);
+    Py_CLEAR(c->record_of);
     Py_CLEAR(c->visit_modules);
     Py_CLEAR(c->custom_saved);
     Py_CLEAR(c->read_saved);
@@ -314,8 +313,7 @@ ctx_init(Ctx *c, PyObject *w)
               || ctx_flag(w, "read_modules", &c->read_modules) < 0
               || ctx_get(w, "storages", NULL, &storages) < 0
               || ctx_get(storages, "_ids", &PyDict_Type, &c->storage_ids) < 0
-              || ctx_get(storages, "sizes", &PyDict_Type, &c->storage_sizes) < 0
-              || ctx_get(storages, "id_of", NULL, &c->id_of) < 0
+              || ctx_get(storages, "record_of", NULL, &c->record_of) < 0
               || ctx_get(w, "visit_modules", NULL, &c->visit_modules) < 0
               || ctx_get(w, "custom_saved", NULL, &c->custom_saved) < 0
               || ctx_get(w, "read_saved", NULL, &c->read_saved) < 0
@@ -337,42 +335,41 @@ call_drop(PyObject *callable, PyObject *a, PyObject *b, PyObject *c, PyObject *d
     return 0;
 }
 
-/* The storage id of `t` (new reference; None for storage-less tensors), exactly as
- * `_Storages.id_of` gives it (same key, same numbering, same size record); a tensor whose
- * storage cannot be read goes to `id_of` itself. */
+/* `_Storages.record_of(t)`: (storage id, storage bytes) as a new reference, (None, None) for a
+ * storage-less tensor; same key, numbering and record as the Python method, in one dict
+ * operation when the storage was seen before. */
 static PyObject *
-storage_id(Ctx *c, PyObject *t)
+storage_record(Ctx *c, PyObject *t)
 {
     PyObject *key = PyObject_CallOneArg(storage_key_fn, t);
     if (key == NULL) {
-        /* a storage-less tensor (sparse, nested...): id_of gives it None, as it decides */
+        /* a storage-less tensor (sparse, nested...): the Python method decides */
         if (!PyErr_ExceptionMatches(PyExc_RuntimeError)
             && !PyErr_ExceptionMatches(PyExc_AttributeError))
             return NULL;
         PyErr_Clear();
-        return PyObject_CallOneArg(c->id_of, t);
+        return PyObject_CallOneArg(c->record_of, t);
     }
-    PyObject *sid = PyDict_GetItemWithError(c->storage_ids, key);
-    if (sid != NULL || PyErr_Occurred()) {
+    PyObject *rec = PyDict_GetItemWithError(c->storage_ids, key);
+    if (rec != NULL || PyErr_Occurred()) {
         Py_DECREF(key);
-        return Py_XNewRef(sid);
+        return Py_XNewRef(rec);
     }
-    /* first sight: "s<count>", and the storage's size (what id_of does) */
-    PyObject *size = NULL, *st = PyObject_CallMethodNoArgs(t, s_untyped_storage);
+    /* first sight: ("s<count>", the storage's size) */
+    PyObject *sid = NULL, *size = NULL, *st = PyObject_CallMethodNoArgs(t, s_untyped_storage);
     if (st != NULL) {
         size = PyObject_CallMethodNoArgs(st, s_nbytes);
         Py_DECREF(st);
     }
-    if (size == NULL
-        || (sid = PyUnicode_FromFormat("s%zd", PyDict_GET_SIZE(c->storage_ids))) == NULL
-        || PyDict_SetItem(c->storage_ids, key, sid) < 0
-        || PyDict_SetItem(c->storage_sizes, sid, size) < 0) {
-        Py_XDECREF(sid);
-        sid = NULL;
-    }
+    if (size != NULL
+        && (sid = PyUnicode_FromFormat("s%zd", PyDict_GET_SIZE(c->storage_ids))) != NULL
+        && (rec = PyTuple_Pack(2, sid, size)) != NULL
+        && PyDict_SetItem(c->storage_ids, key, rec) < 0)
+        Py_CLEAR(rec);
     Py_DECREF(key);
+    Py_XDECREF(sid);
     Py_XDECREF(size);
-    return sid;
+    return rec;
 }
 
 static PyObject *
@@ -425,16 +422,18 @@ static PyObject *
 saved_record(Ctx *c, PyObject *name, PyObject *t)
 {
     PyObject *out = NULL, *shape = NULL, *dtype = NULL, *device = NULL, *nbytes = NULL;
-    PyObject *sid = storage_id(c, t);
-    if (sid == NULL || (shape = shape_list(t)) == NULL || (dtype = dtype_str(t)) == NULL
+    PyObject *rec = storage_record(c, t);
+    if (rec == NULL || !PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 2) {
+        if (rec != NULL)
+            PyErr_SetString(PyExc_TypeError, "storage record must be a (sid, size) pair");
+        goto done;
+    }
+    if ((shape = shape_list(t)) == NULL || (dtype = dtype_str(t)) == NULL
         || (device = device_str(t)) == NULL || (nbytes = PyObject_GetAttr(t, s_nbytes)) == NULL)
         goto done;
-    PyObject *size = NULL; /* borrowed */
-    if (sid != Py_None && (size = PyDict_GetItemWithError(c->storage_sizes, sid)) == NULL
-        && PyErr_Occurred())
-        goto done;
-    PyObject *vals[S_FIELDS] = {name, shape, dtype, device, nbytes, sid, Py_False,
-                                (size != NULL && size != Py_None) ? size : nbytes};
+    PyObject *size = PyTuple_GET_ITEM(rec, 1);
+    PyObject *vals[S_FIELDS] = {name, shape, dtype, device, nbytes, PyTuple_GET_ITEM(rec, 0),
+                                Py_False, size != Py_None ? size : nbytes};
     out = new_instance(&SAVED, vals);
 done:
     if (out == NULL && PyErr_ExceptionMatches(PyExc_RuntimeError)) {
@@ -442,7 +441,7 @@ done:
         PyErr_Clear();
         out = PyObject_CallFunctionObjArgs(c->record, name, t, NULL);
     }
-    Py_XDECREF(sid);
+    Py_XDECREF(rec);
     Py_XDECREF(shape);
     Py_XDECREF(dtype);
     Py_XDECREF(device);
@@ -543,8 +542,16 @@ add_leaf(Ctx *c, PyObject *acc_id, PyObject *fn)
         || (device = device_str(var)) == NULL)
         goto done;
     if (c->want_saved) {
-        if ((sid = storage_id(c, var)) == NULL)
+        PyObject *rec = storage_record(c, var);
+        if (rec == NULL)
             goto done;
+        sid = PyTuple_Check(rec) && PyTuple_GET_SIZE(rec) == 2
+                  ? Py_NewRef(PyTuple_GET_ITEM(rec, 0)) : NULL;
+        Py_DECREF(rec);
+        if (sid == NULL) {
+            PyErr_SetString(PyExc_TypeError, "storage record must be a (sid, size) pair");
+            goto done;
+        }
     }
     else
         sid = Py_NewRef(Py_None);
@@ -566,17 +573,23 @@ done:
     return ret;
 }
 
+/* The walk's stack: an autograd node still to visit, and the Edge that leads to it (NULL for
+ * the start), whose dst is set to the node's id when it is popped. */
 typedef struct {
-    PyObject **items; /* owned references */
+    PyObject *fn, *edge; /* owned references */
+} Entry;
+
+typedef struct {
+    Entry *items;
     Py_ssize_t size, cap;
 } Stack;
 
 static int
-stack_push(Stack *s, PyObject *o)
+stack_push(Stack *s, PyObject *fn, PyObject *edge)
 {
     if (s->size == s->cap) {
         Py_ssize_t cap = s->cap ? s->cap * 2 : 256;
-        PyObject **items = PyMem_Realloc(s->items, cap * sizeof(PyObject *));
+        Entry *items = PyMem_Realloc(s->items, cap * sizeof(Entry));
         if (items == NULL) {
             PyErr_NoMemory();
             return -1;
@@ -584,15 +597,20 @@ stack_push(Stack *s, PyObject *o)
         s->items = items;
         s->cap = cap;
     }
-    s->items[s->size++] = Py_NewRef(o);
+    s->items[s->size].fn = Py_NewRef(fn);
+    s->items[s->size].edge = Py_XNewRef(edge);
+    s->size++;
     return 0;
 }
 
 static void
 stack_clear(Stack *s)
 {
-    while (s->size > 0)
-        Py_DECREF(s->items[--s->size]);
+    while (s->size > 0) {
+        s->size--;
+        Py_DECREF(s->items[s->size].fn);
+        Py_XDECREF(s->items[s->size].edge);
+    }
     PyMem_Free(s->items);
 }
 
@@ -629,7 +647,7 @@ visit_node(Ctx *c, PyObject *fn, PyObject *nid, Stack *stack)
         PyErr_Format(PyExc_TypeError, "next_functions of %R is not a tuple", fn);
         goto done;
     }
-    Py_ssize_t n = PyTuple_GET_SIZE(nf);
+    Py_ssize_t n = PyTuple_GET_SIZE(nf), first = PyList_GET_SIZE(c->raw_edges);
     for (Py_ssize_t k = 0; k < n; k++) {
         PyObject *pair = PyTuple_GET_ITEM(nf, k);
         if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) < 1) {
@@ -644,12 +662,13 @@ visit_node(Ctx *c, PyObject *fn, PyObject *nid, Stack *stack)
             goto done;
         Py_CLEAR(k_obj);
     }
-    /* every input is pushed, visited or not: a visited one is skipped when popped, which
-     * visits the others in the same order as checking first, with one dict lookup per input
-     * fewer (on a big graph each lookup is a cache miss) */
-    for (Py_ssize_t k = n - 1; k >= 0; k--) {
-        PyObject *nxt = PyTuple_GET_ITEM(PyTuple_GET_ITEM(nf, k), 0);
-        if (nxt != Py_None && stack_push(stack, nxt) < 0)
+    /* every input is pushed with its edge, visited or not: a visited one is skipped when
+     * popped, which visits the others in the same order as checking first, and then each
+     * edge gets its dst id at the pop, with no dict lookup of its own (on a big graph each
+     * lookup is a cache miss). The edges just appended hold the inputs as their dst. */
+    for (Py_ssize_t j = PyList_GET_SIZE(c->raw_edges) - 1; j >= first; j--) {
+        PyObject *edge = PyList_GET_ITEM(c->raw_edges, j);
+        if (stack_push(stack, *(PyObject **)((char *)edge + EDGE.off[E_DST]), edge) < 0)
             goto done;
     }
     ret = 0;
@@ -666,7 +685,7 @@ PyDoc_STRVAR(walk_doc,
 "Depth-first preorder from the autograd node `start`, exactly as `_Walker.walk_py` does, into\n"
 "the `_Walker` `walker`: a Node per new autograd node (and a leaf Node after each\n"
 "AccumulateGrad) in `walker.nodes`, each node object's id in `walker.ids`, and one Edge per\n"
-"edge in `walker.raw_edges` (its dst still the autograd node; `make_edges` resolves it).\n"
+"edge in `walker.raw_edges`, its dst the id of the node it leads to.\n"
 "With `walker.want_saved`, saved tensors and attributes are read as `builtin_saved` reads\n"
 "them; the walker's own methods handle custom Functions, module paths and the rare cases.");
 
@@ -684,15 +703,18 @@ walk(PyObject *self, PyObject *args)
     if (ctx_init(&c, walker) < 0)
         return NULL;
     Stack stack = {NULL, 0, 0};
-    int err = stack_push(&stack, start);
+    int err = stack_push(&stack, start, NULL);
     while (!err && stack.size > 0) {
-        PyObject *fn = stack.items[--stack.size]; /* owned */
+        Entry e = stack.items[--stack.size]; /* owned */
         /* look up and claim the id in one dict operation: a node seen before keeps its id */
         PyObject *nid = node_id(c.nodes);
-        PyObject *got = nid ? PyDict_SetDefault(c.ids, fn, nid) : NULL;
-        err = got == NULL ? -1 : got != nid ? 0 : visit_node(&c, fn, nid, &stack);
+        PyObject *got = nid ? PyDict_SetDefault(c.ids, e.fn, nid) : NULL;
+        if (got != NULL && e.edge != NULL) /* the edge that led here points at the id now */
+            Py_SETREF(*(PyObject **)((char *)e.edge + EDGE.off[E_DST]), Py_NewRef(got));
+        err = got == NULL ? -1 : got != nid ? 0 : visit_node(&c, e.fn, nid, &stack);
         Py_XDECREF(nid);
-        Py_DECREF(fn);
+        Py_DECREF(e.fn);
+        Py_XDECREF(e.edge);
     }
     stack_clear(&stack);
     ctx_clear(&c);
