@@ -189,8 +189,8 @@ class _Walker:
         self.ids: dict[Any, str] = {}  # grad_fn object -> node id (the dict keeps them alive)
         self.tensor_ids: dict[int, str] = {}  # id(tensor) -> node id for output/base tensors
         self.keep: list[torch.Tensor] = []  # keeps those tensors alive so id() stays unique
-        # in src order: (src id, dst grad_fn or dst id, input_nr) tuples, or (compiled walk)
-        # Edges whose dst may still be a grad_fn; `finish` turns them into the graph's edges
+        # in src order: (src id, dst grad_fn or dst id, input_nr) tuples, and (compiled walk)
+        # finished Edges; `finish` turns the tuples into Edges
         self.raw_edges: list[Any] = []
         self.view_edges: list[Edge] = []
 

@@ -335,8 +335,8 @@ call_drop(PyObject *callable, PyObject *a, PyObject *b, PyObject *c, PyObject *d
     return 0;
 }
 
-/* `_Storages.record_of(t)`: (storage id, storage bytes) as a new reference, (None, None) for a
- * storage-less tensor; same key, numbering and record as the Python method, in one dict
+/* `_Storages.record_of(t)`: a (storage id, storage bytes) tuple as a new reference, (None, None)
+ * for a storage-less tensor; same key, numbering and record as the Python method, in one dict
  * operation when the storage was seen before. */
 static PyObject *
 storage_record(Ctx *c, PyObject *t)
@@ -348,7 +348,12 @@ storage_record(Ctx *c, PyObject *t)
             && !PyErr_ExceptionMatches(PyExc_AttributeError))
             return NULL;
         PyErr_Clear();
-        return PyObject_CallOneArg(c->record_of, t);
+        PyObject *rec = PyObject_CallOneArg(c->record_of, t);
+        if (rec != NULL && (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 2)) {
+            PyErr_SetString(PyExc_TypeError, "record_of must return a (sid, size) pair");
+            Py_CLEAR(rec);
+        }
+        return rec;
     }
     PyObject *rec = PyDict_GetItemWithError(c->storage_ids, key);
     if (rec != NULL || PyErr_Occurred()) {
@@ -423,12 +428,7 @@ saved_record(Ctx *c, PyObject *name, PyObject *t)
 {
     PyObject *out = NULL, *shape = NULL, *dtype = NULL, *device = NULL, *nbytes = NULL;
     PyObject *rec = storage_record(c, t);
-    if (rec == NULL || !PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 2) {
-        if (rec != NULL)
-            PyErr_SetString(PyExc_TypeError, "storage record must be a (sid, size) pair");
-        goto done;
-    }
-    if ((shape = shape_list(t)) == NULL || (dtype = dtype_str(t)) == NULL
+    if (rec == NULL || (shape = shape_list(t)) == NULL || (dtype = dtype_str(t)) == NULL
         || (device = device_str(t)) == NULL || (nbytes = PyObject_GetAttr(t, s_nbytes)) == NULL)
         goto done;
     PyObject *size = PyTuple_GET_ITEM(rec, 1);
@@ -545,13 +545,8 @@ add_leaf(Ctx *c, PyObject *acc_id, PyObject *fn)
         PyObject *rec = storage_record(c, var);
         if (rec == NULL)
             goto done;
-        sid = PyTuple_Check(rec) && PyTuple_GET_SIZE(rec) == 2
-                  ? Py_NewRef(PyTuple_GET_ITEM(rec, 0)) : NULL;
+        sid = Py_NewRef(PyTuple_GET_ITEM(rec, 0));
         Py_DECREF(rec);
-        if (sid == NULL) {
-            PyErr_SetString(PyExc_TypeError, "storage record must be a (sid, size) pair");
-            goto done;
-        }
     }
     else
         sid = Py_NewRef(Py_None);
@@ -725,9 +720,10 @@ walk(PyObject *self, PyObject *args)
 
 PyDoc_STRVAR(make_edges_doc,
 "make_edges(raw_edges, ids) -> raw_edges\n\n"
-"Turns `raw_edges` into the graph's edge list, in place: an Edge whose `dst` is still an\n"
-"autograd node gets that node's id from `ids`, and a (src_id, dst, input_nr) tuple becomes a\n"
-"grad Edge. Returns the same list.");
+"Turns `raw_edges` into the graph's edge list, in place: the Edges the walk made stay as they\n"
+"are (their dst ids were set when their node was popped), and each (src_id, dst, input_nr)\n"
+"tuple appended from Python becomes a grad Edge, its dst (a node id, or an autograd node\n"
+"that `ids` maps to one) resolved. Returns the same list.");
 
 static PyObject *
 make_edges(PyObject *self, PyObject *args)
@@ -739,38 +735,29 @@ make_edges(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_RuntimeError, "gradscope._cwalk.configure was not called");
         return NULL;
     }
-    Py_ssize_t dst_off = EDGE.off[E_DST];
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(raw); i++) {
         PyObject *item = PyList_GET_ITEM(raw, i);
-        PyObject *edge = NULL, **dst_slot;
-        if (Py_TYPE(item) == EDGE.type) {
-            dst_slot = (PyObject **)((char *)item + dst_off);
-        }
-        else if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 3) {
-            edge = new_edge(PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1),
-                            PyTuple_GET_ITEM(item, 2));
-            if (edge == NULL)
-                return NULL;
-            dst_slot = (PyObject **)((char *)edge + dst_off);
-        }
-        else {
+        if (Py_TYPE(item) == EDGE.type)
+            continue;
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 3) {
             PyErr_SetString(PyExc_TypeError,
                             "make_edges: expected Edge or (src, dst, input_nr) items");
             return NULL;
         }
-        PyObject *dst = *dst_slot;
-        if (dst != NULL && !PyUnicode_Check(dst)) {
+        PyObject *dst = PyTuple_GET_ITEM(item, 1);
+        if (!PyUnicode_Check(dst)) {
             PyObject *found = PyDict_GetItemWithError(ids, dst);
             if (found == NULL) {
                 if (!PyErr_Occurred())
                     PyErr_Format(PyExc_KeyError, "make_edges: %R was never walked", dst);
-                Py_XDECREF(edge);
                 return NULL;
             }
-            Py_SETREF(*dst_slot, Py_NewRef(found));
+            dst = found;
         }
-        if (edge != NULL)
-            PyList_SetItem(raw, i, edge); /* steals edge, drops the tuple */
+        PyObject *edge = new_edge(PyTuple_GET_ITEM(item, 0), dst, PyTuple_GET_ITEM(item, 2));
+        if (edge == NULL)
+            return NULL;
+        PyList_SetItem(raw, i, edge); /* steals edge, drops the tuple */
     }
     return Py_NewRef(raw);
 }
