@@ -13,6 +13,8 @@ from ._model import Graph
 TEXT_FORMATS = ("dot", "json", "html")
 IMAGE_FORMATS = ("svg", "png", "pdf")
 FORMATS = TEXT_FORMATS + IMAGE_FORMATS
+#: The options ``Graph.to_html`` takes (the others are DOT options).
+HTML_OPTIONS = ("title", "depth", "max_nodes", "full", "fold", "saved", "notes", "root")
 
 
 def dot_binary() -> str | None:
@@ -80,7 +82,7 @@ def render_bytes(graph: Graph, fmt: str, **options: Any) -> bytes:
     if fmt == "json":
         return graph.to_json().encode("utf-8")
     if fmt == "html":
-        keep = {k: v for k, v in options.items() if k in ("title", "depth", "max_nodes")}
+        keep = {k: v for k, v in options.items() if k in HTML_OPTIONS}
         return graph.to_html(**keep).encode("utf-8")
     source = graph.to_dot(**options)
     if fmt == "dot":

@@ -10,6 +10,9 @@ A graph without module paths gives exactly the DOT it gave before clusters exist
 from __future__ import annotations
 
 import math
+import os
+import re
+import textwrap
 from dataclasses import dataclass, field
 
 from ._model import Edge, Graph, Node, SavedTensor, format_bytes
@@ -25,7 +28,33 @@ FREED_COLOR = "gray90"
 BAD_COLOR = "red"
 MODULE_COLOR = "lightyellow"
 FOLDED_COLOR = "lightgoldenrod1"
+BAD_OTHER_COLOR = "lightcoral"
+OP_COLOR = "lightgrey"  # what Graphviz fills a style=filled node with when given no colour
 CLUSTER_ATTR = 'style="rounded,dashed" color=gray50 fontsize=10 fontname=monospace labeljust=l'
+
+#: The X11 colours above as CSS hex, for the HTML page (one palette for every view).
+GRAPHVIZ_HEX = {
+    "lightgrey": "#d3d3d3", "lightblue": "#add8e6", "orange": "#ffa500",
+    "darkolivegreen1": "#caff70", "darkolivegreen3": "#a2cd5a", "plum1": "#ffbbff",
+    "gray90": "#e5e5e5", "red": "#ff0000", "lightcoral": "#f08080", "lightyellow": "#ffffe0",
+    "lightgoldenrod1": "#ffec8b",
+}
+PAGE_COLORS = {
+    "op": GRAPHVIZ_HEX[OP_COLOR], "accumulate": GRAPHVIZ_HEX[OP_COLOR],
+    "custom": GRAPHVIZ_HEX[CUSTOM_COLOR], "leaf": GRAPHVIZ_HEX[LEAF_COLOR],
+    "output": GRAPHVIZ_HEX[OUTPUT_COLOR], "base": GRAPHVIZ_HEX[BASE_COLOR],
+    "saved": GRAPHVIZ_HEX[SAVED_COLOR], "freed": GRAPHVIZ_HEX[FREED_COLOR],
+    "bad": GRAPHVIZ_HEX[BAD_COLOR], "bad_other": GRAPHVIZ_HEX[BAD_OTHER_COLOR],
+    "module": GRAPHVIZ_HEX[MODULE_COLOR], "folded": GRAPHVIZ_HEX[FOLDED_COLOR],
+}
+
+#: The gradient-norm colour scale (``norm_color``): hue falls linearly in log10(norm) from
+#: blue at 10**log10_min (vanishing) to red at 10**log10_max (exploding), clamped; a zero norm
+#: gets ``zero`` (h, s, v); non-finite norms are BAD_COLOR. The page reads this dict.
+NORM_SCALE = {
+    "log10_min": -8.0, "log10_max": 4.0, "hue": 0.667, "saturation": 1.0, "value": 0.85,
+    "zero": [0.667, 1.0, 0.8],
+}
 
 #: attrs keys written by gradscope's own recorders, not by torch: never listed as saved attributes
 _ANNOTATION_KEYS = frozenset(
@@ -90,15 +119,92 @@ def attr_table(name: str, entries: dict[str, str], max_attr_chars: int) -> str:
 
 
 def norm_color(norm: float) -> str:
-    """Edge colour for a gradient norm on a log scale: vanishing blue (1e-8) to exploding
-    red (1e4), as an HSV string Graphviz understands; non-finite norms are plain red."""
+    """Edge colour for a gradient norm on a log scale (``NORM_SCALE``): vanishing blue (1e-8)
+    to exploding red (1e4), as an HSV string Graphviz understands; non-finite norms are red."""
     if not math.isfinite(norm):
         return BAD_COLOR
+    sc = NORM_SCALE
     if norm <= 0:
-        return "0.667 1.0 0.8"
-    t = (math.log10(norm) + 8.0) / 12.0
-    t = min(max(t, 0.0), 1.0)
-    return f"{0.667 * (1.0 - t):.3f} 1.0 0.85"
+        h, sat, v = sc["zero"]
+        return f"{h:.3f} {sat:.1f} {v:.1f}"
+    lo, hi = sc["log10_min"], sc["log10_max"]
+    t = min(max((math.log10(norm) - lo) / (hi - lo), 0.0), 1.0)
+    return f"{sc['hue'] * (1.0 - t):.3f} {sc['saturation']:.1f} {sc['value']:.2f}"
+
+
+# ------------------------------------------------------------------ annotations
+# What gradscope's recorders add to a node: read here, in one place, whether the graph keeps
+# them as typed Node fields or (older graphs) as strings in ``attrs``.
+def module_chain(node: Node) -> object:
+    """The node's module class chain (``module_classes``), or None."""
+    return getattr(node, "module_classes", None) or node.attrs.get("module_classes")
+
+
+def created_at(node: Node) -> str | None:
+    """``file:line: code`` of the forward line that created the node (``record_forward``)."""
+    return getattr(node, "created_at", None) or node.attrs.get("created_at")
+
+
+def nonfinite(node: Node) -> str | None:
+    """``nan`` / ``inf`` when the node produced a non-finite gradient, else None."""
+    return getattr(node, "nonfinite", None) or node.attrs.get("nonfinite")
+
+
+def first_nonfinite(node: Node) -> bool:
+    """The first node in engine order that produced a non-finite gradient."""
+    return bool(getattr(node, "first_nonfinite", False)) or (
+        node.attrs.get("first_nonfinite") == "true"
+    )
+
+
+def view_base(node: Node) -> bool:
+    """An output node that is a view's base (drawn darker green)."""
+    return bool(getattr(node, "view_base", False)) or bool(node.attrs.get("view_base"))
+
+
+def annotation(node: Node, key: str) -> bool:
+    """``key`` of ``node.attrs`` was written by gradscope, not by torch."""
+    return key in _ANNOTATION_KEYS
+
+
+_LOCATION = re.compile(r"^(?P<path>.*?):(?P<line>\d+): ?(?P<code>.*)$", re.S)
+
+
+def short_location(where: str, root: str | os.PathLike[str] | None = None) -> str:
+    """A forward location ``path:line: code`` with the path made short: relative to ``root``
+    (the model file's folder) when it lies inside it, else its last two components.
+
+    Example:
+        >>> short_location("/home/u/proj/models/net.py:12: x = f(x)", "/home/u/proj")
+        'models/net.py:12: x = f(x)'
+        >>> short_location("/opt/lib/python3/site/pkg/mod.py:3: y()")
+        '…/pkg/mod.py:3: y()'
+    """
+    m = _LOCATION.match(where)
+    if not m:
+        return where
+    path = m["path"]
+    short = None
+    if root is not None:
+        try:
+            rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+        except ValueError:  # another drive on Windows
+            rel = ".."
+        if not rel.startswith(".."):
+            short = rel
+    if short is None:
+        parts = path.replace("\\", "/").split("/")
+        short = path if len(parts) <= 2 else "…/" + "/".join(parts[-2:])
+    return f"{short}:{m['line']}: {m['code']}"
+
+
+def wrap_location(where: str, width: int = 40) -> list[str]:
+    """A location as label lines: ``path:line:`` and the code, wrapped at ``width``."""
+    m = _LOCATION.match(where)
+    if not m:
+        return textwrap.wrap(where, width) or [where]
+    code = textwrap.wrap(m["code"], width, break_long_words=True) or [""]
+    return [f"{m['path']}:{m['line']}:", *code]
 
 
 def format_norm(norm: float) -> str:

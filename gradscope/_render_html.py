@@ -1,25 +1,57 @@
 """An interactive, self-contained HTML view of a ``Graph``: one file that works offline.
 
-The page embeds the graph as JSON, the vendored ``dagre`` layout library (``_assets/``, see its
-README for version and license) and a small viewer script: pan (drag) and zoom (wheel), search by
-node name or module path, click a node for its details (kind, module, shapes, saved tensors with
-bytes, attributes), click a collapsed module box to expand it and a cluster's title to collapse
-it. Layout runs in the page, so expanding a module lays the graph out again. Nothing in the page
-refers to anything outside it: it makes no network request.
+The page embeds the graph as compact JSON, the vendored ``dagre`` layout library (``_assets/``,
+see its README for version and license) and the viewer script. The graph is shown as a tree of
+*containers*: the model's modules (``gs.scopes``), runs of identical layers (``fold``: one
+member drawn, the others summarised, any of them can be opened) and, where a container holds
+more direct items than one layout should see (a 20,000-op chain with no modules), consecutive
+*chunks* of it in forward order. The page lays out one container's direct contents at a time,
+in a Web Worker, when the container is first opened (a child is a box of known size), so no
+layout call sees more than ``CHUNK`` items, and it draws on a canvas, culled to the viewport.
+Nothing in the page refers to anything outside it: it makes no network request.
+
+The page exposes ``window.gradscope`` (see the README): ``ready``, ``visible()``,
+``expand(path)``, ``collapse(path)``, ``expandAll()``, ``search(text)``, ``select(id)``,
+``details()``, ``firstNonfinite()``.
 """
 
 from __future__ import annotations
 
+import heapq
 import html
 import json
+import math
+import re
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from ._model import Graph, Node, SavedTensor, format_bytes
-from ._views import auto_depth, levels, module_class, node_paths
+from ._render_dot import (
+    NORM_SCALE,
+    PAGE_COLORS,
+    annotation,
+    attr_entries,
+    created_at,
+    first_nonfinite,
+    module_chain,
+    nonfinite,
+    short_location,
+    view_base,
+)
+from ._views import Run, fold_runs, levels, module_class, node_paths
 
 ASSETS = Path(__file__).resolve().parent / "_assets"
+
+#: No layout call sees more than this many items: a container holding more is cut into chunks.
+CHUNK = 150
+#: Items drawn in the first view when neither ``depth`` nor ``full`` is given.
+BUDGET = 600
+
+_KINDS = ("op", "custom", "accumulate", "leaf", "output", "module")
+#: An edge row is [src, dst, input_nr, view, count, norm]; trailing defaults are left out.
+_EDGE_DEFAULTS = (0, 0, 1, None)
 
 
 @cache
@@ -32,88 +64,466 @@ def _asset(name: str) -> str:
     return text.replace("</script", "<\\/script") if name.endswith(".js") else text
 
 
-def _cluster_key(node: Node, path: str | None) -> list[str]:
-    """Module levels of the cluster the node is drawn in (a module box sits in its parent)."""
-    lv = levels(path) if path else []
-    return lv[:-1] if lv and node.kind == "module" else lv
+# ---------------------------------------------------------------------- containers
+@dataclass
+class _Container:
+    path: str
+    label: str
+    cls: str
+    kind: str  # "root", "module", "fold", "chunk"
+    parent: int  # index, -1 for the root
+    depth: int  # module levels (a fold has its members' depth, a chunk its parent's)
+    nodes: list[int] = field(default_factory=list)  # direct node indices
+    kids: list[int] = field(default_factory=list)  # direct child containers
+    members: list[int] = field(default_factory=list)  # a fold's members, in index order
+    count: int = 0  # original nodes inside, all levels
+    saved_bytes: int = 0
 
 
-def _saved(s: SavedTensor) -> dict[str, Any]:
-    return {"name": s.name, "shape": s.shape, "dtype": s.dtype, "nbytes": s.nbytes,
-            "storage": s.storage, "freed": s.freed}
+class _Builder:
+    """Containers of a graph: modules by path, folds of repeated siblings, chunks of long
+    containers (one layout never sees more than ``CHUNK`` items)."""
+
+    def __init__(self, graph: Graph, fold: bool) -> None:
+        self.graph = graph
+        self._adj: list[list[int]] | None = None
+        self.index = {n.id: i for i, n in enumerate(graph.nodes)}
+        self.paths = node_paths(graph)
+        self.containers: list[_Container] = [_Container("", "(model)", "", "root", -1, 0)]
+        self.by_path: dict[str, int] = {"": 0}
+        self.node_container = [0] * len(graph.nodes)
+        runs = fold_runs(graph, inside="all") if fold else []
+        self.run_of: dict[str, Run] = {}  # member path -> its run
+        for run in runs:
+            for m in run.members:
+                self.run_of[m] = run
+        self._place_nodes()
+        self._chunk_all()
+        self._totals()
+
+    # -------------------------------------------------------------- module tree
+    def _container(self, lv: list[str]) -> int:
+        """Index of the container of module levels ``lv``, creating it (and folds) as needed."""
+        path = ".".join(lv)
+        found = self.by_path.get(path)
+        if found is not None:
+            return found
+        parent = self._container(lv[:-1])
+        run = self.run_of.get(path)
+        if run is not None:
+            parent = self._fold(run, parent)
+        c = _Container(path, lv[-1], "", "module", parent, len(lv))
+        idx = self._add(c)
+        if run is not None:
+            self.containers[parent].members.append(idx)
+        self.by_path[path] = idx
+        return idx
+
+    def _fold(self, run: Run, parent: int) -> int:
+        found = self.by_path.get("\x00fold:" + run.path)
+        if found is not None:
+            return found
+        label = f"{levels(run.path)[-1]} x{run.repeat}"
+        c = _Container(run.path, label, run.cls, "fold", parent, len(levels(run.path)))
+        idx = self._add(c)
+        self.by_path["\x00fold:" + run.path] = idx
+        return idx
+
+    def _add(self, c: _Container) -> int:
+        self.containers.append(c)
+        idx = len(self.containers) - 1
+        if c.parent >= 0:
+            self.containers[c.parent].kids.append(idx)
+        return idx
+
+    def _place_nodes(self) -> None:
+        for i, n in enumerate(self.graph.nodes):
+            path = self.paths[n.id]
+            lv = levels(path) if path else []
+            if lv and n.kind == "module":
+                lv = lv[:-1]  # a box of a collapsed graph sits in its module's parent
+            c = self._container(lv)
+            self.node_container[i] = c
+            self.containers[c].nodes.append(i)
+        self._classes()
+        for c in self.containers:  # folds list their members in index order
+            if c.kind == "fold":
+                order = {p: k for k, p in enumerate(self._run_members(c))}
+                c.members.sort(key=lambda i: order.get(self.containers[i].path, 0))
+                c.kids.sort(key=lambda i: order.get(self.containers[i].path, 0))
+
+    def _run_members(self, fold: _Container) -> tuple[str, ...]:
+        first = self.containers[fold.members[0]].path
+        return self.run_of[first].members
+
+    def _classes(self) -> None:
+        """A module's class, from a node inside it that knows (``module_classes``)."""
+        samples: dict[int, list[Node]] = {}
+        for i, n in enumerate(self.graph.nodes):
+            if n.kind != "module" and not module_chain(n):
+                continue
+            c = self.node_container[i]
+            while c > 0:
+                got = samples.setdefault(c, [])
+                if len(got) < 4:
+                    got.append(n)
+                c = self.containers[c].parent
+        for idx, c in enumerate(self.containers):
+            if c.kind == "module":
+                c.cls = module_class(c.path, samples.get(idx, []))
+
+    # -------------------------------------------------------------- chunks
+    def _items(self, idx: int) -> list[tuple[str, int]]:
+        c = self.containers[idx]
+        items = [("n", i) for i in c.nodes] + [("c", k) for k in c.kids]
+        return items
+
+    def _chunk_all(self) -> None:
+        for idx in range(len(self.containers)):  # chunks appended during the loop are small
+            if len(self._items(idx)) > CHUNK:
+                self._chunk(idx)
+
+    def _chunk(self, idx: int) -> None:
+        """Cut a container's direct items, in forward (topological) order, into nested groups
+        of at most ``CHUNK``, balanced: 20,000 items -> 142 chunks of 141."""
+        c = self.containers[idx]
+        items = self._forward_order(idx)
+        n = len(items)
+        levels_needed = 1
+        while CHUNK ** (levels_needed + 1) < n:
+            levels_needed += 1
+        fan = max(2, math.ceil(n ** (1.0 / (levels_needed + 1))))
+        c.nodes, c.kids = [], []
+        groups = items
+        for _ in range(levels_needed):
+            packed = []
+            for start in range(0, len(groups), fan):
+                part = groups[start:start + fan]
+                packed.append(("g", part))
+            groups = packed
+        for kind, value in groups:
+            self._attach(idx, kind, value)
+
+    def _attach(self, parent: int, kind: str, value: Any) -> None:
+        p = self.containers[parent]
+        if kind == "n":
+            p.nodes.append(value)
+            self.node_container[value] = parent
+        elif kind == "c":
+            p.kids.append(value)
+            self.containers[value].parent = parent
+        else:
+            first, last = self._ends(value)
+            label = f"{first} … {last}"
+            chunk = _Container(p.path, label, "", "chunk", parent, p.depth)
+            cidx = self._add(chunk)
+            for k, v in value:
+                self._attach(cidx, k, v)
+
+    def _ends(self, group: list[tuple[str, Any]]) -> tuple[str, str]:
+        def first(item: tuple[str, Any], last: bool) -> str:
+            kind, v = item
+            while kind == "g":
+                kind, v = v[-1] if last else v[0]
+            if kind == "n":
+                return self.graph.nodes[v].id
+            return self.containers[v].label
+
+        return first(group[0], False), first(group[-1], True)
+
+    def _forward_order(self, idx: int) -> list[tuple[str, int]]:
+        """The container's items in forward order (inputs first), by Kahn's algorithm over the
+        edges between them; ties (and cycles) broken by walk order, reversed."""
+        items = self._items(idx)
+        owner: dict[int, tuple[str, int]] = {}
+        first_seen: dict[tuple[str, int], int] = {}
+        for it in items:
+            inside = [it[1]] if it[0] == "n" else self._all_nodes(it[1])
+            for node in inside:
+                owner[node] = it
+            first_seen[it] = min(inside) if inside else 0
+        succ: dict[tuple[str, int], set[tuple[str, int]]] = {it: set() for it in items}
+        indeg = dict.fromkeys(items, 0)
+        graph_edges = self.graph.edges
+        for node, a in owner.items():
+            for k in self.adjacency()[node]:  # edges whose input (dst) is this node
+                b = owner.get(self.index[graph_edges[k].src])
+                if b is None or a == b or b in succ[a]:
+                    continue
+                succ[a].add(b)
+                indeg[b] += 1
+        # later in walk order = nearer the inputs: those come first in forward order
+        heap = [(-first_seen[it], it) for it in items if indeg[it] == 0]
+        heapq.heapify(heap)
+        out: list[tuple[str, int]] = []
+        done: set[tuple[str, int]] = set()
+        remaining = sorted(items, key=lambda it: -first_seen[it])
+        cursor = 0
+        while len(out) < len(items):
+            if not heap:  # a cycle between items: take the next one in walk order
+                while remaining[cursor] in done:
+                    cursor += 1
+                heap.append((-first_seen[remaining[cursor]], remaining[cursor]))
+            _, it = heapq.heappop(heap)
+            if it in done:
+                continue
+            done.add(it)
+            out.append(it)
+            for nxt in succ[it]:
+                indeg[nxt] -= 1
+                if indeg[nxt] == 0 and nxt not in done:
+                    heapq.heappush(heap, (-first_seen[nxt], nxt))
+        return out
+
+    def adjacency(self) -> list[list[int]]:
+        """Edge indices by their dst node (the edge's input side in forward direction)."""
+        if self._adj is None:
+            self._adj = [[] for _ in self.graph.nodes]
+            for k, e in enumerate(self.graph.edges):
+                self._adj[self.index[e.dst]].append(k)
+        return self._adj
+
+    def subtree_nodes(self, idx: int) -> list[int]:
+        """Indices of every node inside container ``idx``, all levels."""
+        return self._all_nodes(idx)
+
+    def _all_nodes(self, idx: int) -> list[int]:
+        out: list[int] = []
+        todo = [idx]
+        while todo:
+            c = self.containers[todo.pop()]
+            out.extend(c.nodes)
+            todo.extend(c.kids)
+        return out
+
+    def _first_node(self, item: tuple[str, int]) -> int:
+        if item[0] == "n":
+            return item[1]
+        nodes = self._all_nodes(item[1])
+        return min(nodes) if nodes else 0
+
+    # -------------------------------------------------------------- totals
+    def _totals(self) -> None:
+        """Node counts and saved bytes (each storage once) of every container."""
+        nodes = self.graph.nodes
+        order = sorted(range(len(self.containers)), key=lambda i: -self._level(i))
+        storages: dict[int, dict[str, int]] = {}
+        loose: dict[int, int] = {}
+        for idx in order:
+            c = self.containers[idx]
+            seen = storages.setdefault(idx, {})
+            extra = loose.get(idx, 0)
+            for i in c.nodes:
+                n = nodes[i]
+                c.count += _count(n)
+                for s in n.saved:
+                    if s.freed:
+                        continue
+                    if s.storage is None:
+                        extra += s.nbytes
+                    elif seen.get(s.storage, -1) < s.nbytes:
+                        seen[s.storage] = s.nbytes
+            c.saved_bytes = sum(seen.values()) + extra
+            if c.parent >= 0:
+                p = self.containers[c.parent]
+                p.count += c.count
+                up = storages.setdefault(c.parent, {})
+                for k, v in seen.items():
+                    if up.get(k, -1) < v:
+                        up[k] = v
+                loose[c.parent] = loose.get(c.parent, 0) + extra
+            del storages[idx]
+
+    def _level(self, idx: int) -> int:
+        d = 0
+        while idx > 0:
+            idx = self.containers[idx].parent
+            d += 1
+        return d
 
 
-def _node_data(node: Node, key: str) -> dict[str, Any]:
+def _count(n: Node) -> int:
+    return int(n.attrs.get("nodes", "1") or 1) if n.kind == "module" else 1
+
+
+# ---------------------------------------------------------------------- the page's data
+def _json_float(x: float) -> float | str:
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return float(f"{x:.4g}")
+
+
+def _saved(s: SavedTensor) -> list[Any]:
+    return [s.name, s.shape, s.dtype, s.nbytes, s.storage, 1 if s.freed else 0]
+
+
+def _output_shapes(graph: Graph, index: dict[str, int]) -> list[list[int] | None]:
+    """Each node's forward output shape where the graph tells it: a tensor's own shape, an op's
+    saved ``result``, or the ``self``/``input`` its consumer saved (input slot 0 of an ATen op
+    is ``self``/``input``); else None."""
+    shapes: list[list[int] | None] = [None] * len(graph.nodes)
+    for i, n in enumerate(graph.nodes):
+        if n.tensor is not None:
+            shapes[i] = list(n.tensor.shape)
+            continue
+        for s in n.saved:
+            if s.name == "result" and s.shape is not None:
+                shapes[i] = list(s.shape)
+                break
+    leaf_of = {}
+    for e in graph.edges:
+        dst = index[e.dst]
+        src = graph.nodes[index[e.src]]
+        if src.kind == "accumulate" and graph.nodes[dst].kind == "leaf":
+            leaf_of[index[e.src]] = dst
+        if shapes[dst] is not None or e.input_nr != 0 or src.kind != "op" or e.kind != "grad":
+            continue
+        for s in src.saved:
+            if s.name in ("self", "input") and s.shape is not None:
+                shapes[dst] = list(s.shape)
+                break
+        else:
+            sizes = src.attrs.get("self_sym_sizes") or src.attrs.get("input_sym_sizes")
+            if sizes and re.fullmatch(r"\(\s*(\d+\s*,?\s*)*\)", sizes):
+                shapes[dst] = [int(v) for v in re.findall(r"\d+", sizes)]
+    for acc, leaf in leaf_of.items():
+        if shapes[acc] is None:
+            shapes[acc] = shapes[leaf]
+    return shapes
+
+
+def _node_info(
+    node: Node, path: str | None, cpath: str, shape: list[int] | None, note: str | None,
+    root: str | None,
+) -> dict[str, Any]:
+    info: dict[str, Any] = {}
+    if node.saved:
+        info["s"] = [_saved(s) for s in node.saved]
     t = node.tensor
+    if t is not None:
+        info["t"] = [t.name, t.shape, t.dtype, t.device]
+    attrs = attr_entries(node) if node.kind in ("op", "accumulate") else {}
+    if node.kind == "custom":
+        attrs = {k: v for k, v in node.attrs.items() if not annotation(node, k)}
+    attrs = {k: v for k, v in attrs.items() if v not in ("[saved tensor]", "[saved tensors]")}
+    if attrs:
+        info["a"] = attrs
+    if node.kind == "module":
+        info["box"] = [node.attrs.get("class", ""), _count(node),
+                       int(node.attrs.get("saved_bytes", "0") or 0),
+                       int(node.attrs.get("repeat", "0") or 0)]
+    if node.order is not None:
+        info["o"] = node.order
+    bad = nonfinite(node)
+    if bad:
+        info["bad"] = bad
+        if first_nonfinite(node):
+            info["first"] = 1
+    where = created_at(node)
+    if where:
+        info["at"] = short_location(where, root)
+    if view_base(node):
+        info["base"] = 1
+    if path is not None and path != cpath:
+        info["m"] = path
+    if shape is not None and node.kind not in ("leaf", "output"):
+        info["sh"] = shape
+    if note:
+        info["mem"] = note
+    return info
+
+
+def graph_data(
+    graph: Graph,
+    *,
+    depth: int | None = None,
+    full: bool = False,
+    fold: bool = True,
+    saved: bool = True,
+    notes: dict[str, str] | None = None,
+    root: str | Path | None = None,
+    budget: int = BUDGET,
+    note: str | None = None,
+) -> dict[str, Any]:
+    """The JSON the page embeds (version 2: compact arrays, see ``viewer.js``)."""
+    b = _Builder(graph, fold)
+    root_dir = None if root is None else str(root)
+    shapes = _output_shapes(graph, b.index)
+    index = b.index
+    nodes = []
+    for i, n in enumerate(graph.nodes):
+        cidx = b.node_container[i]
+        cpath = b.containers[cidx].path
+        info = _node_info(n, b.paths[n.id], cpath, shapes[i],
+                          notes.get(n.id) if notes else None, root_dir)
+        row: list[Any] = [n.id, n.name, _KINDS.index(n.kind) if n.kind in _KINDS else 0, cidx]
+        if info:
+            row.append(info)
+        nodes.append(row)
+    edges = []
+    for e in graph.edges:
+        row = [index[e.src], index[e.dst]]
+        tail = [e.input_nr, 1 if e.kind == "view" else 0, e.count,
+                None if e.grad_norm is None else _json_float(e.grad_norm)]
+        while tail and tail[-1] == _EDGE_DEFAULTS[len(tail) - 1]:
+            tail.pop()
+        edges.append(row + tail)
+    containers = []
+    for c in b.containers:
+        row = [c.path, c.label, c.cls, c.kind[0], c.parent, c.depth,
+               c.count, c.saved_bytes]
+        if c.kind == "fold":
+            rest = [k for m in c.members[1:] for k in b.subtree_nodes(m)]
+            row += [c.members, sum(_count(graph.nodes[i]) for i in rest),
+                    Graph(nodes=[graph.nodes[i] for i in rest]).saved_bytes()]
+        containers.append(row)
+    first = next((index[n.id] for n in graph.nodes if first_nonfinite(n)), -1)
     return {
-        "id": node.id,
-        "name": node.name,
-        "kind": node.kind,
-        "module": node.module,
-        "key": key,
-        "attrs": node.attrs,
-        "saved": [_saved(s) for s in node.saved],
-        "tensor": None if t is None else {"name": t.name, "shape": t.shape, "dtype": t.dtype,
-                                          "device": t.device},
-        "bytes": node.saved_bytes,
-    }
-
-
-def _modules(graph: Graph, keys: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
-    """Every cluster path: its label, class, parent, node count and deduplicated saved bytes."""
-    members: dict[str, list[Node]] = {}
-    for node in graph.nodes:
-        lv = keys[node.id]
-        for d in range(1, len(lv) + 1):
-            members.setdefault(".".join(lv[:d]), []).append(node)
-    out: dict[str, dict[str, Any]] = {}
-    for key, group in members.items():
-        lv = levels(key)
-        out[key] = {
-            "label": lv[-1],
-            "cls": module_class(key, group),
-            "parent": ".".join(lv[:-1]),
-            "depth": len(lv),
-            "nodes": sum(int(n.attrs.get("nodes", "1")) if n.kind == "module" else 1
-                         for n in group),
-            "bytes": Graph(nodes=group).saved_bytes(),
-        }
-    return out
-
-
-def graph_data(graph: Graph, *, depth: int | None = None, max_nodes: int = 1500) -> dict[str, Any]:
-    """The JSON the page embeds: nodes, edges, modules and which modules start expanded."""
-    paths = node_paths(graph)
-    keys = {n.id: _cluster_key(n, paths[n.id]) for n in graph.nodes}
-    modules = _modules(graph, keys)
-    if depth is None:
-        depth = auto_depth(graph, max_nodes)
-    expanded = [k for k, m in modules.items() if depth is None or m["depth"] < depth]
-    return {
-        "nodes": [_node_data(n, ".".join(keys[n.id])) for n in graph.nodes],
-        "edges": [[e.src, e.dst, e.kind, e.count, e.input_nr] for e in graph.edges],
-        "roots": graph.roots,
-        "modules": modules,
-        "expanded": expanded,
+        "v": 2,
+        "nodes": nodes,
+        "edges": edges,
+        "containers": containers,
+        "roots": [index[r] for r in graph.roots if r in index],
+        "first": first,
         "summary": graph.summary(),
         "total_bytes": graph.saved_bytes(),
         "total_bytes_text": format_bytes(graph.saved_bytes()),
+        "note": note,
+        "options": {"depth": depth, "full": full, "saved": saved, "budget": budget,
+                    "chunk": CHUNK, "memory": bool(notes),
+                    "backward": any(n.order is not None for n in graph.nodes)},
+        "style": {"colors": PAGE_COLORS, "norm": NORM_SCALE},
     }
 
 
 def to_html(
-    graph: Graph, *, title: str = "gradscope graph", depth: int | None = None, max_nodes: int = 300
+    graph: Graph,
+    *,
+    title: str = "gradscope graph",
+    depth: int | None = None,
+    full: bool = False,
+    fold: bool = True,
+    saved: bool = True,
+    notes: dict[str, str] | None = None,
+    root: str | Path | None = None,
+    max_nodes: int = BUDGET,
 ) -> str:
     """One self-contained HTML page showing ``graph`` interactively (works offline).
 
     Args:
         graph: the graph; module paths (``gs.scopes``) give it collapsible clusters.
         title: the page title.
-        depth: modules deeper than this start collapsed; default: the deepest depth whose view
-            has at most ``max_nodes`` nodes (everything expanded when the graph fits).
-        max_nodes: the node budget of the first view when ``depth`` is not given (the page
-            lays the graph out itself, which takes seconds per thousand nodes, so the budget is
-            smaller than Graphviz's).
+        depth: modules at this depth and deeper start collapsed.
+        full: start with every module open and every repeat unfolded.
+        fold: show runs of identical layers as one drawn member and a summary (each can be
+            opened in the page); False draws every member.
+        saved: start with saved tensors drawn as orange boxes (a toggle in the page).
+        notes: an extra label line per node id, e.g. ``{"n3": "holds 2.0 KiB"}`` (``--memory``).
+        root: the model file's folder: forward-line locations are shown relative to it.
+        max_nodes: without ``depth`` or ``full``, open modules breadth-first while the first
+            view has at most this many boxes.
 
     Returns:
         The page as a string; write it to a ``.html`` file (``Graph.save("g.html")``).
@@ -125,12 +535,29 @@ def to_html(
         >>> page.startswith("<!DOCTYPE html>") and "MulBackward0" in page
         True
     """
-    data = json.dumps(graph_data(graph, depth=depth, max_nodes=max_nodes), separators=(",", ":"))
-    data = data.replace("<", "\\u003c")  # no "</script>" can end the data block early
+    data = graph_data(graph, depth=depth, full=full, fold=fold, saved=saved, notes=notes,
+                      root=root, budget=max_nodes)
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    text = text.replace("<", "\\u003c")  # no "</script>" can end the data block early
     page = _asset("viewer.html")
     return (
         page.replace("{{TITLE}}", html.escape(title))
         .replace("/*{{DAGRE}}*/", _asset("dagre.min.js"))
+        .replace("/*{{LAYOUT}}*/", _asset("layout.js"))
         .replace("/*{{VIEWER}}*/", _asset("viewer.js"))
-        .replace("{{DATA}}", data)
+        .replace("{{DATA}}", text)
     )
+
+
+def to_notebook_html(graph: Graph, *, height: int = 600, **options: Any) -> str:
+    """The page in a sandboxed ``<iframe srcdoc>`` for notebooks (``Graph._repr_html_``): its
+    scripts run in their own document and it stays self-contained."""
+    page = to_html(graph, **options)
+    return (
+        f'<iframe sandbox="allow-scripts allow-downloads" srcdoc="{html.escape(page, quote=True)}"'
+        f' style="width:100%;height:{int(height)}px;border:1px solid #ccc"'
+        ' title="gradscope graph"></iframe>'
+    )
+
+
+__all__ = ["BUDGET", "CHUNK", "graph_data", "to_html", "to_notebook_html"]

@@ -15,10 +15,12 @@ its container's name. A ``leaf`` node belongs to the module of its ``AccumulateG
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from ._errors import GradscopeError
 from ._model import Edge, Graph, Node, SavedTensor
@@ -45,13 +47,19 @@ def levels(path: str) -> list[str]:
         >>> levels("")
         []
     """
+    return list(_levels(path))
+
+
+@functools.lru_cache(maxsize=65536)
+def _levels(path: str) -> tuple[str, ...]:
+    """``levels`` as a tuple, cached: a graph asks for the same few paths thousands of times."""
     out: list[str] = []
     for part in path.split(".") if path else []:
         if out and _NUMERIC.match(part):
             out[-1] = f"{out[-1]}.{part}"
         else:
             out.append(part)
-    return out
+    return tuple(out)
 
 
 def node_paths(graph: Graph) -> dict[str, str | None]:
@@ -248,10 +256,11 @@ def auto_depth(graph: Graph, max_nodes: int = 1500) -> int | None:
 
 
 # ---------------------------------------------------------------------- folding
-def _signature(key: str, group: list[Node], edges: list[Edge], ids: set[str]) -> object:
+def _signature(key: str, group: list[Node], edges: list[Edge]) -> object:
     """What two sibling modules must share to fold: class, op nodes (by name, relative path and
-    saved shapes) and the edges between them. Parameters (``AccumulateGrad`` and leaves) are left
-    out: a module called in a loop owns them in its first call only, yet every call is alike."""
+    saved shapes) and the edges between them (``edges``: those with both ends inside the
+    module). Parameters (``AccumulateGrad`` and leaves) are left out: a module called in a loop
+    owns them in its first call only, yet every call is alike."""
     prefix = len(key)
 
     def sig(n: Node) -> tuple[object, ...]:
@@ -261,9 +270,10 @@ def _signature(key: str, group: list[Node], edges: list[Edge], ids: set[str]) ->
         return (n.kind, label, rel, shapes)
 
     by_id = {n.id: sig(n) for n in group if n.kind not in ("accumulate", "leaf")}
-    ids = ids & by_id.keys()
     inner = Counter(
-        (by_id[e.src], by_id[e.dst], e.input_nr) for e in edges if e.src in ids and e.dst in ids
+        (by_id[e.src], by_id[e.dst], e.input_nr)
+        for e in edges
+        if e.src in by_id and e.dst in by_id
     )
     return (
         module_class(key, group),
@@ -318,23 +328,47 @@ def _fold_label(run: list[str]) -> tuple[str, str]:
     return f"{path} x{len(run)}", path
 
 
-def fold(graph: Graph) -> Graph:
-    """A new graph where each run of identical consecutive sibling modules is one box.
+@dataclass(frozen=True)
+class Run:
+    """A run of identical consecutive sibling modules (see ``fold``).
 
-    Siblings are ``layers.0``, ``layers.1``, ... (or repeated calls ``block``, ``block#1``, ...)
-    of one class whose subgraphs have the same nodes, relative module paths, saved shapes and
-    internal edges. A run of 64 becomes one ``module`` node named ``layers.0-63 x64`` with
-    ``attrs["repeat"] == "64"``. Runs are found from the top down: a folded run's insides are
-    not folded again.
+    Attributes:
+        path: the run's path, ``encoder.layers.0-63`` (a module path: ``levels`` keeps
+            ``layers.0-63`` as one level).
+        name: its label, ``encoder.layers.0-63 x64``.
+        members: the members' module paths, in index order.
+        cls: the members' class name, or "".
+    """
+
+    path: str
+    name: str
+    members: tuple[str, ...]
+    cls: str
+
+    @property
+    def repeat(self) -> int:
+        return len(self.members)
+
+
+def fold_runs(graph: Graph, *, inside: str = "none") -> list[Run]:
+    """Every run of identical consecutive sibling modules, found from the top down.
+
+    Args:
+        graph: a graph traced with module scopes.
+        inside: which members of a run are searched for runs of their own: ``none`` (a folded
+            run is one box), ``first`` (the member a folded picture draws) or ``all`` (every
+            member, as the HTML page can open any of them).
 
     Example:
         >>> import torch, gradscope as gs
-        >>> net = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(8)])
+        >>> net = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(3)])
         >>> with gs.scopes(net):
         ...     out = net(torch.randn(2, 4, requires_grad=True))
-        >>> [n.name for n in gs.trace(out, model=net).fold().nodes]
-        ['output', '0-7 x8', 'AccumulateGrad', '']
+        >>> [(r.name, r.members) for r in fold_runs(gs.trace(out, model=net))]
+        [('0-2 x3', ('0', '1', '2'))]
     """
+    if inside not in ("none", "first", "all"):
+        raise ViewError(f"inside must be 'none', 'first' or 'all', got {inside!r}")
     paths = node_paths(graph)
     groups: dict[str, list[Node]] = {}  # module key -> every node in its subtree
     children: dict[str, set[str]] = {}
@@ -347,31 +381,106 @@ def fold(graph: Graph) -> Graph:
             key = ".".join(lv[:d])
             groups.setdefault(key, []).append(n)
             children.setdefault(".".join(lv[: d - 1]), set()).add(key)
-    key_of: dict[str, str] = {}
-    extra: dict[str, dict[str, str]] = {}
+    inner = _inner_edges(graph, paths, children)
+    runs: list[Run] = []
     todo = [""]
     while todo:
         parent = todo.pop()
         kids = sorted(children.get(parent, ()))
-        sigs: dict[str, object] = {}
-        for k in kids:
-            ids = {n.id for n in groups[k]}
-            sigs[k] = _signature(k, groups[k], graph.edges, ids)
+        sigs = {k: _signature(k, groups[k], inner(k)) for k in kids}
         folded: set[str] = set()
         for run in _runs(kids, sigs):
             name, path = _fold_label(run)
-            extra[path] = {"repeat": str(len(run)), "name": name, "first": run[0], "last": run[-1]}
-            for k in run:
-                folded.add(k)
-                for n in groups[k]:
-                    key_of[n.id] = path
+            members = [n for k in run for n in groups[k]]
+            runs.append(Run(path, name, tuple(run), module_class(run[0], members)))
+            folded.update(run)
+            if inside == "first":
+                todo.append(run[0])
+            elif inside == "all":
+                todo.extend(run)
         todo.extend(k for k in kids if k not in folded)
+    return runs
+
+
+def _inner_edges(
+    graph: Graph, paths: dict[str, str | None], children: dict[str, set[str]]
+) -> Callable[[str], list[Edge]]:
+    """``inner(key)``: the edges with both ends inside module ``key``. Each edge is filed once
+    under the deepest module holding both ends, so the lookups of all modules cost the sum of
+    their subtrees (not one pass over every edge per module)."""
+    key_levels = {nid: levels(p) for nid, p in paths.items() if p is not None}
+    by_lca: dict[str, list[Edge]] = {}
+    for e in graph.edges:
+        a, b = key_levels.get(e.src), key_levels.get(e.dst)
+        if not a or not b:
+            continue
+        d = 0
+        while d < len(a) and d < len(b) and a[d] == b[d]:
+            d += 1
+        if d:
+            by_lca.setdefault(".".join(a[:d]), []).append(e)
+
+    def inner(key: str) -> list[Edge]:
+        out: list[Edge] = []
+        todo = [key]
+        while todo:
+            k = todo.pop()
+            out.extend(by_lca.get(k, ()))
+            todo.extend(children.get(k, ()))
+        return out
+
+    return inner
+
+
+def fold(graph: Graph, *, keep_first: bool = False) -> Graph:
+    """A new graph where each run of identical consecutive sibling modules is one box.
+
+    Siblings are ``layers.0``, ``layers.1``, ... (or repeated calls ``block``, ``block#1``, ...)
+    of one class whose subgraphs have the same nodes, relative module paths, saved shapes and
+    internal edges. A run of 64 becomes one ``module`` node named ``layers.0-63 x64`` with
+    ``attrs["repeat"] == "64"``. Runs are found from the top down: a folded run's insides are
+    not folded again.
+
+    Args:
+        graph: a graph traced with module scopes.
+        keep_first: keep the run's first member as it is (its nodes, and runs inside it folded
+            in turn), so a picture shows what one layer holds: the box then stands for the other
+            members only and ``attrs["shown"]`` names the member kept (``encoder.layers.0``).
+
+    Example:
+        >>> import torch, gradscope as gs
+        >>> net = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(8)])
+        >>> with gs.scopes(net):
+        ...     out = net(torch.randn(2, 4, requires_grad=True))
+        >>> [n.name for n in gs.trace(out, model=net).fold().nodes]
+        ['output', '0-7 x8', 'AccumulateGrad', '']
+    """
+    paths = node_paths(graph)
+    runs = {r.path: r for r in fold_runs(graph, inside="first" if keep_first else "none")}
+    member_of: dict[str, str] = {}  # module key -> the run path its nodes fold into
+    for run in runs.values():
+        for k in run.members[1:] if keep_first else run.members:
+            member_of[k] = run.path
+    key_of: dict[str, str] = {}
+    for n in graph.nodes:
+        path = paths[n.id]
+        if path is None:
+            continue
+        lv = levels(path)
+        for d in range(1, len(lv) + 1):
+            run_path = member_of.get(".".join(lv[:d]))
+            if run_path is not None:
+                key_of[n.id] = run_path
+                break
 
     def make(nid: str, key: str, group: list[Node]) -> Node:
-        info = extra[key]
-        box = _box(nid, info["name"], key, group, {"repeat": info["repeat"]})
+        run = runs[key]
+        extra = {"repeat": str(run.repeat)}
+        if keep_first:
+            extra["shown"] = run.members[0]
+        box = _box(nid, run.name, key, group, extra)
         if not box.attrs["class"]:
-            box.attrs["class"] = module_class(info["first"], group)
+            box.attrs["class"] = run.cls
         return box
 
     return _regroup(graph, key_of, make)
@@ -401,20 +510,24 @@ def readable_view(
         return graph, None
     total = len(graph.nodes)
     view = graph if depth is None else collapse(graph, depth)
-    notes = []
+    done = []
     if fold_repeats or (fold_repeats is None and len(view.nodes) > max_nodes):
-        folded = fold(view)
+        folded = fold(view, keep_first=True)
         had = {n.name for n in view.nodes if n.kind == "module"}
         runs = [n.name for n in folded.nodes
                 if n.kind == "module" and "repeat" in n.attrs and n.name not in had]
         if runs:
             shown = ", ".join(runs[:3]) + (", ..." if len(runs) > 3 else "")
-            notes.append(f"folded repeated layers ({shown}); use --no-fold to expand")
+            done.append(f"folded repeated layers ({shown}; one of each drawn)")
         view = folded
     if depth is None:
         auto = auto_depth(view, max_nodes)
         if auto is not None:
             view = collapse(view, auto)
-            notes.insert(0, f"collapsed to depth {auto} because the graph has {total} nodes; "
-                            "use --depth or --full to expand")
-    return view, "; ".join(notes) or None
+            done.append(f"collapsed to depth {auto}")
+    if not done:
+        return view, None
+    return view, (
+        f"{total} nodes drawn as {len(view.nodes)}: {' and '.join(done)}; to see more use "
+        "--no-fold (every repeat), --depth N (modules down to depth N) or --full (every node)"
+    )

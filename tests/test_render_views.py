@@ -91,13 +91,26 @@ def deep() -> gs.Graph:
 
 def test_readable_view_of_a_big_graph(deep: gs.Graph) -> None:
     view, note = readable_view(deep)
-    assert len(view.nodes) < 30 and note == (
-        "folded repeated layers (encoder.layers.0-63 x64); use --no-fold to expand"
+    # one layer is drawn as it is, the other 63 are one box that says what it stands for
+    boxes = [n for n in view.nodes if n.kind == "module"]
+    assert [(b.name, b.attrs["repeat"], b.attrs["shown"]) for b in boxes] == [
+        ("encoder.layers.0-63 x64", "64", "encoder.layers.0")
+    ]
+    layer0 = [n for n in deep.nodes if (n.module or "").startswith("encoder.layers.0.")
+              or n.module == "encoder.layers.0"]
+    kept = {n.id for n in view.nodes}
+    assert layer0 and all(n.id in kept for n in layer0)
+    assert int(boxes[0].attrs["nodes"]) + len(view.nodes) - 1 == len(deep.nodes)
+    assert note == (
+        f"{len(deep.nodes)} nodes drawn as {len(view.nodes)}: folded repeated layers "
+        "(encoder.layers.0-63 x64; one of each drawn); to see more use --no-fold (every repeat), "
+        "--depth N (modules down to depth N) or --full (every node)"
     )
     view, note = readable_view(deep, fold_repeats=False)
     assert len(view.nodes) <= 1500
-    assert note.startswith(f"collapsed to depth 3 because the graph has {len(deep.nodes)} nodes; ")
-    assert note.endswith("use --depth or --full to expand")
+    assert note.startswith(f"{len(deep.nodes)} nodes drawn as {len(view.nodes)}: collapsed to "
+                           "depth 3; ")
+    assert all(way in note for way in ("--no-fold", "--depth N", "--full"))
     assert readable_view(deep, full=True) == (deep, None)
     view, note = readable_view(deep, depth=1, fold_repeats=False)
     assert note is None
