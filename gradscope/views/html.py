@@ -27,10 +27,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ._model import Graph, Node, SavedTensor, format_bytes
-from ._render_dot import (
-    NORM_SCALE,
-    PAGE_COLORS,
+from ..model.formats import OutputFormat, register_format
+from ..model.graph import Graph, Node, SavedTensor, format_bytes
+from ..model.paths import levels, module_class, node_paths
+from ..model.transforms import Run, fold_runs
+from .dot import (
+    BAD_OTHER_COLOR,
+    OP_COLOR,
     annotation,
     attr_entries,
     created_at,
@@ -40,9 +43,21 @@ from ._render_dot import (
     short_location,
     view_base,
 )
-from ._views import Run, fold_runs, levels, module_class, node_paths
+from .style import (
+    BAD_COLOR,
+    BASE_COLOR,
+    CUSTOM_COLOR,
+    FOLDED_COLOR,
+    FREED_COLOR,
+    LEAF_COLOR,
+    MODULE_COLOR,
+    NONFINITE_BAND,
+    NORM_BANDS,
+    OUTPUT_COLOR,
+    SAVED_COLOR,
+)
 
-ASSETS = Path(__file__).resolve().parent / "_assets"
+ASSETS = Path(__file__).resolve().parent / "assets"
 
 #: No layout call sees more than this many items: a container holding more is cut into chunks.
 CHUNK = 150
@@ -50,6 +65,31 @@ CHUNK = 150
 BUDGET = 600
 
 _KINDS = ("op", "custom", "accumulate", "leaf", "output", "module")
+
+#: The X11 colours of the DOT views as CSS hex: the page draws with the same palette.
+GRAPHVIZ_HEX = {
+    "lightgrey": "#d3d3d3", "lightblue": "#add8e6", "orange": "#ffa500",
+    "darkolivegreen1": "#caff70", "darkolivegreen3": "#a2cd5a", "plum1": "#ffbbff",
+    "gray90": "#e5e5e5", "red": "#ff0000", "lightcoral": "#f08080", "lightyellow": "#ffffe0",
+    "lightgoldenrod1": "#ffec8b",
+}
+PAGE_COLORS = {
+    "op": OP_COLOR, "accumulate": OP_COLOR, "custom": CUSTOM_COLOR, "leaf": LEAF_COLOR,
+    "output": OUTPUT_COLOR, "base": BASE_COLOR, "saved": SAVED_COLOR, "freed": FREED_COLOR,
+    "bad": BAD_COLOR, "bad_other": BAD_OTHER_COLOR, "module": MODULE_COLOR,
+    "folded": FOLDED_COLOR,
+}
+
+
+def _css(color: str) -> str:
+    return color if color.startswith("#") else GRAPHVIZ_HEX[color]
+
+
+def _norm_scale() -> list[list[Any]]:
+    """The one gradient-norm scale (``views.style.NORM_BANDS``) as the page reads it:
+    [name, upper bound or null, colour], lowest band first, then the non-finite band."""
+    bands = [[b.name, None if math.isinf(b.upper) else b.upper, _css(b.color)] for b in NORM_BANDS]
+    return bands + [[NONFINITE_BAND.name, None, _css(NONFINITE_BAND.color)]]
 #: An edge row is [src, dst, input_nr, view, count, norm]; trailing defaults are left out.
 _EDGE_DEFAULTS = (0, 0, 1, None)
 
@@ -494,7 +534,7 @@ def graph_data(
         "options": {"depth": depth, "full": full, "saved": saved, "budget": budget,
                     "chunk": CHUNK, "memory": bool(notes),
                     "backward": any(n.order is not None for n in graph.nodes)},
-        "style": {"colors": PAGE_COLORS, "norm": NORM_SCALE},
+        "style": {"colors": {k: _css(v) for k, v in PAGE_COLORS.items()}, "norm": _norm_scale()},
     }
 
 
@@ -560,4 +600,13 @@ def to_notebook_html(graph: Graph, *, height: int = 600, **options: Any) -> str:
     )
 
 
-__all__ = ["BUDGET", "CHUNK", "graph_data", "to_html", "to_notebook_html"]
+def _render_html(graph: Graph, **options: Any) -> bytes:
+    return to_html(graph, **options).encode("utf-8")
+
+
+#: What ``to_html`` takes; the CLI passes ``saved`` and ``notes`` to every format.
+HTML_OPTIONS = frozenset({"title", "depth", "full", "fold", "saved", "notes", "root", "max_nodes"})
+
+register_format(
+    OutputFormat("html", _render_html, HTML_OPTIONS, "interactive page, self-contained and offline")
+)

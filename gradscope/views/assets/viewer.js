@@ -455,22 +455,15 @@
     frameRequested = true;
     requestAnimationFrame(() => { frameRequested = false; draw(); });
   }
-  function normColor(norm) {
+  // The one gradient-norm scale (views/style.py NORM_BANDS): [name, upper or null, colour],
+  // lowest band first, the non-finite band last.
+  function normBand(norm) {
     if (norm === null || norm === undefined) return null;
-    if (typeof norm === "string" || !isFinite(norm)) return COLORS.bad;
-    let h, s, v;
-    if (norm <= 0) [h, s, v] = NORM.zero;
-    else {
-      const t = Math.min(Math.max((Math.log10(norm) - NORM.log10_min) / (NORM.log10_max - NORM.log10_min), 0), 1);
-      h = NORM.hue * (1 - t); s = NORM.saturation; v = NORM.value;
-    }
-    return hsv(h, s, v);
+    if (typeof norm === "string" || !isFinite(norm)) return NORM[NORM.length - 1];
+    for (let b = 0; b < NORM.length - 1; b++) if (NORM[b][1] === null || norm < NORM[b][1]) return NORM[b];
+    return NORM[NORM.length - 2];
   }
-  function hsv(h, s, v) { // Graphviz's HSV (h in 0..1) as CSS
-    const i = Math.floor(h * 6), f = h * 6 - i, p = v * (1 - s), q = v * (1 - f * s), t = v * (1 - (1 - f) * s);
-    const [r, g, b] = [[v, t, p], [q, v, p], [p, v, t], [p, q, v], [t, p, v], [v, p, q]][((i % 6) + 6) % 6];
-    return "rgb(" + Math.round(r * 255) + "," + Math.round(g * 255) + "," + Math.round(b * 255) + ")";
-  }
+  function normColor(norm) { const b = normBand(norm); return b ? b[2] : null; }
   function fillOf(it) {
     const key = it.key;
     if (key >= SUM) return COLORS.folded;
@@ -1191,15 +1184,13 @@
     if (OPT.backward) {
       parts.push(sw(COLORS.bad, "first NaN/Inf gradient"), sw(COLORS.bad_other, "NaN/Inf gradient"),
         `<div class="row">#N: backward order (0 ran first)</div>`);
-      const stops = [];
-      for (let t = 0; t <= 1.0001; t += 0.1) {
-        const lg = NORM.log10_min + t * (NORM.log10_max - NORM.log10_min);
-        stops.push(normColor(Math.pow(10, lg)) + " " + Math.round(t * 100) + "%");
+      parts.push(`<div class="row">edge colour: ‖∇‖ of the gradient along it</div>`);
+      let lower = null;
+      for (const [name, upper, color] of NORM) {
+        const range = name === "non-finite" ? "NaN or Inf" : lower === null ? "< " + upper : upper === null ? "≥ " + lower : lower + " – " + upper;
+        parts.push(`<div class="row"><span class="ln" style="border-top:2.5px solid ${color}"></span>${name}: ${range}</div>`);
+        if (upper !== null) lower = upper;
       }
-      parts.push(`<div class="row">edge colour: ‖∇‖ of the gradient along it</div>`,
-        `<div class="scale" style="background:linear-gradient(to right, ${stops.join(", ")})"></div>`,
-        `<div class="ticks"><span>1e${NORM.log10_min}</span><span>1e${(NORM.log10_min + NORM.log10_max) / 2}</span><span>1e+${NORM.log10_max}</span></div>`,
-        `<div class="row"><span class="ln" style="border-color:${COLORS.bad}"></span>non-finite</div>`);
     }
     el.innerHTML = parts.join("");
   }

@@ -15,46 +15,28 @@ import re
 import textwrap
 from dataclasses import dataclass, field
 
-from ._model import Edge, Graph, Node, SavedTensor, format_bytes
-from ._views import levels, module_class, node_paths
+from ..model.formats import OutputFormat, register_format
+from ..model.graph import Edge, Graph, Node, SavedTensor, format_bytes
+from .style import (
+    BAD_COLOR,
+    BASE_COLOR,
+    CLUSTER_ATTR,
+    CUSTOM_COLOR,
+    FOLDED_COLOR,
+    FREED_COLOR,
+    LEAF_COLOR,
+    MODULE_COLOR,
+    OUTPUT_COLOR,
+    SAVED_COLOR,
+    format_norm,
+    norm_color,
+    size_to_str,
+    var_label,
+)
+from ..model.transforms import levels, module_class, node_paths
 
-# torchviz's legend, so its users feel at home.
-LEAF_COLOR = "lightblue"
-SAVED_COLOR = "orange"
-OUTPUT_COLOR = "darkolivegreen1"
-BASE_COLOR = "darkolivegreen3"
-CUSTOM_COLOR = "plum1"
-FREED_COLOR = "gray90"
-BAD_COLOR = "red"
-MODULE_COLOR = "lightyellow"
-FOLDED_COLOR = "lightgoldenrod1"
-BAD_OTHER_COLOR = "lightcoral"
+BAD_OTHER_COLOR = "lightcoral"  # a later node whose gradient was also non-finite
 OP_COLOR = "lightgrey"  # what Graphviz fills a style=filled node with when given no colour
-CLUSTER_ATTR = 'style="rounded,dashed" color=gray50 fontsize=10 fontname=monospace labeljust=l'
-
-#: The X11 colours above as CSS hex, for the HTML page (one palette for every view).
-GRAPHVIZ_HEX = {
-    "lightgrey": "#d3d3d3", "lightblue": "#add8e6", "orange": "#ffa500",
-    "darkolivegreen1": "#caff70", "darkolivegreen3": "#a2cd5a", "plum1": "#ffbbff",
-    "gray90": "#e5e5e5", "red": "#ff0000", "lightcoral": "#f08080", "lightyellow": "#ffffe0",
-    "lightgoldenrod1": "#ffec8b",
-}
-PAGE_COLORS = {
-    "op": GRAPHVIZ_HEX[OP_COLOR], "accumulate": GRAPHVIZ_HEX[OP_COLOR],
-    "custom": GRAPHVIZ_HEX[CUSTOM_COLOR], "leaf": GRAPHVIZ_HEX[LEAF_COLOR],
-    "output": GRAPHVIZ_HEX[OUTPUT_COLOR], "base": GRAPHVIZ_HEX[BASE_COLOR],
-    "saved": GRAPHVIZ_HEX[SAVED_COLOR], "freed": GRAPHVIZ_HEX[FREED_COLOR],
-    "bad": GRAPHVIZ_HEX[BAD_COLOR], "bad_other": GRAPHVIZ_HEX[BAD_OTHER_COLOR],
-    "module": GRAPHVIZ_HEX[MODULE_COLOR], "folded": GRAPHVIZ_HEX[FOLDED_COLOR],
-}
-
-#: The gradient-norm colour scale (``norm_color``): hue falls linearly in log10(norm) from
-#: blue at 10**log10_min (vanishing) to red at 10**log10_max (exploding), clamped; a zero norm
-#: gets ``zero`` (h, s, v); non-finite norms are BAD_COLOR. The page reads this dict.
-NORM_SCALE = {
-    "log10_min": -8.0, "log10_max": 4.0, "hue": 0.667, "saturation": 1.0, "value": 0.85,
-    "zero": [0.667, 1.0, 0.8],
-}
 
 #: attrs keys written by gradscope's own recorders, not by torch: never listed as saved attributes
 _ANNOTATION_KEYS = frozenset(
@@ -71,18 +53,6 @@ def quote(s: str) -> str:
     if "\\" in s or '"' in s or "\n" in s:
         s = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return '"' + s + '"'
-
-
-def size_to_str(shape: list[int] | None) -> str:
-    """``(3, 4)`` as torchviz writes sizes."""
-    if shape is None:
-        return "(?)"
-    return "(" + ", ".join(str(int(v)) for v in shape) + ")"
-
-
-def var_label(name: str | None, shape: list[int] | None) -> str:
-    """torchviz's tensor label: name, newline, space, size."""
-    return f"{name or ''}\n {size_to_str(shape)}"
 
 
 def attr_entries(node: Node) -> dict[str, str]:
@@ -116,20 +86,6 @@ def attr_table(name: str, entries: dict[str, str], max_attr_chars: int) -> str:
 
     rows = "\n".join(fmt % (k, truncate(v)) for k, v in entries.items())
     return name + "\n" + sep + "\n" + rows
-
-
-def norm_color(norm: float) -> str:
-    """Edge colour for a gradient norm on a log scale (``NORM_SCALE``): vanishing blue (1e-8)
-    to exploding red (1e4), as an HSV string Graphviz understands; non-finite norms are red."""
-    if not math.isfinite(norm):
-        return BAD_COLOR
-    sc = NORM_SCALE
-    if norm <= 0:
-        h, sat, v = sc["zero"]
-        return f"{h:.3f} {sat:.1f} {v:.1f}"
-    lo, hi = sc["log10_min"], sc["log10_max"]
-    t = min(max((math.log10(norm) - lo) / (hi - lo), 0.0), 1.0)
-    return f"{sc['hue'] * (1.0 - t):.3f} {sc['saturation']:.1f} {sc['value']:.2f}"
 
 
 # ------------------------------------------------------------------ annotations
@@ -205,14 +161,6 @@ def wrap_location(where: str, width: int = 40) -> list[str]:
         return textwrap.wrap(where, width) or [where]
     code = textwrap.wrap(m["code"], width, break_long_words=True) or [""]
     return [f"{m['path']}:{m['line']}:", *code]
-
-
-def format_norm(norm: float) -> str:
-    if math.isnan(norm):
-        return "nan"
-    if math.isinf(norm):
-        return "inf"
-    return f"{norm:.2e}"
 
 
 def annotate(node: Node, label: str, extra: dict[str, str]) -> str:
@@ -453,3 +401,14 @@ def to_dot(
             out.append(f"\t{e.dst} -> {e.src}")
     out.append("}")
     return "\n".join(out) + "\n"
+
+
+#: The options of ``to_dot``, which every Graphviz-based format takes.
+DOT_OPTIONS = frozenset({"saved", "attrs", "max_attr_chars", "clusters", "notes"})
+
+
+def _render_dot(graph: Graph, **options: object) -> bytes:
+    return to_dot(graph, **options).encode("utf-8")  # type: ignore[arg-type]
+
+
+register_format(OutputFormat("dot", _render_dot, DOT_OPTIONS, "DOT text (no Graphviz needed)"))
