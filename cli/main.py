@@ -122,6 +122,9 @@ def render(
         "--memory",
         help="Label each node with the saved bytes it holds (each storage counted once).",
     ),
+    legend: bool = typer.Option(
+        True, "--legend/--no-legend", help="Draw a compact legend in SVG/PNG/PDF pictures."
+    ),
 ) -> None:
     """Build the model file's graph and write it as SVG/PNG/PDF/DOT/JSON/HTML."""
     if fmt is None and (output is None or not output.suffix):
@@ -133,18 +136,20 @@ def render(
     rec = record_graph(mf, saved=saved or attrs) if backward else None
     graph = rec.graph if rec else load_graph(mf, loss=loss, saved=saved or attrs)
     note = None
-    if fmt == "html":  # the page expands and collapses modules itself
-        graph.save(output, format=fmt, title=mf.path.name, depth=10**9 if full else depth)
+    notes = graph.memory().node_labels() if memory else None
+    if notes:
+        notes = {nid: f"holds {size}" for nid, size in notes.items()}
+    if fmt == "html":  # the page opens and closes modules itself
+        graph.save(output, format=fmt, title=mf.path.name, depth=depth, full=full,
+                   fold=fold is not False, saved=saved, notes=notes, root=mf.path.parent)
     elif fmt == "json":  # data: every node unless a depth is asked for
         (graph if depth is None else graph.collapse(depth)).save(output, format=fmt)
     else:
         view, note = gs.readable_view(
             graph, depth=depth, fold_repeats=fold, max_nodes=max_nodes, full=full
         )
-        notes = graph.memory().node_labels() if memory else None
-        if notes:
-            notes = {nid: f"holds {size}" for nid, size in notes.items()}
-        view.save(output, format=fmt, saved=saved, attrs=attrs, notes=notes)
+        view.save(output, format=fmt, saved=saved, attrs=attrs, notes=notes,
+                  root=mf.path.parent, legend=legend)
     if note:
         stderr().print(note, markup=False)
     stderr().print(f"wrote {output}: {graph.summary()}", markup=False)
