@@ -283,6 +283,13 @@ class Graph:
 
         return render_graph(self, format, **options)
 
+    def _repr_html_(self) -> str:
+        """The interactive viewer for notebooks: the self-contained page in a sandboxed
+        ``<iframe srcdoc>`` (front-ends without JavaScript show ``_repr_svg_``)."""
+        from .formats import renderer
+
+        return str(renderer("notebook_html")(self))
+
     def _repr_svg_(self) -> str | None:
         from .formats import renderer
 

@@ -27,7 +27,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ..model.formats import OutputFormat, register_format
+from ..model.formats import OutputFormat, register_format, register_renderer
 from ..model.graph import Graph, Node, SavedTensor, format_bytes
 from ..model.paths import levels, module_class, node_paths
 from ..model.transforms import Run, fold_runs
@@ -90,6 +90,8 @@ def _norm_scale() -> list[list[Any]]:
     [name, upper bound or null, colour], lowest band first, then the non-finite band."""
     bands = [[b.name, None if math.isinf(b.upper) else b.upper, _css(b.color)] for b in NORM_BANDS]
     return bands + [[NONFINITE_BAND.name, None, _css(NONFINITE_BAND.color)]]
+#: A container row's kind: the root, a module, a fold of repeated layers, a chunk of a long run.
+_KIND_CODE = {"root": "r", "module": "m", "fold": "f", "chunk": "k"}
 #: An edge row is [src, dst, input_nr, view, count, norm]; trailing defaults are left out.
 _EDGE_DEFAULTS = (0, 0, 1, None)
 
@@ -512,7 +514,7 @@ def graph_data(
         edges.append(row + tail)
     containers = []
     for c in b.containers:
-        row = [c.path, c.label, c.cls, c.kind[0], c.parent, c.depth,
+        row = [c.path, c.label, c.cls, _KIND_CODE[c.kind], c.parent, c.depth,
                c.count, c.saved_bytes]
         if c.kind == "fold":
             rest = [k for m in c.members[1:] for k in b.subtree_nodes(m)]
@@ -610,3 +612,4 @@ HTML_OPTIONS = frozenset({"title", "depth", "full", "fold", "saved", "notes", "r
 register_format(
     OutputFormat("html", _render_html, HTML_OPTIONS, "interactive page, self-contained and offline")
 )
+register_renderer("notebook_html", to_notebook_html)

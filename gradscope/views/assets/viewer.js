@@ -62,6 +62,7 @@
   expanded[0] = 1;
   const toggles = { saved: !!OPT.saved, shapes: false, legend: true, minimap: true, pathOnly: false };
   let selected = -1; // a visible item key (see below)
+  let userMoved = false; // until the user pans or zooms, a resize shows the first view again
   let matches = new Set();
 
   // Visible item keys: node i -> i; container j as a box or open frame -> N + j; the summary of
@@ -725,11 +726,24 @@
   }
   function fit() {
     if (!scene) return;
+    userMoved = true;
     view = fitRect(0, 0, scene.bounds.w, scene.bounds.h);
     requestDraw();
   }
+  // The first view: the whole graph when it is readable so, else its top (the model's inputs)
+  // at a readable scale; the minimap shows the rest.
+  function firstView() {
+    if (!scene) return;
+    const whole = fitRect(0, 0, scene.bounds.w, scene.bounds.h);
+    if (whole.k >= 0.45) { view = whole; requestDraw(); return; }
+    const k = Math.min(0.75, Math.max(whole.k, (cssW - 40) / scene.bounds.w));
+    view = { k, x: Math.max(20, (cssW - scene.bounds.w * k) / 2), y: 20 };
+    requestDraw();
+  }
   let anim = null;
+  function stopAnimation() { if (anim) { cancelAnimationFrame(anim); anim = null; } }
   function animateTo(target, ms) {
+    userMoved = true;
     const from = { ...view };
     const t0 = performance.now();
     if (anim) cancelAnimationFrame(anim);
@@ -1027,7 +1041,7 @@
   window.addEventListener("mousemove", (ev) => {
     if (!drag) return;
     if (Math.abs(ev.clientX - drag.sx) + Math.abs(ev.clientY - drag.sy) > 3) moved = true;
-    if (moved) { userMoved = true; view.x = ev.clientX - drag.x; view.y = ev.clientY - drag.y; requestDraw(); }
+    if (moved) { stopAnimation(); userMoved = true; view.x = ev.clientX - drag.x; view.y = ev.clientY - drag.y; requestDraw(); }
   });
   window.addEventListener("mouseup", (ev) => {
     if (!drag) return;
@@ -1051,6 +1065,7 @@
   });
   canvas.addEventListener("wheel", (ev) => {
     ev.preventDefault();
+    stopAnimation();
     userMoved = true;
     const r = canvas.getBoundingClientRect();
     const px = ev.clientX - r.left, py = ev.clientY - r.top;
@@ -1060,11 +1075,10 @@
     view.k = k;
     requestDraw();
   }, { passive: false });
-  let userMoved = false; // until the user pans or zooms, a resize fits the graph again
   new ResizeObserver(() => { // resize keeps the view: the same point stays in the middle
     const cx = (cssW / 2 - view.x) / view.k, cy = (cssH / 2 - view.y) / view.k;
     resizeCanvas();
-    if (scene && !userMoved) fit();
+    if (scene && !userMoved) firstView();
     else if (scene) { view.x = cssW / 2 - cx * view.k; view.y = cssH / 2 - cy * view.k; }
     if (scene) renderMinimap();
     draw();
@@ -1337,7 +1351,7 @@
   if (D.note) notes.push(D.note);
   noteEl.textContent = notes.join(" ");
   initialState();
-  refresh(() => fit()).then(() => {
+  refresh(() => firstView()).then(() => {
     const hidden = C.some((c) => c.j > 0 && status[c.j] !== -1) || C.some((c) => c.kind === "f" && !unfolded[c.j]);
     if (hidden) {
       noteEl.textContent = (D.note ? D.note + " " : "") + "Some modules start closed: click a box to open it, " +
