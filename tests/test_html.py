@@ -51,9 +51,16 @@ def chain(n: int) -> gs.Graph:
 
 
 def embedded_data(page: str) -> dict:
+    """The page's data: its header block, with the node and edge blocks joined in order."""
     m = re.search(r'<script type="application/json" id="gs-data">(.*?)</script>', page, re.S)
     assert m, "no embedded graph data"
-    return json.loads(m.group(1))
+    data = json.loads(m.group(1))
+    for kind in ("nodes", "edges"):
+        blocks = re.findall(rf'<script type="application/json" class="gs-part" '
+                            rf'data-kind="{kind}">(.*?)</script>', page, re.S)
+        data[kind] = [row for block in blocks for row in json.loads(block)]
+        assert len(data[kind]) == data["n_" + kind]
+    return data
 
 
 @pytest.fixture(scope="module")

@@ -61,6 +61,8 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 
 #: No layout call sees more than this many items: a container holding more is cut into chunks.
 CHUNK = 150
+#: Rows of nodes (or edges) per JSON block of the page: each block is parsed in its own task.
+PART = 5_000
 #: Items drawn in the first view when neither ``depth`` nor ``full`` is given.
 BUDGET = 600
 
@@ -579,16 +581,30 @@ def to_html(
     """
     data = graph_data(graph, depth=depth, full=full, fold=fold, saved=saved, notes=notes,
                       root=root, budget=max_nodes)
-    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-    text = text.replace("<", "\\u003c")  # no "</script>" can end the data block early
+    # Nodes and edges go in blocks of PART rows, each parsed in its own task by the page, so
+    # no single JSON.parse of a 100,000-node graph holds the main thread.
+    parts = []
+    for kind in ("nodes", "edges"):
+        rows = data.pop(kind)
+        data["n_" + kind] = len(rows)
+        for start in range(0, len(rows), PART):
+            block = _json(rows[start:start + PART])
+            parts.append(f'<script type="application/json" class="gs-part" data-kind="{kind}">'
+                         f"{block}</script>")
     page = _asset("viewer.html")
     return (
         page.replace("{{TITLE}}", html.escape(title))
         .replace("/*{{DAGRE}}*/", _asset("dagre.min.js"))
         .replace("/*{{LAYOUT}}*/", _asset("layout.js"))
         .replace("/*{{VIEWER}}*/", _asset("viewer.js"))
-        .replace("{{DATA}}", text)
+        .replace("{{DATA}}", _json(data))
+        .replace("<!--{{PARTS}}-->", "\n".join(parts))
     )
+
+
+def _json(value: Any) -> str:
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return text.replace("<", "\\u003c")  # no "</script>" can end a data block early
 
 
 def to_notebook_html(graph: Graph, *, height: int = 600, **options: Any) -> str:

@@ -4,7 +4,9 @@
 // culled to the viewport. window.gradscope is the scripting interface (README: "The HTML page").
 (function () {
   "use strict";
+  const T = { start: performance.now() };
   const D = JSON.parse(document.getElementById("gs-data").textContent);
+  T.parsed = performance.now();
   const COLORS = D.style.colors;
   const NORM = D.style.norm;
   const OPT = D.options;
@@ -15,24 +17,40 @@
   const statusEl = $("status"), progressEl = $("progress"), noteEl = $("note");
 
   // ------------------------------------------------------------------ the data
-  const N = D.nodes.length;
+  // The header (containers, options) is one JSON block; nodes and edges come in blocks of
+  // rows (class gs-part), each parsed in its own task so a big graph never blocks the page.
+  const N = D.n_nodes, E = D.n_edges;
   const nodeId = new Array(N), nodeName = new Array(N), nodeKind = new Uint8Array(N);
   const nodeC = new Int32Array(N), nodeInfo = new Array(N);
   const idIndex = new Map();
-  for (let i = 0; i < N; i++) {
-    const r = D.nodes[i];
-    nodeId[i] = r[0]; nodeName[i] = r[1]; nodeKind[i] = r[2]; nodeC[i] = r[3];
-    nodeInfo[i] = r[4] || null;
-    idIndex.set(r[0], i);
-  }
-  const E = D.edges.length;
   const eSrc = new Int32Array(E), eDst = new Int32Array(E), eNr = new Int32Array(E);
   const eView = new Uint8Array(E), eCount = new Int32Array(E), eNorm = new Array(E);
-  for (let k = 0; k < E; k++) {
-    const r = D.edges[k];
-    eSrc[k] = r[0]; eDst[k] = r[1]; eNr[k] = r[2] || 0; eView[k] = r[3] || 0;
-    eCount[k] = r[4] === undefined ? 1 : r[4];
-    eNorm[k] = r[5] === undefined ? null : r[5];
+  const tick = () => new Promise((r) => setTimeout(r, 0)); // lets timers, input and paint run
+  async function loadParts() {
+    // the blocks follow this script: the HTML parser reads them in its own slices of time
+    if (document.readyState === "loading") await new Promise((r) => document.addEventListener("DOMContentLoaded", r));
+    let i = 0, k = 0;
+    for (const el of document.querySelectorAll("script.gs-part")) {
+      await tick();
+      const rows = JSON.parse(el.textContent);
+      if (el.dataset.kind === "nodes") {
+        for (const r of rows) {
+          nodeId[i] = r[0]; nodeName[i] = r[1]; nodeKind[i] = r[2]; nodeC[i] = r[3];
+          nodeInfo[i] = r[4] || null;
+          idIndex.set(r[0], i);
+          i++;
+        }
+      } else {
+        for (const r of rows) {
+          eSrc[k] = r[0]; eDst[k] = r[1]; eNr[k] = r[2] || 0; eView[k] = r[3] || 0;
+          eCount[k] = r[4] === undefined ? 1 : r[4];
+          eNorm[k] = r[5] === undefined ? null : r[5];
+          k++;
+        }
+      }
+    }
+    if (i !== N || k !== E) throw new Error("the page's data is incomplete: " + i + " of " + N + " nodes, " + k + " of " + E + " edges");
+    for (let n = 0; n < N; n++) C[nodeC[n]].nodes.push(n);
   }
   const M = D.containers.length;
   const C = D.containers.map((r, j) => ({
@@ -41,17 +59,16 @@
     kids: [], nodes: [], fold: -1, level: 0,
   }));
   for (const c of C) if (c.parent >= 0) C[c.parent].kids.push(c.j);
-  for (let i = 0; i < N; i++) C[nodeC[i]].nodes.push(i);
   const ORDER = []; // containers, parents first
   (function () {
-    const todo = [0];
-    while (todo.length) {
-      const j = todo.shift();
-      ORDER.push(j);
-      for (const k of C[j].kids) { C[k].level = C[j].level + 1; todo.push(k); }
+    ORDER.push(0);
+    for (let q = 0; q < ORDER.length; q++) { // breadth-first (an index, not Array.shift: O(n))
+      const j = ORDER[q];
+      for (const k of C[j].kids) { C[k].level = C[j].level + 1; ORDER.push(k); }
     }
   })();
   for (const c of C) if (c.kind === "f") for (const m of c.members) C[m].fold = c.j;
+  T.arrays = performance.now();
   const byPath = new Map();
   for (const c of C) if (c.kind !== "k" && !byPath.has(c.path)) byPath.set(c.path, c.j);
   for (const c of C) if (c.kind === "f") byPath.set(c.path, c.j); // a fold's path is its own
@@ -1260,9 +1277,9 @@
     computeStatus();
     let shown = 0;
     for (const j of ORDER) if (status[j] === -1) shown += directCount(j) - (j === 0 ? 0 : 1);
-    const queue = ORDER.filter((j) => status[j] === -1);
-    while (queue.length) {
-      const j = queue.shift();
+    const queue = [0];
+    for (let q = 0; q < queue.length; q++) {
+      const j = queue[q];
       for (const k of drawnKids(j)) {
         if (status[k] === -1) { queue.push(k); continue; }
         if (OPT.depth !== null && OPT.depth !== undefined && C[k].kind === "m" && C[k].depth >= OPT.depth) continue;
@@ -1329,7 +1346,7 @@
     selected: () => (selected < 0 ? null : selected < N ? nodeId[selected] : selected < SUM ? "box:" + C[selected - BOX].path : "sum:" + C[selected - SUM].path),
     toggle: (name) => (name in toggles ? toggle(name, name === "saved" || name === "shapes") : Promise.reject(new Error("no toggle " + name))),
     exportSvg: () => viewSvg(),
-    stats: () => ({ bounds: scene ? scene.bounds : null, layoutMs, jobs: lastLayoutJobs, drawMs: lastDrawMs, worker: !!worker, boxes: scene ? scene.nodes.length : 0, frames: scene ? scene.frames.length : 0, edges: scene ? scene.edges.length : 0 }),
+    stats: () => ({ readyMs, timings: T, bounds: scene ? scene.bounds : null, layoutMs, jobs: lastLayoutJobs, drawMs: lastDrawMs, worker: !!worker, boxes: scene ? scene.nodes.length : 0, frames: scene ? scene.frames.length : 0, edges: scene ? scene.edges.length : 0 }),
     view: () => ({ ...view, width: cssW, height: cssH }),
     boxAt(id) { // where a node (or "box:path") is drawn now, in CSS pixels of the canvas
       let key = idIndex.get(id);
@@ -1338,7 +1355,7 @@
       return it ? { x: it.x * view.k + view.x, y: it.y * view.k + view.y, w: (it.cw || it.w) * view.k, h: it.h * view.k } : null;
     },
   };
-  let resolveReady;
+  let resolveReady, readyMs = null;
   api.ready = new Promise((r) => { resolveReady = r; });
   window.gradscope = api;
 
@@ -1350,14 +1367,20 @@
   const notes = [];
   if (D.note) notes.push(D.note);
   noteEl.textContent = notes.join(" ");
-  initialState();
-  refresh(() => firstView()).then(() => {
+  T.setup = performance.now();
+  loadParts().then(() => {
+    T.loaded = performance.now();
+    initialState();
+    T.initial = performance.now();
+    return refresh(() => firstView());
+  }).then(() => {
     const hidden = C.some((c) => c.j > 0 && status[c.j] !== -1) || C.some((c) => c.kind === "f" && !unfolded[c.j]);
     if (hidden) {
       noteEl.textContent = (D.note ? D.note + " " : "") + "Some modules start closed: click a box to open it, " +
         "a ×N summary to draw every repeat, or Expand all; the command line draws every node with --full " +
         "(or --depth N, --no-fold).";
     }
+    readyMs = performance.now(); // since the navigation started
     resolveReady();
   }, (err) => showError(err));
 })();
