@@ -49,6 +49,7 @@ from .errors import (
     ScopesError,
     ViewError,
 )
+from .model.formats import OutputFormat, format_options
 from .model.formats import format_for as output_format
 from .model.formats import format_names as _format_names
 from .model.graph import Box, Edge, Graph, Node, SavedTensor, TensorInfo, format_bytes
@@ -178,6 +179,7 @@ __all__ = [
     "Node",
     "NodeStep",
     "NonFinite",
+    "OutputFormat",
     "OutputError",
     "ParamStats",
     "ReportError",
@@ -196,6 +198,7 @@ __all__ = [
     "explain",
     "fold",
     "format_bytes",
+    "format_options",
     "iter_tensors",
     "leak_check",
     "load_model_file",
