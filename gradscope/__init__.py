@@ -49,9 +49,10 @@ from .errors import (
     ScopesError,
     ViewError,
 )
+from .model.formats import OutputFormat, format_options
 from .model.formats import format_for as output_format
 from .model.formats import format_names as _format_names
-from .model.graph import Edge, Graph, Node, SavedTensor, TensorInfo, format_bytes
+from .model.graph import Box, Edge, Graph, Node, SavedTensor, TensorInfo, format_bytes
 from .views.graphviz import dot_binary
 from .views.tree import render_tree
 
@@ -149,6 +150,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "Alert",
     "BackwardTrace",
+    "Box",
     "CheckFailure",
     "CheckInputError",
     "CheckResult",
@@ -177,6 +179,7 @@ __all__ = [
     "Node",
     "NodeStep",
     "NonFinite",
+    "OutputFormat",
     "OutputError",
     "ParamStats",
     "ReportError",
@@ -195,6 +198,7 @@ __all__ = [
     "explain",
     "fold",
     "format_bytes",
+    "format_options",
     "iter_tensors",
     "leak_check",
     "load_model_file",

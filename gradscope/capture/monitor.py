@@ -31,11 +31,11 @@ from typing import Any
 
 import torch
 import torch.distributed
-from torch.utils.hooks import RemovableHandle
 
 from ..errors import MonitorError
 from ..model.formats import renderer
 from . import monitor_stats as S
+from .handles import HookHandle
 from .nest import iter_tensors
 
 #: a parameter is "vanishing" after this many consecutive logged steps below ``vanish``
@@ -205,7 +205,7 @@ class GradMonitor:
         self.step = 0
         self.history: list[StepStats] = []
         self.alerts: list[Alert] = []
-        self._handles: list[RemovableHandle] = []
+        self._handles = HookHandle()
         self._queued = -1
         self._pending: torch.Tensor | None = None
         self._old_weights: S.Snapshot = []
@@ -220,25 +220,22 @@ class GradMonitor:
 
     # ------------------------------------------------------------------ hooks
     def _attach(self, model: torch.nn.Module, activations: bool) -> None:
-        h = self._handles
+        add = self._handles.add
         if self.optimizer is not None:
-            h.append(self.optimizer.register_step_pre_hook(self._before_step))
-            h.append(self.optimizer.register_step_post_hook(self._after_step))
+            add(self.optimizer.register_step_pre_hook(self._before_step))
+            add(self.optimizer.register_step_post_hook(self._after_step))
         else:
-            h.extend(
-                p.register_post_accumulate_grad_hook(self._on_accumulate) for p in self._params
-            )
+            for p in self._params:
+                add(p.register_post_accumulate_grad_hook(self._on_accumulate))
         for i, (_, mod) in enumerate(self._modules):
-            h.append(mod.register_forward_hook(partial(self._module_forward, i)))
+            add(mod.register_forward_hook(partial(self._module_forward, i)))
         if activations:
             for i, (_, mod) in enumerate(model.named_modules()):
-                h.append(mod.register_forward_hook(partial(self._activation_check, i)))
+                add(mod.register_forward_hook(partial(self._activation_check, i)))
 
     def remove(self) -> None:
         """Remove every hook gradscope added (safe to call twice); history and alerts stay."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self._handles.remove()
         if self._leak_check is not None:
             self._leak_check.remove()
         self._pending = None

@@ -39,11 +39,6 @@ from ..model.transforms import levels, module_class, node_paths
 BAD_OTHER_COLOR = "lightcoral"  # a later node whose gradient was also non-finite
 OP_COLOR = "lightgrey"  # what Graphviz fills a style=filled node with when given no colour
 
-#: attrs keys written by gradscope's own recorders, not by torch: never listed as saved attributes
-_ANNOTATION_KEYS = frozenset(
-    {"nonfinite", "first_nonfinite", "created_at", "view_base", "module_classes"}
-)
-
 NODE_ATTR = (
     'style=filled shape=box align=left fontsize=10 ranksep=0.1 height=0.2 fontname=monospace'
 )
@@ -67,7 +62,7 @@ def attr_entries(node: Node) -> dict[str, str]:
         else:
             entries[base] = "[saved tensors]" if index else "[saved tensor]"
     for k, v in node.attrs.items():
-        if not k.endswith(".packed") and k not in _ANNOTATION_KEYS:
+        if not k.endswith(".packed"):
             entries[k] = v
     return dict(sorted(entries.items()))
 
@@ -87,41 +82,6 @@ def attr_table(name: str, entries: dict[str, str], max_attr_chars: int) -> str:
 
     rows = "\n".join(fmt % (k, truncate(v)) for k, v in entries.items())
     return name + "\n" + sep + "\n" + rows
-
-
-# ------------------------------------------------------------------ annotations
-# What gradscope's recorders add to a node: read here, in one place, whether the graph keeps
-# them as typed Node fields or (older graphs) as strings in ``attrs``.
-def module_chain(node: Node) -> object:
-    """The node's module class chain (``module_classes``), or None."""
-    return getattr(node, "module_classes", None) or node.attrs.get("module_classes")
-
-
-def created_at(node: Node) -> str | None:
-    """``file:line: code`` of the forward line that created the node (``record_forward``)."""
-    return getattr(node, "created_at", None) or node.attrs.get("created_at")
-
-
-def nonfinite(node: Node) -> str | None:
-    """``nan`` / ``inf`` when the node produced a non-finite gradient, else None."""
-    return getattr(node, "nonfinite", None) or node.attrs.get("nonfinite")
-
-
-def first_nonfinite(node: Node) -> bool:
-    """The first node in engine order that produced a non-finite gradient."""
-    return bool(getattr(node, "first_nonfinite", False)) or (
-        node.attrs.get("first_nonfinite") == "true"
-    )
-
-
-def view_base(node: Node) -> bool:
-    """An output node that is a view's base (drawn darker green)."""
-    return bool(getattr(node, "view_base", False)) or bool(node.attrs.get("view_base"))
-
-
-def annotation(node: Node, key: str) -> bool:
-    """``key`` of ``node.attrs`` was written by gradscope, not by torch."""
-    return key in _ANNOTATION_KEYS
 
 
 _LOCATION = re.compile(r"^(?P<path>.*?):(?P<line>\d+): ?(?P<code>.*)$", re.S)
@@ -171,12 +131,12 @@ def annotate(
     a non-finite node its forward line (path shortened against ``root``, code wrapped)."""
     if node.order is not None:
         label = f"#{node.order} {label}"
-    bad = nonfinite(node)
+    bad = node.nonfinite
     if bad:
-        first = first_nonfinite(node)
+        first = node.first_nonfinite
         extra["fillcolor"] = BAD_COLOR if first else BAD_OTHER_COLOR
         label += f"\n{'first ' if first else ''}{bad} gradient"
-        where = created_at(node)
+        where = node.created_at
         if where:
             label += "\n" + "\n".join(wrap_location(short_location(where, root)))
     return label
@@ -198,28 +158,25 @@ def _base_style(node: Node, attrs: bool, max_attr_chars: int) -> tuple[str, dict
         if node.kind == "leaf":
             extra["fillcolor"] = LEAF_COLOR
         else:
-            extra["fillcolor"] = BASE_COLOR if view_base(node) else OUTPUT_COLOR
+            extra["fillcolor"] = BASE_COLOR if node.view_base else OUTPUT_COLOR
         if t is not None:
             extra["tooltip"] = f"{t.dtype} on {t.device}, storage {t.storage}"
         return label, extra
     if node.kind == "module":  # a collapsed group (Graph.collapse) or folded run (Graph.fold)
-        cls = node.attrs.get("class", "")
-        count = node.attrs.get("nodes", "?")
-        nbytes = int(node.attrs.get("saved_bytes", "0") or 0)
+        box = node.box
+        cls, count = (box.cls, box.nodes) if box is not None else ("", "?")
+        nbytes = box.saved_bytes if box is not None else node.saved_bytes
         label = f"{node.name}\n{cls} · {count} nodes\nsaved {format_bytes(nbytes)}"
-        shown = node.attrs.get("shown")
-        if shown and node.module:  # fold(keep_first=True): the first member is drawn beside it
-            rest = _others_label(node.module, int(node.attrs.get("repeat", "0") or 0))
-            like = levels(shown)[-1]
+        if box is not None and box.shown and node.module:  # fold(keep_first=True)
+            rest = _others_label(node.module, box.repeat or 0)
+            like = levels(box.shown)[-1]
             label = f"{rest}\nlike {like} · {count} nodes\nsaved {format_bytes(nbytes)}"
-        extra["fillcolor"] = FOLDED_COLOR if node.attrs.get("repeat") else MODULE_COLOR
+        extra["fillcolor"] = FOLDED_COLOR if box is not None and box.repeat else MODULE_COLOR
         extra["shape"] = "box3d"
         extra["tooltip"] = f"{node.module}: expand with --depth or --no-fold"
         return label, extra
     if node.kind == "custom":
-        entries = (
-            {k: v for k, v in node.attrs.items() if k not in _ANNOTATION_KEYS} if attrs else {}
-        )
+        entries = dict(node.attrs) if attrs else {}
         label = attr_table(node.name, entries, max_attr_chars) + "\n(custom Function)"
         extra["fillcolor"] = CUSTOM_COLOR
         extra["peripheries"] = "2"
@@ -289,7 +246,7 @@ def _op_key(node: Node) -> tuple[object, ...] | None:
     if node.kind not in ("op", "accumulate", "custom") or node.order is not None:
         return None
     attrs = node.attrs
-    if nonfinite(node):
+    if node.nonfinite:
         return None
     saved = tuple((s.name, s.freed) for s in node.saved)
     return (node.name, node.kind, node.module, tuple(attrs.items()) if attrs else (), saved)
@@ -344,10 +301,10 @@ def _cluster_keys(graph: Graph) -> _Clusters:
     """Node id -> the module levels of the cluster it is drawn in ([] for the top level). A fold
     box with ``shown`` (``fold(keep_first=True)``) gets a cluster of its own around itself and
     the member it keeps: ``layers.0-63 x64`` holds ``layers.0`` and the ``layers.1-63`` box."""
-    shown: dict[str, Node] = {}
+    shown: dict[str, Node] = {}  # the member a fold keeps drawn -> the fold's box
     for n in graph.nodes:
-        if n.kind == "module" and n.attrs.get("shown") and n.module:
-            shown[n.attrs["shown"]] = n
+        if n.kind == "module" and n.box is not None and n.box.shown and n.module:
+            shown[n.box.shown] = n
     keys: dict[str, list[str]] = {}
     folds: dict[str, Node] = {}
     real: dict[str, str] = {}
@@ -355,7 +312,7 @@ def _cluster_keys(graph: Graph) -> _Clusters:
         lv = levels(path) if path else []
         node = graph.node(nid)
         box = node.kind == "module"
-        if box and node.attrs.get("shown") and node.module:
+        if box and node.box is not None and node.box.shown and node.module:
             lv = levels(node.module)  # the box of the others sits in its fold's cluster
         elif lv and box:
             lv = lv[:-1]  # a box stands for its module: drawn inside the module's parent
@@ -418,7 +375,7 @@ def _cluster_lines(graph: Graph, cl: _Clusters, opt: _Options) -> list[str]:
         lv = keys[node.id]
         path = ".".join(lv)
         members.setdefault(path, []).append(node)
-        if node.kind == "module" or module_chain(node):
+        if node.kind == "module" or node.module_classes:
             for d in range(1, len(lv) + 1):
                 knows.setdefault(".".join(lv[:d]), node)
         for d in range(len(lv), 0, -1):
@@ -458,9 +415,10 @@ def _cluster_label(path: str, cl: _Clusters, knows: dict[str, Node]) -> tuple[st
     """(label, tooltip) of a cluster: ``name: Class``; a fold's says what it folds."""
     box = cl.folds.get(path)
     if box is not None:
-        cls = box.attrs.get("class", "")
-        first = levels(box.attrs["shown"])[-1]
-        name = f"{levels(box.module or '')[-1]} x{box.attrs.get('repeat', '?')}"
+        assert box.box is not None and box.box.shown is not None
+        cls = box.box.cls
+        first = levels(box.box.shown)[-1]
+        name = f"{levels(box.module or '')[-1]} x{box.box.repeat}"
         label = f"{name}: {cls}".rstrip(": ") + f" ({first} drawn, the others alike)"
         return label, f"{box.module}: draw every repeat with --no-fold"
     module = cl.real.get(path, path)
@@ -545,16 +503,16 @@ def legend_line(graph: Graph, *, saved: bool = True, clustered: bool = False) ->
         cells.append((LEAF_COLOR, "leaf (parameter, input)"))
     if "output" in kinds:
         cells.append((OUTPUT_COLOR, "output"))
-    if any(view_base(n) for n in graph.nodes):
+    if any(n.view_base for n in graph.nodes):
         cells.append((BASE_COLOR, "view base"))
     if saved and any(n.saved and n.kind != "module" for n in graph.nodes):
         cells.append((SAVED_COLOR, "saved tensor"))
     boxes = [n for n in graph.nodes if n.kind == "module"]
-    if any(not b.attrs.get("repeat") for b in boxes):
+    if any(b.box is None or not b.box.repeat for b in boxes):
         cells.append((MODULE_COLOR, "collapsed module"))
-    if any(b.attrs.get("repeat") for b in boxes):
+    if any(b.box is not None and b.box.repeat for b in boxes):
         cells.append((FOLDED_COLOR, "repeated layers"))
-    if any(nonfinite(n) for n in graph.nodes):
+    if any(n.nonfinite for n in graph.nodes):
         cells.append((BAD_COLOR, "first NaN/Inf"))
     notes = []
     if clustered:

@@ -29,20 +29,10 @@ from typing import Any
 
 from ..model.formats import OutputFormat, register_format, register_renderer
 from ..model.graph import Graph, Node, SavedTensor, format_bytes
+from ..model.nodes import saved_bytes_of
 from ..model.paths import levels, module_class, node_paths
 from ..model.transforms import Run, fold_runs
-from .dot import (
-    BAD_OTHER_COLOR,
-    OP_COLOR,
-    annotation,
-    attr_entries,
-    created_at,
-    first_nonfinite,
-    module_chain,
-    nonfinite,
-    short_location,
-    view_base,
-)
+from .dot import BAD_OTHER_COLOR, OP_COLOR, attr_entries, short_location
 from .style import (
     BAD_COLOR,
     BASE_COLOR,
@@ -204,7 +194,7 @@ class _Builder:
         """A module's class, from a node inside it that knows (``module_classes``)."""
         samples: dict[int, list[Node]] = {}
         for i, n in enumerate(self.graph.nodes):
-            if n.kind != "module" and not module_chain(n):
+            if n.kind != "module" and not n.module_classes:
                 continue
             c = self.node_container[i]
             while c > 0:
@@ -359,7 +349,7 @@ class _Builder:
             extra = loose.get(idx, 0)
             for i in c.nodes:
                 n = nodes[i]
-                c.count += _count(n)
+                c.count += n.count
                 for s in n.saved:
                     if s.freed:
                         continue
@@ -384,10 +374,6 @@ class _Builder:
             idx = self.containers[idx].parent
             d += 1
         return d
-
-
-def _count(n: Node) -> int:
-    return int(n.attrs.get("nodes", "1") or 1) if n.kind == "module" else 1
 
 
 # ---------------------------------------------------------------------- the page's data
@@ -450,25 +436,25 @@ def _node_info(
         info["t"] = [t.name, t.shape, t.dtype, t.device]
     attrs = attr_entries(node) if node.kind in ("op", "accumulate") else {}
     if node.kind == "custom":
-        attrs = {k: v for k, v in node.attrs.items() if not annotation(node, k)}
+        attrs = dict(node.attrs)
     attrs = {k: v for k, v in attrs.items() if v not in ("[saved tensor]", "[saved tensors]")}
     if attrs:
         info["a"] = attrs
     if node.kind == "module":
-        info["box"] = [node.attrs.get("class", ""), _count(node),
-                       int(node.attrs.get("saved_bytes", "0") or 0),
-                       int(node.attrs.get("repeat", "0") or 0)]
+        box = node.box
+        info["box"] = ([box.cls, box.nodes, box.saved_bytes, box.repeat or 0] if box is not None
+                       else ["", 1, node.saved_bytes, 0])
     if node.order is not None:
         info["o"] = node.order
-    bad = nonfinite(node)
+    bad = node.nonfinite
     if bad:
         info["bad"] = bad
-        if first_nonfinite(node):
+        if node.first_nonfinite:
             info["first"] = 1
-    where = created_at(node)
+    where = node.created_at
     if where:
         info["at"] = short_location(where, root)
-    if view_base(node):
+    if node.view_base:
         info["base"] = 1
     if path is not None and path != cpath:
         info["m"] = path
@@ -520,10 +506,10 @@ def graph_data(
                c.count, c.saved_bytes]
         if c.kind == "fold":
             rest = [k for m in c.members[1:] for k in b.subtree_nodes(m)]
-            row += [c.members, sum(_count(graph.nodes[i]) for i in rest),
-                    Graph(nodes=[graph.nodes[i] for i in rest]).saved_bytes()]
+            row += [c.members, sum(graph.nodes[i].count for i in rest),
+                    saved_bytes_of([graph.nodes[i] for i in rest])]
         containers.append(row)
-    first = next((index[n.id] for n in graph.nodes if first_nonfinite(n)), -1)
+    first = next((index[n.id] for n in graph.nodes if n.first_nonfinite), -1)
     return {
         "v": 2,
         "nodes": nodes,

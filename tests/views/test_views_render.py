@@ -79,7 +79,7 @@ def test_module_boxes_in_dot() -> None:
     dot = view.to_dot()
     box = next(n for n in view.nodes if n.module == "encoder.layers.0")
     line = next(ln for ln in dot.splitlines() if ln.strip().startswith(f"{box.id} ["))
-    assert f"TransformerEncoderLayer · {box.attrs['nodes']} nodes" in line and "box3d" in line
+    assert f"TransformerEncoderLayer · {box.box.nodes} nodes" in line and "box3d" in line
     assert f"{box.id}_s0" not in dot  # a box stands for many nodes: no saved-tensor boxes
     assert re.search(r'-> m\d+ \[label="x2"', dot)  # merged edges carry their count
 
@@ -93,14 +93,14 @@ def test_readable_view_of_a_big_graph(deep: gs.Graph) -> None:
     view, note = readable_view(deep)
     # one layer is drawn as it is, the other 63 are one box that says what it stands for
     boxes = [n for n in view.nodes if n.kind == "module"]
-    assert [(b.name, b.attrs["repeat"], b.attrs["shown"]) for b in boxes] == [
-        ("encoder.layers.0-63 x64", "64", "encoder.layers.0")
+    assert [(b.name, b.box.repeat, b.box.shown) for b in boxes] == [
+        ("encoder.layers.0-63 x64", 64, "encoder.layers.0")
     ]
     layer0 = [n for n in deep.nodes if (n.module or "").startswith("encoder.layers.0.")
               or n.module == "encoder.layers.0"]
     kept = {n.id for n in view.nodes}
     assert layer0 and all(n.id in kept for n in layer0)
-    assert int(boxes[0].attrs["nodes"]) + len(view.nodes) - 1 == len(deep.nodes)
+    assert boxes[0].box.nodes + len(view.nodes) - 1 == len(deep.nodes)
     assert note == (
         f"{len(deep.nodes)} nodes drawn as {len(view.nodes)}: folded repeated layers "
         "(encoder.layers.0-63 x64; one of each drawn); to see more use --no-fold (every repeat), "
