@@ -254,19 +254,28 @@
     }
     const level = new Map();
     for (const j of open) level.set(j, j === 0 ? 0 : level.get(drawnParent[j]) + 1);
-    const routes = new Map(open.map((j) => [j, new Map()])); // container -> "ia,ib" -> index
+    // An edge is routed in every open container it crosses: from its start to the container's
+    // exit port (OUT, at the bottom of that container's layout), in the container holding both
+    // ends, then from each entry port (IN, at the top) to its end: so no segment cuts straight
+    // through an open module's contents.
+    const routes = new Map(open.map((j) => [j, new Map()])); // container -> "a,b" -> index
+    const route = (j, a, b) => {
+      const r = routes.get(j), rk = a + "," + b;
+      if (!r.has(rk)) r.set(rk, r.size);
+      return r.get(rk);
+    };
     const edges = [];
     for (const e of merged.values()) {
       let ca = e.a, cb = e.b;
       let pa = containerOfItem(ca), pb = containerOfItem(cb);
+      const up = [], down = [];
       while (pa !== pb) {
-        if (level.get(pa) >= level.get(pb)) { ca = BOX + pa; pa = drawnParent[pa]; }
-        else { cb = BOX + pb; pb = drawnParent[pb]; }
+        if (level.get(pa) >= level.get(pb)) { up.push(pa, route(pa, ca, "out")); ca = BOX + pa; pa = drawnParent[pa]; }
+        else { down.push(pb, route(pb, "in", cb)); cb = BOX + pb; pb = drawnParent[pb]; }
       }
       e.lca = pa; e.ca = ca; e.cb = cb;
-      const r = routes.get(pa), rk = ca + "," + cb;
-      if (!r.has(rk)) r.set(rk, r.size);
-      e.route = r.get(rk);
+      e.route = route(pa, ca, cb);
+      e.up = up; e.down = down; // [container, route index, ...], innermost first
       edges.push(e);
     }
     return { items, open, direct, routes, edges };
@@ -286,9 +295,15 @@
         else { w.push(it.w); h.push(it.h); }
       });
       const e = [];
+      const port = { in: -1, out: -1 };
+      const at = (k) => {
+        if (k !== "in" && k !== "out") return index.get(Number(k));
+        if (port[k] < 0) { port[k] = w.length; w.push(1); h.push(1); } // a port: a 1 px node
+        return port[k];
+      };
       for (const rk of view.routes.get(j).keys()) {
-        const [a, b] = rk.split(",").map(Number);
-        e.push(index.get(a), index.get(b));
+        const [a, b] = rk.split(",");
+        e.push(at(a), at(b));
       }
       jobOf.set(j, jobs.length);
       jobs.push({ w, h, c, e, pad: PAD, key: j });
@@ -363,17 +378,19 @@
       });
     }
     const edges = [];
-    for (const e of view.edges) {
-      const r = byJob.get(e.lca), [ox, oy] = origin.get(e.lca); // results are shared by identical containers
-      const flat = r.p[e.route] || [];
-      const a = view.items.get(e.a), b = view.items.get(e.b);
-      const pts = [];
-      const ax = a.x + (a.cw || a.w) / 2, ay = a.y + a.h, bx = b.x + (b.cw || b.w) / 2, by = b.y;
-      if (e.ca !== e.a || !flat.length) pts.push(ax, ay);
+    const follow = (pts, j, r) => { // a route of container j, in page coordinates
+      const [ox, oy] = origin.get(j); // results are shared by identical containers: their own origin
+      const flat = byJob.get(j).p[r] || [];
       for (let q = 0; q < flat.length; q += 2) pts.push(ox + flat[q], oy + flat[q + 1]);
-      if (e.cb !== e.b || !flat.length) pts.push(bx, by);
-      if (e.ca === e.a && flat.length) { pts[0] = ax; pts[1] = ay; }
-      if (e.cb === e.b && flat.length) { pts[pts.length - 2] = bx; pts[pts.length - 1] = by; }
+    };
+    for (const e of view.edges) {
+      const a = view.items.get(e.a), b = view.items.get(e.b);
+      const pts = [a.x + (a.cw || a.w) / 2, a.y + a.h];
+      for (let q = 0; q < e.up.length; q += 2) follow(pts, e.up[q], e.up[q + 1]);
+      follow(pts, e.lca, e.route);
+      for (let q = e.down.length - 2; q >= 0; q -= 2) follow(pts, e.down[q], e.down[q + 1]);
+      pts.push(b.x + (b.cw || b.w) / 2, b.y);
+      if (pts.length > 4) { pts.splice(2, 2); pts.splice(pts.length - 4, 2); } // ends: the boxes' own
       e.pts = pts;
       let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
       for (let q = 0; q < pts.length; q += 2) {
@@ -534,11 +551,13 @@
     for (const e of q.e) {
       if (edgeHidden(e)) continue;
       const col = normColor(e.norm);
-      const on = related && (e.a === selected || related.up.has(e.a)) && (e.b === selected || related.up.has(e.b) || e.b === selected);
+      // the selection's inputs (upstream) and its path to the output (downstream) stay bright and
+      // thick in their own colours (a norm's colour is never replaced); every other edge fades
+      const on = related && (e.b === selected || related.up.has(e.b)) && (e.a === selected || related.up.has(e.a));
       const down = related && (e.a === selected || related.down.has(e.a)) && related.down.has(e.b);
-      c.strokeStyle = down ? "#d9480f" : on ? "#1c7ed6" : col || "#555";
-      c.globalAlpha = related && !on && !down && !toggles.pathOnly ? 0.25 : 1;
-      c.lineWidth = (down || on ? 2.2 : (col === COLORS.bad ? 2.5 : 1)) * lw;
+      c.strokeStyle = col || (down || on ? "#222" : "#555");
+      c.globalAlpha = related && !on && !down && !toggles.pathOnly ? 0.18 : 1;
+      c.lineWidth = (down || on ? 2.4 : 1) * (col === COLORS.bad ? 2 : 1) * lw;
       if (e.view) c.setLineDash([2 / v.k, 3 / v.k]);
       curve(c, e.pts);
       c.stroke();
@@ -1205,20 +1224,21 @@
     const el = $("legend");
     const sw = (fill, label, extra) => `<div class="row"><span class="sw${extra ? " " + extra : ""}" style="background:${fill}"></span>${label}</div>`;
     const parts = ["<b>Legend</b>",
-      sw(COLORS.op, "op (a backward node)"), sw(COLORS.custom, "custom Function", "double"),
-      sw(COLORS.leaf, "leaf: parameter or input"), sw(COLORS.output, "output"), sw(COLORS.base, "output that is a view's base"),
-      sw(COLORS.saved, "saved tensor (toggle: Saved)"), sw(COLORS.module, "module box: click to open", "box"),
-      sw(COLORS.folded, "repeated layers: one drawn, others summarised", "box"),
-      `<div class="row"><span class="sw frame"></span>open module (click its title to close)</div>`,
-      `<div class="row"><span class="ln dotted"></span>view → its base tensor</div>`,
-      `<div class="row"><span class="ln"></span><span class="cnt">×3</span> edges merged between boxes</div>`];
+      sw(COLORS.op, "op (backward node)"), sw(COLORS.leaf, "leaf: parameter, input"),
+      sw(COLORS.custom, "custom Function", "double"), sw(COLORS.output, "output"),
+      sw(COLORS.saved, "saved tensor (Saved)"), sw(COLORS.base, "output, a view's base"),
+      sw(COLORS.module, "module: click to open", "box"), sw(COLORS.folded, "repeats: one drawn", "box"),
+      `<div class="row"><span class="sw frame"></span>open module: title closes</div>`,
+      `<div class="row"><span class="ln dotted"></span>view → its base</div>`,
+      `<div class="row"><span class="ln"></span><span class="cnt">×3</span> merged edges</div>`];
     if (OPT.backward) {
-      parts.push(sw(COLORS.bad, "first NaN/Inf gradient"), sw(COLORS.bad_other, "NaN/Inf gradient"),
-        `<div class="row">#N: backward order (0 ran first)</div>`);
-      parts.push(`<div class="row">edge colour: ‖∇‖ of the gradient along it</div>`);
+      parts.push(sw(COLORS.bad, "first NaN/Inf"), sw(COLORS.bad_other, "later NaN/Inf"),
+        `<div class="row">#N: backward order</div>`,
+        `<div class="row wide">edge colour: ‖∇‖ of the gradient along it (as in SVG and tree)</div>`);
       let lower = null;
+      const num = (v) => (v < 0.01 || v >= 1000 ? v.toExponential(0).replace("e+", "e") : String(v));
       for (const [name, upper, color] of NORM) {
-        const range = name === "non-finite" ? "NaN or Inf" : lower === null ? "< " + upper : upper === null ? "≥ " + lower : lower + " – " + upper;
+        const range = name === "non-finite" ? "NaN or Inf" : lower === null ? "< " + num(upper) : upper === null ? "≥ " + num(lower) : num(lower) + " – " + num(upper);
         parts.push(`<div class="row"><span class="ln" style="border-top:2.5px solid ${color}"></span>${name}: ${range}</div>`);
         if (upper !== null) lower = upper;
       }
