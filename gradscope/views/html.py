@@ -475,7 +475,6 @@ def graph_data(
     notes: dict[str, str] | None = None,
     root: str | Path | None = None,
     budget: int = BUDGET,
-    note: str | None = None,
 ) -> dict[str, Any]:
     """The JSON the page embeds (version 2: compact arrays, see ``viewer.js``)."""
     b = _Builder(graph, fold)
@@ -520,7 +519,6 @@ def graph_data(
         "summary": graph.summary(),
         "total_bytes": graph.saved_bytes(),
         "total_bytes_text": format_bytes(graph.saved_bytes()),
-        "note": note,
         "options": {"depth": depth, "full": full, "saved": saved, "budget": budget,
                     "chunk": CHUNK, "memory": bool(notes),
                     "backward": any(n.order is not None for n in graph.nodes)},

@@ -661,35 +661,37 @@
 
   // ------------------------------------------------------------------ minimap
   const mini = $("minimap"), mctx = mini.getContext("2d");
-  let miniImage = null, miniScale = 1;
+  let miniImage = null, miniX = 1, miniY = 1; // a very tall graph is widened in the minimap
   function renderMinimap() {
     if (!scene) return;
     const big = scene.bounds.w * 0.6 > cssW || scene.bounds.h * 0.6 > cssH;
     mini.style.display = toggles.minimap && big ? "block" : "none";
     if (mini.style.display === "none") { miniImage = null; return; }
     const W = 180, H = 140;
-    miniScale = Math.min(W / scene.bounds.w, H / scene.bounds.h);
-    mini.width = Math.ceil(scene.bounds.w * miniScale) + 2; mini.height = Math.ceil(scene.bounds.h * miniScale) + 2;
+    const H2 = scene.bounds.h > scene.bounds.w * 4 ? 260 : H; // tall: a taller strip
+    miniY = Math.min(W / scene.bounds.w, H2 / scene.bounds.h);
+    miniX = Math.max(miniY, Math.min(W / scene.bounds.w, (40 / scene.bounds.w) || miniY)); // >= 40 px wide
+    mini.width = Math.ceil(scene.bounds.w * miniX) + 2; mini.height = Math.ceil(scene.bounds.h * miniY) + 2;
     const off = document.createElement("canvas");
     off.width = mini.width; off.height = mini.height;
     const o = off.getContext("2d");
     o.fillStyle = "#fff"; o.fillRect(0, 0, off.width, off.height);
-    o.setTransform(miniScale, 0, 0, miniScale, 1, 1);
+    o.setTransform(miniX, 0, 0, miniY, 1, 1);
     for (const f of scene.frames) { o.fillStyle = "rgba(150,160,190,0.25)"; o.fillRect(f.x, f.y, f.w, f.h); }
-    for (const it of scene.nodes) { o.fillStyle = fillOf(it); o.fillRect(it.x, it.y, Math.max(it.w, 2 / miniScale), Math.max(it.h, 2 / miniScale)); }
+    for (const it of scene.nodes) { o.fillStyle = fillOf(it); o.fillRect(it.x, it.y, Math.max(it.w, 2 / miniX), Math.max(it.h, 2 / miniY)); }
     miniImage = off;
   }
   function drawMinimapView() {
     if (!miniImage) return;
     mctx.setTransform(1, 0, 0, 1, 0, 0);
     mctx.drawImage(miniImage, 0, 0);
-    const x = (-view.x / view.k) * miniScale + 1, y = (-view.y / view.k) * miniScale + 1;
+    const x = (-view.x / view.k) * miniX + 1, y = (-view.y / view.k) * miniY + 1;
     mctx.strokeStyle = "#d00"; mctx.lineWidth = 1.5;
-    mctx.strokeRect(x, y, (cssW / view.k) * miniScale, (cssH / view.k) * miniScale);
+    mctx.strokeRect(x, y, (cssW / view.k) * miniX, Math.max(2, (cssH / view.k) * miniY));
   }
   function miniNavigate(ev) {
     const r = mini.getBoundingClientRect();
-    const wx = (ev.clientX - r.left - 1) / miniScale, wy = (ev.clientY - r.top - 1) / miniScale;
+    const wx = (ev.clientX - r.left - 1) / miniX, wy = (ev.clientY - r.top - 1) / miniY;
     view.x = cssW / 2 - wx * view.k; view.y = cssH / 2 - wy * view.k;
     requestDraw();
   }
@@ -735,6 +737,7 @@
       renderMinimap();
       draw();
       updateStatus();
+      updateNote();
       busy = null;
       if (again) {
         again = false;
@@ -745,6 +748,14 @@
       return gen;
     }, (err) => { busy = null; showError(err); throw err; });
     return busy;
+  }
+  // The one-line note: while anything is closed or summarised, every way to see more.
+  function updateNote() {
+    let hidden = false;
+    for (let j = 1; j < M && !hidden; j++) hidden = status[j] !== -1 || (C[j].kind === "f" && !unfolded[j]);
+    noteEl.textContent = !hidden ? "" : "Some modules are closed: click a box to open it, a ×N " +
+      "summary to draw every repeat, or Expand all; the command line draws every node with --full " +
+      "(or --depth N, --no-fold).";
   }
   function showError(err) {
     statusEl.textContent = "layout failed: " + (err && err.message ? err.message : err);
@@ -1384,9 +1395,6 @@
   resizeCanvas();
   buildLegend();
   syncToggles();
-  const notes = [];
-  if (D.note) notes.push(D.note);
-  noteEl.textContent = notes.join(" ");
   T.setup = performance.now();
   loadParts().then(() => {
     T.loaded = performance.now();
@@ -1394,12 +1402,6 @@
     T.initial = performance.now();
     return refresh(() => firstView());
   }).then(() => {
-    const hidden = C.some((c) => c.j > 0 && status[c.j] !== -1) || C.some((c) => c.kind === "f" && !unfolded[c.j]);
-    if (hidden) {
-      noteEl.textContent = (D.note ? D.note + " " : "") + "Some modules start closed: click a box to open it, " +
-        "a ×N summary to draw every repeat, or Expand all; the command line draws every node with --full " +
-        "(or --depth N, --no-fold).";
-    }
     readyMs = performance.now(); // since the navigation started
     resolveReady();
   }, (err) => showError(err));
