@@ -29,6 +29,8 @@
   async function loadParts() {
     // the blocks follow this script: the HTML parser reads them in its own slices of time
     if (document.readyState === "loading") await new Promise((r) => document.addEventListener("DOMContentLoaded", r));
+    await tick();
+    buildContainers();
     let i = 0, k = 0;
     for (const el of document.querySelectorAll("script.gs-part")) {
       await tick();
@@ -53,25 +55,28 @@
     for (let n = 0; n < N; n++) C[nodeC[n]].nodes.push(n);
   }
   const M = D.containers.length;
-  const C = D.containers.map((r, j) => ({
-    j, path: r[0], label: r[1], cls: r[2], kind: r[3], parent: r[4], depth: r[5],
-    count: r[6], bytes: r[7], members: r[8] || null, sumCount: r[9] || 0, sumBytes: r[10] || 0,
-    kids: [], nodes: [], fold: -1, level: 0,
-  }));
-  for (const c of C) if (c.parent >= 0) C[c.parent].kids.push(c.j);
+  const C = new Array(M); // filled by buildContainers, in a task of its own
   const ORDER = []; // containers, parents first
-  (function () {
+  const byPath = new Map();
+  function buildContainers() {
+    D.containers.forEach((r, j) => {
+      C[j] = {
+        j, path: r[0], label: r[1], cls: r[2], kind: r[3], parent: r[4], depth: r[5],
+        count: r[6], bytes: r[7], members: r[8] || null, sumCount: r[9] || 0, sumBytes: r[10] || 0,
+        kids: [], nodes: [], fold: -1, level: 0,
+      };
+    });
+    for (const c of C) if (c.parent >= 0) C[c.parent].kids.push(c.j);
     ORDER.push(0);
     for (let q = 0; q < ORDER.length; q++) { // breadth-first (an index, not Array.shift: O(n))
       const j = ORDER[q];
       for (const k of C[j].kids) { C[k].level = C[j].level + 1; ORDER.push(k); }
     }
-  })();
-  for (const c of C) if (c.kind === "f") for (const m of c.members) C[m].fold = c.j;
-  T.arrays = performance.now();
-  const byPath = new Map();
-  for (const c of C) if (c.kind !== "k" && !byPath.has(c.path)) byPath.set(c.path, c.j);
-  for (const c of C) if (c.kind === "f") byPath.set(c.path, c.j); // a fold's path is its own
+    for (const c of C) if (c.kind === "f") for (const m of c.members) C[m].fold = c.j;
+    for (const c of C) if (c.kind !== "k" && !byPath.has(c.path)) byPath.set(c.path, c.j);
+    for (const c of C) if (c.kind === "f") byPath.set(c.path, c.j); // a fold's path is its own
+    T.containers = performance.now();
+  }
 
   // ------------------------------------------------------------------ state
   const expanded = new Uint8Array(M); // open containers (the root is always open)
