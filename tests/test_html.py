@@ -151,6 +151,45 @@ def test_backward_annotations_reach_the_page(nan_page: Path) -> None:
     assert data["options"]["backward"] and data["style"]["norm"][-1][0] == "non-finite"
 
 
+@pytest.mark.parametrize("sample", ["transformer.py", "cnn.py"])
+def test_output_shapes_match_the_gradients(sample: str) -> None:
+    """An op's output shape, where the page shows one, is the shape of the gradient torch's
+    engine handed that op in backward (recorded by gs.record_backward: ground truth from
+    torch, not from the shape inference)."""
+    mf = gs.load_model_file(SAMPLES / sample)
+    fwd = mf.forward()
+    loss = fwd.outputs.float().pow(2).mean()
+    with gs.record_backward(loss, model=fwd.model, saved=True) as rec:
+        loss.backward()
+    got = {n.id: s for n, s in zip(rec.graph.nodes, _shapes(rec.graph)) if s is not None}
+    seen = 0
+    for step in rec.steps:
+        node = rec.graph.node(step.node_id)
+        if node.kind != "op" or step.node_id not in got or not step.grad_outputs[0]:
+            continue
+        assert got[step.node_id] == list(step.grad_outputs[0].shape), (node.name, step.node_id)
+        seen += 1
+    ops = sum(1 for n in rec.graph.nodes if n.kind == "op")
+    assert seen >= ops // 2, f"shapes known for {seen} of {ops} ops"
+
+
+def _shapes(graph: gs.Graph) -> list[list[int] | None]:
+    from gradscope.views.html import _output_shapes
+
+    return _output_shapes(graph, {n.id: i for i, n in enumerate(graph.nodes)})
+
+
+def test_memory_labels_reach_the_page(tmp_path: Path) -> None:
+    out = tmp_path / "m.html"
+    proc = run_cli("render", str(SAMPLES / "mlp.py"), "--memory", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = embedded_data(out.read_text(encoding="utf-8"))
+    labels = {row[0]: row[4]["mem"] for row in data["nodes"] if len(row) > 4 and "mem" in row[4]}
+    fwd = gs.load_model_file(SAMPLES / "mlp.py").forward()
+    expected = gs.trace(fwd.outputs, model=fwd.model).memory().node_labels()
+    assert labels == {nid: f"holds {size}" for nid, size in expected.items()} and labels
+
+
 def test_save_html(transformer, tmp_path: Path) -> None:
     graph, _ = transformer
     path = graph.save(tmp_path / "g.html")
@@ -278,6 +317,29 @@ def test_viewer_clicks_search_and_details(browser, transformer, tmp_path: Path) 
     p.page.wait_for_function(f"() => gradscope.view().k > {k}")
     svg = p.js("gradscope.exportSvg()")
     assert svg.startswith("<svg") and ">AddmmBackward0<" in svg
+    p.close()
+
+
+def test_toggles_and_path_only(browser, transformer, tmp_path: Path) -> None:
+    graph, _ = transformer
+    p = Page(browser, graph.save(tmp_path / "t.html"))
+    assert p.js("gradscope.visible()") == len(graph.nodes)  # small: everything open at once
+    p.js("gradscope.toggle('saved')")  # off: no orange boxes beside the ops
+    assert 'fill="#ffa500"' not in p.js("gradscope.exportSvg()")
+    p.js("gradscope.toggle('saved')")
+    p.js("gradscope.toggle('shapes')")  # on: "→ (shape)" lines under the ops
+    node = next(n for n in graph.nodes if n.name == "AddmmBackward0" and n.module == "head")
+    p.js("(id) => gradscope.select(id)", node.id)
+    shape = _shapes(graph)[graph.nodes.index(node)]  # checked against torch's gradients above
+    assert shape and f"→ ({', '.join(map(str, shape))})" in p.js("gradscope.exportSvg()")
+    # only the path from the selection to the output: far fewer boxes drawn
+    # only the path from the selection to the output: its inputs (the head's parameters) go
+    everything = p.js("gradscope.exportSvg()")
+    p.js("gradscope.toggle('pathOnly')")
+    path = p.js("gradscope.exportSvg()")
+    assert ">AccumulateGrad<" in everything and ">AccumulateGrad<" not in path
+    assert ">AddmmBackward0<" in path and ">output<" in path
+    assert path.count("<rect") < everything.count("<rect")
     p.close()
 
 

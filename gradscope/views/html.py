@@ -389,10 +389,24 @@ def _saved(s: SavedTensor) -> list[Any]:
     return [s.name, s.shape, s.dtype, s.nbytes, s.storage, 1 if s.freed else 0]
 
 
+#: The forward arguments behind ``next_functions`` slots of a few common ops, from their ATen
+#: signatures (``addmm(self, mat1, mat2)``...); every other op: slot 0 is ``self``/``input``.
+_SLOTS = {
+    "AddmmBackward0": ("self", "mat1", "mat2"),
+    "MmBackward0": ("self", "mat2"),
+    "BmmBackward0": ("self", "mat2"),
+    "MulBackward0": ("self", "other"),
+    "DivBackward0": ("self", "other"),
+    "ConvolutionBackward0": ("input", "weight", "bias"),
+}
+_SIZES = re.compile(r"\(\s*(\d+\s*,?\s*)*\)")
+
+
 def _output_shapes(graph: Graph, index: dict[str, int]) -> list[list[int] | None]:
     """Each node's forward output shape where the graph tells it: a tensor's own shape, an op's
-    saved ``result``, or the ``self``/``input`` its consumer saved (input slot 0 of an ATen op
-    is ``self``/``input``); else None."""
+    saved ``result``, or what its consumer saved of that input (the tensor, or its
+    ``<name>_sym_sizes``) for the argument at the edge's slot; else None. An AccumulateGrad's is
+    its parameter's."""
     shapes: list[list[int] | None] = [None] * len(graph.nodes)
     for i, n in enumerate(graph.nodes):
         if n.tensor is not None:
@@ -408,16 +422,21 @@ def _output_shapes(graph: Graph, index: dict[str, int]) -> list[list[int] | None
         src = graph.nodes[index[e.src]]
         if src.kind == "accumulate" and graph.nodes[dst].kind == "leaf":
             leaf_of[index[e.src]] = dst
-        if shapes[dst] is not None or e.input_nr != 0 or src.kind != "op" or e.kind != "grad":
+        if shapes[dst] is not None or src.kind != "op" or e.kind != "grad":
             continue
-        for s in src.saved:
-            if s.name in ("self", "input") and s.shape is not None:
-                shapes[dst] = list(s.shape)
-                break
-        else:
-            sizes = src.attrs.get("self_sym_sizes") or src.attrs.get("input_sym_sizes")
-            if sizes and re.fullmatch(r"\(\s*(\d+\s*,?\s*)*\)", sizes):
-                shapes[dst] = [int(v) for v in re.findall(r"\d+", sizes)]
+        slots = _SLOTS.get(src.name, ("self|input",))
+        if e.input_nr >= len(slots):
+            continue
+        names = slots[e.input_nr].split("|")
+        saved = {s.name: s.shape for s in src.saved if s.shape is not None}
+        shape = next((saved[name] for name in names if name in saved), None)
+        if shape is None:
+            sizes = next((src.attrs[f"{name}_sym_sizes"] for name in names
+                          if f"{name}_sym_sizes" in src.attrs), None)
+            if sizes and _SIZES.fullmatch(sizes):
+                shape = [int(v) for v in re.findall(r"\d+", sizes)]
+        if shape is not None:
+            shapes[dst] = list(shape)
     for acc, leaf in leaf_of.items():
         if shapes[acc] is None:
             shapes[acc] = shapes[leaf]

@@ -738,7 +738,7 @@
       if (sel >= 0 && !scene.items.has(sel)) selected = -1;
       updateRelated();
       syncSize();
-      if (anchor) anchor(scene);
+      const settled = anchor ? anchor(scene) : null; // a promise when the view moves smoothly
       renderMinimap();
       draw();
       updateStatus();
@@ -748,9 +748,9 @@
         again = false;
         const waiting = refresh.waiting || [];
         refresh.waiting = [];
-        return refresh((s) => waiting.forEach((f) => f(s)));
+        return refresh((s) => Promise.all(waiting.map((f) => f(s))));
       }
-      return gen;
+      return Promise.resolve(settled).then(() => gen);
     }, (err) => { busy = null; showError(err); throw err; });
     return busy;
   }
@@ -793,19 +793,27 @@
     requestDraw();
   }
   let anim = null;
-  function stopAnimation() { if (anim) { cancelAnimationFrame(anim); anim = null; } }
-  function animateTo(target, ms) {
+  function stopAnimation() {
+    if (anim) { cancelAnimationFrame(anim); anim = null; }
+    if (animDone) { const r = animDone; animDone = null; r(); }
+  }
+  let animDone = null;
+  function animateTo(target, ms) { // resolves once the view has arrived (or another move took over)
     userMoved = true;
     const from = { ...view };
     const t0 = performance.now();
-    if (anim) cancelAnimationFrame(anim);
+    stopAnimation();
     ms = ms || 220;
-    (function step() {
-      const t = Math.min(1, (performance.now() - t0) / ms), s = t * (2 - t);
-      view = { k: from.k + (target.k - from.k) * s, x: from.x + (target.x - from.x) * s, y: from.y + (target.y - from.y) * s };
-      draw();
-      anim = t < 1 ? requestAnimationFrame(step) : null;
-    })();
+    return new Promise((resolve) => {
+      animDone = resolve;
+      (function step() {
+        const t = Math.min(1, (performance.now() - t0) / ms), s = t * (2 - t);
+        view = { k: from.k + (target.k - from.k) * s, x: from.x + (target.x - from.x) * s, y: from.y + (target.y - from.y) * s };
+        draw();
+        if (t < 1) anim = requestAnimationFrame(step);
+        else { anim = null; animDone = null; resolve(); }
+      })();
+    });
   }
   // The opened module zoomed to a readable size: whole when it fits at >= 0.55, else its top
   // at readable scale; the rest of the view follows.
@@ -855,7 +863,7 @@
       if (before) { // steady: the frame opens where the box was, then zooms to readable size
         view.x = before.x - it.x * view.k; view.y = before.y - it.y * view.k;
       }
-      animateTo(showRect(it));
+      return animateTo(showRect(it));
     });
   }
   function collapseContainer(j) {
@@ -900,8 +908,9 @@
     selected = key;
     updateRelated();
     showDetails(key);
-    if (opts && opts.center && scene && scene.items.has(key)) animateTo(centerOn(scene.items.get(key)), 200);
-    else requestDraw();
+    if (opts && opts.center && scene && scene.items.has(key)) return animateTo(centerOn(scene.items.get(key)), 200);
+    requestDraw();
+    return Promise.resolve();
   }
   function row(table, k, v) {
     const tr = document.createElement("tr");
@@ -1040,7 +1049,7 @@
   }
   function selectNode(i) {
     const key = scene ? visOf(i) : -1;
-    if (key === i && scene && scene.items.has(i)) { selectItem(i, { center: true }); return Promise.resolve(); }
+    if (key === i && scene && scene.items.has(i)) return selectItem(i, { center: true });
     revealNode(i);
     return refresh((s) => {
       if (!s.items.has(i)) return;
