@@ -434,8 +434,10 @@ def readable_view(
 
     ``full`` draws every node. Otherwise: collapse to ``depth`` when given; fold runs of
     identical layers when ``fold_repeats`` is True, or when it is None (the default) and the
-    graph has more than ``max_nodes`` nodes; then, with no ``depth``, collapse to the deepest
-    depth that fits ``max_nodes`` (``auto_depth``).
+    graph has more than ``max_nodes`` nodes, keeping each run's first member drawn
+    (``fold(keep_first=True)``: the picture shows what a layer holds); then, with no ``depth``,
+    collapse to the deepest depth that fits ``max_nodes`` (``auto_depth``). The note says what
+    was done and every way to see more (``--no-fold``, ``--depth N``, ``--full``).
 
     Example:
         >>> import gradscope as gs

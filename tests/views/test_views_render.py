@@ -11,8 +11,8 @@ import torch
 from conftest import SAMPLES, run_cli
 
 import gradscope as gs
-from gradscope.views.graphviz import dot_binary
 from gradscope.model.transforms import readable_view
+from gradscope.views.graphviz import dot_binary
 
 
 def traced(sample: str) -> tuple[gs.Graph, torch.nn.Module]:
