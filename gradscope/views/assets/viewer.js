@@ -90,6 +90,7 @@
   // Visible item keys: node i -> i; container j as a box or open frame -> N + j; the summary of
   // fold j -> N + M + j.
   const BOX = N, SUM = N + M;
+  const IN = -1, OUT = -2, ROUTE = 2 ** 24; // ports, and the base of a route's numeric key
   const status = new Int32Array(M); // -1: open; else the key of the item that stands for it
   const drawnParent = new Int32Array(M); // the open container a drawn container sits in
 
@@ -210,6 +211,8 @@
 
   // ------------------------------------------------------------------ the visible graph
   // Returns {items: Map key -> item, open: [container j, parents first], edges: [...]}.
+  const labelCache = new Array(N); // a node's lines and widths, until a toggle changes them
+  let labelState = 0;
   function buildView() {
     computeStatus();
     const items = new Map();
@@ -220,9 +223,14 @@
       if (items.has(key)) return;
       const it = { key, parent, x: 0, y: 0 };
       if (key < N) {
-        it.lines = nodeLines(key);
-        it.cw = textWidth(it.lines);
-        it.saved = savedBoxes(key);
+        let lab = labelCache[key];
+        if (!lab || lab.state !== labelState) {
+          const lines = nodeLines(key);
+          lab = labelCache[key] = { state: labelState, lines, cw: textWidth(lines), saved: savedBoxes(key) };
+        }
+        it.lines = lab.lines;
+        it.cw = lab.cw;
+        it.saved = lab.saved;
         it.w = it.cw + (it.saved ? it.saved.reduce((a, s) => a + s.w + 4, 6) : 0);
         it.h = 6 + LH * it.lines.length;
         if (it.saved) it.h = Math.max(it.h, 6 + LH * 2);
@@ -257,17 +265,18 @@
       if (m) { m.count += eCount[k]; m.norm = null; m.view = m.view && eView[k]; m.edges.push(k); }
       else merged.set(id, { a, b, count: eCount[k], norm: eNorm[k], view: !!eView[k], edges: [k] });
     }
-    const level = new Map();
-    for (const j of open) level.set(j, j === 0 ? 0 : level.get(drawnParent[j]) + 1);
+    const level = new Int32Array(M); // depth of each open container in the drawn tree
+    for (const j of open) level[j] = j === 0 ? 0 : level[drawnParent[j]] + 1;
     // An edge is routed in every open container it crosses: from its start to the container's
     // exit port (OUT, at the bottom of that container's layout), in the container holding both
     // ends, then from each entry port (IN, at the top) to its end: so no segment cuts straight
     // through an open module's contents.
     const routes = new Map(open.map((j) => [j, new Map()])); // container -> "a,b" -> index
-    const route = (j, a, b) => {
-      const r = routes.get(j), rk = a + "," + b;
-      if (!r.has(rk)) r.set(rk, r.size);
-      return r.get(rk);
+    const route = (j, a, b) => { // a, b: item keys, or IN / OUT (the ports)
+      const r = routes.get(j), rk = (a + 2) * ROUTE + (b + 2);
+      let n = r.get(rk);
+      if (n === undefined) { n = r.size; r.set(rk, n); }
+      return n;
     };
     const edges = [];
     for (const e of merged.values()) {
@@ -275,8 +284,8 @@
       let pa = containerOfItem(ca), pb = containerOfItem(cb);
       const up = [], down = [];
       while (pa !== pb) {
-        if (level.get(pa) >= level.get(pb)) { up.push(pa, route(pa, ca, "out")); ca = BOX + pa; pa = drawnParent[pa]; }
-        else { down.push(pb, route(pb, "in", cb)); cb = BOX + pb; pb = drawnParent[pb]; }
+        if (level[pa] >= level[pb]) { up.push(pa, route(pa, ca, OUT)); ca = BOX + pa; pa = drawnParent[pa]; }
+        else { down.push(pb, route(pb, IN, cb)); cb = BOX + pb; pb = drawnParent[pb]; }
       }
       e.lca = pa; e.ca = ca; e.cb = cb;
       e.route = route(pa, ca, cb);
@@ -300,14 +309,15 @@
         else { w.push(it.w); h.push(it.h); }
       });
       const e = [];
-      const port = { in: -1, out: -1 };
+      const port = [-1, -1]; // IN, OUT
       const at = (k) => {
-        if (k !== "in" && k !== "out") return index.get(Number(k));
-        if (port[k] < 0) { port[k] = w.length; w.push(1); h.push(1); } // a port: a 1 px node
-        return port[k];
+        if (k >= 0) return index.get(k);
+        const q = k === IN ? 0 : 1;
+        if (port[q] < 0) { port[q] = w.length; w.push(1); h.push(1); } // a port: a 1 px node
+        return port[q];
       };
       for (const rk of view.routes.get(j).keys()) {
-        const [a, b] = rk.split(",");
+        const a = Math.floor(rk / ROUTE) - 2, b = (rk % ROUTE) - 2;
         e.push(at(a), at(b));
       }
       jobOf.set(j, jobs.length);
@@ -706,7 +716,7 @@
   window.addEventListener("mouseup", () => { miniDrag = false; });
 
   // ------------------------------------------------------------------ refresh
-  let layoutMs = 0, lastLayoutJobs = 0;
+  let layoutMs = 0, lastLayoutJobs = 0, phases = null;
   function setProgress(done, total) {
     if (total <= 0 || done >= total) { progressEl.hidden = true; return; }
     progressEl.hidden = false;
@@ -726,14 +736,18 @@
     const gen = ++generation;
     const t0 = performance.now();
     const v = buildView();
+    const t1 = performance.now();
     const jobs = makeJobs(v);
+    const t2 = performance.now();
     lastLayoutJobs = jobs.jobs.length;
     const showAfter = setTimeout(() => setProgress(0, jobs.jobs.length), 150);
     busy = runLayout(jobs.jobs, (p) => setProgress(p[0], p[1])).then((results) => {
       clearTimeout(showAfter);
       setProgress(1, 1);
       layoutMs = performance.now() - t0;
+      const t3 = performance.now();
       scene = place(v, jobs, results);
+      phases = { build: t1 - t0, jobs: t2 - t1, layout: t3 - t2, place: performance.now() - t3 };
       const sel = selected;
       if (sel >= 0 && !scene.items.has(sel)) selected = -1;
       updateRelated();
@@ -1282,6 +1296,7 @@
   }
   function toggle(key, relayout) {
     toggles[key] = !toggles[key];
+    labelState++;
     syncToggles();
     if (relayout) {
       const c = scene ? { x: (cssW / 2 - view.x) / view.k, y: (cssH / 2 - view.y) / view.k } : null;
@@ -1391,7 +1406,7 @@
     selected: () => (selected < 0 ? null : selected < N ? nodeId[selected] : selected < SUM ? "box:" + C[selected - BOX].path : "sum:" + C[selected - SUM].path),
     toggle: (name) => (name in toggles ? toggle(name, name === "saved" || name === "shapes") : Promise.reject(new Error("no toggle " + name))),
     exportSvg: () => viewSvg(),
-    stats: () => ({ readyMs, timings: T, bounds: scene ? scene.bounds : null, layoutMs, jobs: lastLayoutJobs, drawMs: lastDrawMs, worker: !!worker, boxes: scene ? scene.nodes.length : 0, frames: scene ? scene.frames.length : 0, edges: scene ? scene.edges.length : 0 }),
+    stats: () => ({ readyMs, timings: T, phases, bounds: scene ? scene.bounds : null, layoutMs, jobs: lastLayoutJobs, drawMs: lastDrawMs, worker: !!worker, boxes: scene ? scene.nodes.length : 0, frames: scene ? scene.frames.length : 0, edges: scene ? scene.edges.length : 0 }),
     view: () => ({ ...view, width: cssW, height: cssH }),
     boxAt(id) { // where a node (or "box:path") is drawn now, in CSS pixels of the canvas
       let key = idIndex.get(id);
