@@ -716,7 +716,7 @@
   window.addEventListener("mouseup", () => { miniDrag = false; });
 
   // ------------------------------------------------------------------ refresh
-  let layoutMs = 0, lastLayoutJobs = 0, phases = null;
+  let layoutMs = 0, lastLayoutJobs = 0, phases = null, drawnMs = 0;
   function setProgress(done, total) {
     if (total <= 0 || done >= total) { progressEl.hidden = true; return; }
     progressEl.hidden = false;
@@ -755,6 +755,7 @@
       const settled = anchor ? anchor(scene) : null; // a promise when the view moves smoothly
       renderMinimap();
       draw();
+      drawnMs = performance.now() - t0; // the new view is on screen (a zoom may follow)
       updateStatus();
       updateNote();
       busy = null;
@@ -1406,7 +1407,7 @@
     selected: () => (selected < 0 ? null : selected < N ? nodeId[selected] : selected < SUM ? "box:" + C[selected - BOX].path : "sum:" + C[selected - SUM].path),
     toggle: (name) => (name in toggles ? toggle(name, name === "saved" || name === "shapes") : Promise.reject(new Error("no toggle " + name))),
     exportSvg: () => viewSvg(),
-    stats: () => ({ readyMs, timings: T, phases, bounds: scene ? scene.bounds : null, layoutMs, jobs: lastLayoutJobs, drawMs: lastDrawMs, worker: !!worker, boxes: scene ? scene.nodes.length : 0, frames: scene ? scene.frames.length : 0, edges: scene ? scene.edges.length : 0 }),
+    stats: () => ({ readyMs, drawnMs, timings: T, phases, bounds: scene ? scene.bounds : null, layoutMs, jobs: lastLayoutJobs, drawMs: lastDrawMs, worker: !!worker, boxes: scene ? scene.nodes.length : 0, frames: scene ? scene.frames.length : 0, edges: scene ? scene.edges.length : 0 }),
     view: () => ({ ...view, width: cssW, height: cssH }),
     boxAt(id) { // where a node (or "box:path") is drawn now, in CSS pixels of the canvas
       let key = idIndex.get(id);
