@@ -733,42 +733,50 @@
       refresh.waiting = prev;
       return busy;
     }
+    busy = relayout(anchor).catch((err) => { busy = null; showError(err); throw err; });
+    return busy;
+  }
+  // Each step of a refresh is a task of its own (the page keeps responding between them): the
+  // visible graph, the layout jobs, the layout (in the worker), placing, then drawing.
+  async function relayout(anchor) {
     const gen = ++generation;
     const t0 = performance.now();
     const v = buildView();
     const t1 = performance.now();
+    await tick();
     const jobs = makeJobs(v);
     const t2 = performance.now();
     lastLayoutJobs = jobs.jobs.length;
     const showAfter = setTimeout(() => setProgress(0, jobs.jobs.length), 150);
-    busy = runLayout(jobs.jobs, (p) => setProgress(p[0], p[1])).then((results) => {
-      clearTimeout(showAfter);
-      setProgress(1, 1);
-      layoutMs = performance.now() - t0;
-      const t3 = performance.now();
-      scene = place(v, jobs, results);
-      phases = { build: t1 - t0, jobs: t2 - t1, layout: t3 - t2, place: performance.now() - t3 };
-      const sel = selected;
-      if (sel >= 0 && !scene.items.has(sel)) selected = -1;
-      updateRelated();
-      syncSize();
-      const settled = anchor ? anchor(scene) : null; // a promise when the view moves smoothly
-      renderMinimap();
-      draw();
-      drawnMs = performance.now() - t0; // the new view is on screen (a zoom may follow)
-      updateStatus();
-      updateNote();
-      busy = null;
-      if (again) {
-        again = false;
-        const waiting = refresh.waiting || [];
-        refresh.waiting = [];
-        return refresh((s) => Promise.all(waiting.map((f) => f(s))));
-      }
-      return Promise.resolve(settled).then(() => gen);
-    }, (err) => { busy = null; showError(err); throw err; });
-    return busy;
+    const results = await runLayout(jobs.jobs, (p) => setProgress(p[0], p[1]));
+    clearTimeout(showAfter);
+    setProgress(1, 1);
+    layoutMs = performance.now() - t0;
+    const t3 = performance.now();
+    const placed = place(v, jobs, results);
+    phases = { build: t1 - t0, jobs: t2 - t1, layout: t3 - t2, place: performance.now() - t3 };
+    await tick();
+    scene = placed;
+    if (selected >= 0 && !scene.items.has(selected)) selected = -1;
+    updateRelated();
+    syncSize();
+    const settled = anchor ? anchor(scene) : null; // a promise when the view moves smoothly
+    renderMinimap();
+    draw();
+    drawnMs = performance.now() - t0; // the new view is on screen (a zoom may follow)
+    updateStatus();
+    updateNote();
+    busy = null;
+    if (again) {
+      again = false;
+      const waiting = refresh.waiting || [];
+      refresh.waiting = [];
+      return refresh((sc) => Promise.all(waiting.map((f) => f(sc))));
+    }
+    await settled;
+    return gen;
   }
+
   // The one-line note: while anything is closed or summarised, every way to see more.
   function updateNote() {
     let hidden = false;
