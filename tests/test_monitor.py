@@ -17,7 +17,7 @@ from rich.console import Console
 from torch import nn
 
 import gradscope as gs
-from gradscope._monitor_view import MissingExtraError
+from gradscope.errors import MissingExtraError
 
 
 def mlp() -> nn.Module:
@@ -122,7 +122,7 @@ def test_half_precision_grads_are_reduced_in_high_precision() -> None:
 
 def test_many_chunks_give_the_same_figures(monkeypatch) -> None:
     """Large models are processed chunk by chunk (and a tensor larger than a chunk alone)."""
-    from gradscope import _monitor_stats
+    from gradscope.capture import monitor_stats as _monitor_stats
 
     monkeypatch.setattr(_monitor_stats, "_CHUNK_NUMEL", 40)
     model = mlp()
@@ -218,7 +218,7 @@ def test_one_large_tensor_among_small_ones() -> None:
         [_poison(torch.randn(s)) if i in (0, 21) else torch.randn(s) for i, s in enumerate(shapes)],
     ]
     _check_steps(model, steps)
-    from gradscope._monitor_stats import _Layout
+    from gradscope.capture.monitor_stats import _Layout
 
     assert not _Layout(tuple(map(torch.Size, shapes)), torch.device("cpu")).dense
     assert _Layout(tuple(map(torch.Size, shapes[1:])), torch.device("cpu")).dense
@@ -242,7 +242,7 @@ def test_buffers_are_reused_across_steps_and_layouts() -> None:
 def test_chunks_share_one_work_buffer_across_steps(monkeypatch, norm_type: float) -> None:
     """The chunks of a large model reuse one work buffer: what a chunk or a step leaves in it
     (NaNs included) never reaches another."""
-    from gradscope import _monitor_stats
+    from gradscope.capture import monitor_stats as _monitor_stats
 
     monkeypatch.setattr(_monitor_stats, "_CHUNK_NUMEL", 40)
     shapes = [(12, 6), (12,), (3, 12), (3,), (7,)]
@@ -345,7 +345,7 @@ def test_every_k_logs_one_step_in_k() -> None:
 @pytest.mark.parametrize("chunk", [None, 40], ids=["one-chunk", "chunks-of-40"])
 def test_update_ratio_matches_the_weight_change(monkeypatch, chunk) -> None:
     if chunk is not None:  # a large model's path: one layout per chunk
-        from gradscope import _monitor_stats
+        from gradscope.capture import monitor_stats as _monitor_stats
 
         monkeypatch.setattr(_monitor_stats, "_CHUNK_NUMEL", chunk)
     model = mlp()
@@ -755,7 +755,7 @@ def test_leaks_option_flags_the_leaky_loop_and_not_the_fixed_one():
 def test_layout_constants_reach_a_device_without_blocking_copies(monkeypatch):
     """On a GPU a blocking host-to-device copy synchronises the stream (a host sync): the
     constants of a stats layout must be queued copies. The meta device stands in for one."""
-    from gradscope import _monitor_stats as S
+    from gradscope.capture import monitor_stats as S
 
     calls = []
     real_to = torch.Tensor.to

@@ -9,24 +9,24 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from ._errors import GradscopeError
+from ..errors import MissingExtraError
+from ..model.files import atomic_path, write_atomic, write_with
+from ..model.formats import register_renderer
 
-if TYPE_CHECKING:
-    from ._monitor import GradMonitor, ParamStats
+# The monitor is passed in (its history, alerts, names and settings are read); views import
+# nothing of capture, so it is typed loosely here.
+GradMonitor = Any
+ParamStats = Any
 
 _BARS = "▁▂▃▄▅▆▇█"
 _MAX_ALERT_LINES = 5
 _FIELDS = ("norm", "max_abs", "mean_abs", "nan", "inf", "zero_frac", "update_ratio")
-
-
-class MissingExtraError(GradscopeError):
-    """An optional dependency (an extra of the gradscope package) is not installed."""
 
 
 def sparkline(values: list[float], width: int) -> str:
@@ -130,29 +130,30 @@ def write_jsonl(mon: GradMonitor, path: Path) -> Path:
         by_step.setdefault(a.step, []).append(
             {"kind": a.kind, "name": a.name, "message": a.message}
         )
-    with path.open("w", encoding="utf-8") as f:
-        for st in mon.history:
-            obj = {
-                "step": st.step,
-                "total_norm": _finite_or_none(st.total_norm),
-                "params": {n: _stats_dict(ps) for n, ps in st.params.items()},
-                "modules": {n: _stats_dict(ps) for n, ps in st.modules.items()},
-                "alerts": by_step.get(st.step, []),
-            }
-            f.write(json.dumps(obj, allow_nan=False) + "\n")
-    return path
+    lines = []
+    for st in mon.history:
+        obj = {
+            "step": st.step,
+            "total_norm": _finite_or_none(st.total_norm),
+            "params": {n: _stats_dict(ps) for n, ps in st.params.items()},
+            "modules": {n: _stats_dict(ps) for n, ps in st.modules.items()},
+            "alerts": by_step.get(st.step, []),
+        }
+        lines.append(json.dumps(obj, allow_nan=False) + "\n")
+    return write_atomic(path, "".join(lines))
 
 
 def write_csv(mon: GradMonitor, path: Path) -> Path:
     """Long format: one row per (step, parameter), with the step's total norm on each row."""
-    with path.open("w", encoding="utf-8", newline="") as f:
+    def write(f: Any) -> None:
         w = csv.writer(f)
         w.writerow(["step", "param", *_FIELDS, "total_norm"])
         for st in mon.history:
             for name, ps in st.params.items():
                 row = ["" if v is None else v for v in (getattr(ps, x) for x in _FIELDS)]
                 w.writerow([st.step, name, *row, st.total_norm])
-    return path
+
+    return write_with(path, write)
 
 
 def write_tensorboard(mon: GradMonitor, writer: Any) -> None:
@@ -198,7 +199,8 @@ def plot_png(mon: GradMonitor, path: Path) -> Path:
         ax_total.plot(steps, [_plottable(st.total_norm) for st in mon.history], marker=".")
         ax_total.set(title="total gradient norm", xlabel="step", yscale="log")
         fig.tight_layout()
-        fig.savefig(path, format="png", dpi=100)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=100)
     finally:
         plt.close(fig)
     return path
@@ -229,3 +231,10 @@ def _flow(ax: Any, mon: GradMonitor, names: list[str]) -> None:
 
 def _plottable_key(v: float) -> float:
     return v if math.isfinite(v) else -1.0
+
+
+register_renderer("monitor_report", render_report)
+register_renderer("monitor_jsonl", write_jsonl)
+register_renderer("monitor_csv", write_csv)
+register_renderer("monitor_tensorboard", write_tensorboard)
+register_renderer("monitor_plot", plot_png)

@@ -33,9 +33,10 @@ import torch
 import torch.distributed
 from torch.utils.hooks import RemovableHandle
 
-from . import _monitor_stats as S
-from ._errors import GradscopeError
-from ._nest import iter_tensors
+from ..errors import MonitorError
+from ..model.formats import renderer
+from . import monitor_stats as S
+from .nest import iter_tensors
 
 #: a parameter is "vanishing" after this many consecutive logged steps below ``vanish``
 VANISH_PATIENCE = 3
@@ -47,10 +48,6 @@ _SPIKE_WINDOW = 25
 _MEDIAN_EVERY = 5
 
 ALERT_KINDS = ("nan", "inf", "vanishing", "exploding", "forward_nonfinite")
-
-
-class MonitorError(GradscopeError):
-    """GradMonitor was given arguments it cannot use."""
 
 
 @dataclass(frozen=True)
@@ -216,7 +213,7 @@ class GradMonitor:
         self._leak_check: Any = None
         self._leak_alerted: set[int] = set()
         if leaks:
-            from ._memory import LeakCheck  # saved-tensor hooks: only when asked for
+            from .memory import LeakCheck  # saved-tensor hooks: only when asked for
 
             self._leak_check = LeakCheck(grace=1, warn=False).start()
         self._attach(model, activations)
@@ -420,36 +417,26 @@ class GradMonitor:
         Example:
             >>> rich.console.Console().print(mon.report())   # doctest: +SKIP
         """
-        from ._monitor_view import render_report
-
-        return render_report(self, width=width)
+        return renderer("monitor_report")(self, width=width)
 
     def to_jsonl(self, path: str | Path) -> Path:
         """Write one JSON object per logged step (non-finite floats as null; counts are exact)."""
-        from ._monitor_view import write_jsonl
-
-        return write_jsonl(self, Path(path))
+        return renderer("monitor_jsonl")(self, Path(path))
 
     def to_csv(self, path: str | Path) -> Path:
         """Write one CSV row per (logged step, parameter)."""
-        from ._monitor_view import write_csv
-
-        return write_csv(self, Path(path))
+        return renderer("monitor_csv")(self, Path(path))
 
     def to_tensorboard(self, writer: Any) -> None:
         """Log scalars (total and per-parameter norms, update ratios) and per-step histograms of
         the per-parameter norms to a ``torch.utils.tensorboard.SummaryWriter`` (or any object with
         ``add_scalar`` and ``add_histogram``)."""
-        from ._monitor_view import write_tensorboard
-
-        write_tensorboard(self, writer)
+        renderer("monitor_tensorboard")(self, writer)
 
     def plot(self, path: str | Path) -> Path:
         """Save a PNG: gradient flow per layer (latest and max over steps) and the total norm
         over steps. Needs matplotlib (``pip install gradscope[plot]``)."""
-        from ._monitor_view import plot_png
-
-        return plot_png(self, Path(path))
+        return renderer("monitor_plot")(self, Path(path))
 
 
 def _dense(grad: torch.Tensor) -> torch.Tensor:
