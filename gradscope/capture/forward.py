@@ -4,6 +4,13 @@ While the forward runs, a ``TorchFunctionMode`` stamps each new autograd node's 
 with the user's file and line, so the first non-finite gradient can name the line of the
 model's code, at a fraction of the cost of ``torch.autograd.detect_anomaly``, which formats a
 full Python stack for every node and checks every gradient for NaN with a host sync.
+
+Under ``torch.compile`` the mode must not change what Dynamo compiles: a torch function mode
+is part of Dynamo's guards, so while a ``torch.compile(module)`` wrapper runs the mode is taken
+off the stack (global module hooks, ``compiled.ModuleHooks``) and the compiled region's node is
+stamped with the line that called the module; the ops inside get their lines from the
+compiled graph's own ``stack_trace``. Traced anyway (a compiled function, ``module.compile()``),
+``__torch_function__`` only calls through.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from . import compiled
 from .stamps import CREATED_KEY
 
 
@@ -53,6 +61,7 @@ _APPLY_CODE = torch.autograd.Function.apply.__func__.__code__  # type: ignore[at
 _ACCUMULATE_SEQ = 2**64 - 1  # AccumulateGrad nodes carry UINT64_MAX as sequence number
 _CUSTOM_BASE = torch.autograd.function.BackwardCFunction
 _UNSET = object()
+compiling = compiled.compiling
 
 
 def _internal(filename: str) -> bool:
@@ -93,8 +102,12 @@ class _ForwardMode(TorchFunctionMode):
         super().__init__()
         self.start = _next_sequence_nr()
         self.last = self.start - 1
+        self.paused: list[Any] = []  # torch.compile wrappers running with the mode off
+        compiled.eager_only(_ForwardMode.__torch_function__)
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if compiling():  # Dynamo traces this: call through, stamp nothing
+            return func(*args, **(kwargs or {}))
         out = func(*args, **(kwargs or {}))
         if torch.is_grad_enabled():
             self._stamp_outputs(out)
@@ -102,7 +115,29 @@ class _ForwardMode(TorchFunctionMode):
             self._stamp_custom()  # custom Function forwards run with grad disabled
         return out
 
-    def _stamp_outputs(self, out: Any) -> None:
+    # ---------------------------------------------------------------- compiled modules
+    def before_module(self, module: Any, args: Any) -> None:
+        """Off the stack while a ``torch.compile`` wrapper runs (Dynamo guards on modes)."""
+        if compiled.unwrap(module) is not None and compiled.mode_on_top(self):
+            compiled.pop_mode()
+            self.paused.append(module)
+
+    def after_module(self, module: Any, args: Any, output: Any) -> None:
+        if not self.paused or self.paused[-1] is not module:
+            return
+        self.paused.pop()
+        compiled.push_mode(self)
+        if torch.is_grad_enabled():
+            # the region's node: the user's line that called the compiled module
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename.startswith(_OWN_DIR):
+                frame = frame.f_back
+            self._stamp_outputs(list(_tensors(output)), frame)
+            for t in _tensors(output):
+                if t.grad_fn is not None:
+                    compiled.remember(t.grad_fn)  # its graph, while the metadata is intact
+
+    def _stamp_outputs(self, out: Any, frame: Any = None) -> None:
         if isinstance(out, torch.Tensor):
             fns = [out.grad_fn]
         elif isinstance(out, (tuple, list)):
@@ -119,7 +154,7 @@ class _ForwardMode(TorchFunctionMode):
             if loc is _UNSET:
                 # frame 2 is the caller of __torch_function__; None (no user line) is stamped
                 # too, so that the next call does not take these nodes for its own
-                frame = _user_frame(sys._getframe(2))
+                frame = _user_frame(sys._getframe(2) if frame is None else frame)
                 loc = None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
             fn.metadata[CREATED_KEY] = loc
             if seq > self.last + 1:
@@ -174,5 +209,17 @@ def record_forward() -> Iterator[None]:
         >>> rec.first_nonfinite.name
         'SqrtBackward0'
     """
-    with _ForwardMode():
-        yield
+    mode = _ForwardMode()
+    # hooks first: a compile inside the block then never sees the mode (nor the hooks)
+    hooks = compiled.ModuleHooks(mode.before_module, mode.after_module).install()
+    try:
+        with mode:
+            yield
+    finally:
+        hooks.remove()
+
+
+def _tensors(output: Any) -> Iterator[torch.Tensor]:
+    from .nest import iter_tensors
+
+    return (t for _, t in iter_tensors(output))

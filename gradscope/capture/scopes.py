@@ -23,6 +23,12 @@ Path convention (what ``Node.module`` holds):
 The hooks are global (``torch.nn.modules.module.register_module_forward_*``), so the model's
 own hook dicts are never touched, and they are removed when the block ends, even when the
 forward raises. Single-threaded forwards only: sequence numbers are per thread.
+
+Under ``torch.compile`` the hooks stay out of Dynamo's way (``compiled.ModuleHooks``: no graph
+break, no recompile): a compiled module's call is one scope, its wrapper (``OptimizedModule``)
+and the module it wraps being one frame with the module's name (``_orig_mod`` never appears in
+a path); what happens inside the compiled graph is read from the graph's own FX metadata when
+``gs.trace`` expands the region.
 """
 
 from __future__ import annotations
@@ -33,13 +39,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.nn.modules.module import (
-    register_module_forward_hook,
-    register_module_forward_pre_hook,
-)
 
 from ..errors import ScopesError
 from ..model.paths import levels, strip_calls
+from . import compiled
 from .nest import iter_tensors
 from .stamps import MODULE_CLASSES_KEY, MODULE_KEY, NO_SEQUENCE_NR, walk_nodes
 
@@ -67,19 +70,36 @@ class ScopeRecorder:
         self.names: dict[int, str] = {}
         self.classes: dict[str, str] = {}
         for name, mod in model.named_modules(remove_duplicate=True):
+            name = compiled.plain_name(name)  # a torch.compile wrapper is its module
             self.names[id(mod)] = name
             self.classes[name] = type(mod).__name__
         self.owner: dict[int, str] = {}  # id(parameter) -> owning module's name
         for name, mod in model.named_modules():
             for p in mod.parameters(recurse=False):
-                self.owner.setdefault(id(p), name)
+                self.owner.setdefault(id(p), compiled.plain_name(name))
         self.first_call: dict[str, str] = {}  # module name -> call path of its first call
         self.stack = [_Frame(None, None, None, 0)]
         self.stamped_acc: set[Any] = set()  # AccumulateGrad nodes stamped in this block
 
     # -------------------------------------------------------------- hooks
-    def pre(self, module: torch.nn.Module, args: Any) -> None:
+    def name_of(self, module: torch.nn.Module) -> str | None:
+        """The module's name in the model; a ``torch.compile`` wrapper has its module's."""
         name = self.names.get(id(module))
+        if name is None:
+            inner = compiled.unwrap(module)
+            if inner is not None:
+                name = self.names.get(id(inner))
+        return name
+
+    def in_wrapper(self, module: torch.nn.Module) -> bool:
+        """``module`` is what the running ``torch.compile`` wrapper wraps: one frame for both."""
+        top = self.stack[-1].module
+        return top is not None and top is not module and compiled.unwrap(top) is module
+
+    def pre(self, module: torch.nn.Module, args: Any) -> None:
+        if self.in_wrapper(module):
+            return
+        name = self.name_of(module)
         if name is None:
             return  # a module outside the model (a loss, a helper): its ops go to the caller
         parent = self._ancestor(name)
@@ -96,7 +116,7 @@ class ScopeRecorder:
         self.stack.append(_Frame(module, name, path, seq, self.class_chain(path)))
 
     def post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if id(module) not in self.names:
+        if self.in_wrapper(module) or self.name_of(module) is None:
             return
         # Pop up to this module's frame: frames above it belong to forwards that raised.
         while len(self.stack) > 1:
@@ -149,6 +169,8 @@ class ScopeRecorder:
             if key not in meta:
                 meta[key] = frame.path
                 meta[cls_key] = chain
+                if type(fn).__name__ == compiled.REGION_NODE:
+                    compiled.remember(fn)  # read its graph while its FX metadata is intact
 
     def stamp_accumulate(self, fn: Any) -> None:
         if fn in self.stamped_acc:
@@ -201,12 +223,10 @@ def scopes(model: torch.nn.Module) -> Iterator[None]:
         )
     rec = ScopeRecorder(model)
     _ACTIVE.add(id(model))
-    pre = register_module_forward_pre_hook(rec.pre)
-    post = register_module_forward_hook(rec.post, always_call=True)
+    hooks = compiled.ModuleHooks(rec.pre, rec.post).install()
     try:
         yield
     finally:
-        pre.remove()
-        post.remove()
+        hooks.remove()
         _ACTIVE.discard(id(model))
         rec.stamped_acc.clear()
