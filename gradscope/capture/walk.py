@@ -23,6 +23,7 @@ import torch
 
 from ..errors import GradscopeError, NoGradError
 from ..model.graph import Edge, Graph, Node, SavedTensor, TensorInfo
+from . import compiled
 from .nest import iter_tensors
 from .stamps import MODULE_CLASSES_KEY, MODULE_KEY
 
@@ -157,7 +158,8 @@ def _param_names(params: Any) -> dict[int, str]:
     if params is None:
         return {}
     if isinstance(params, torch.nn.Module):
-        return {id(p): name for name, p in params.named_parameters()}
+        # a torch.compile wrapper names its parameters as its module does (no `_orig_mod.`)
+        return {id(p): compiled.plain_name(name) for name, p in params.named_parameters()}
     if isinstance(params, Mapping):
         # map() keeps the per-entry work in C: a dict of every parameter of a big model is
         # common, and this runs on every trace
