@@ -45,6 +45,14 @@ def _location_text(filename: str, lineno: int) -> str:
     return f"{_short_path(filename)}:{lineno}: {code}"
 
 
+def location_text(filename: str, lineno: int, code: str | None = None) -> str:
+    """``file:line: code`` as ``record_forward`` writes it; ``code`` defaults to the line's
+    text (a compiled graph's ``stack_trace`` carries its own)."""
+    if code is None:
+        return _location_text(filename, lineno)
+    return f"{_short_path(filename)}:{lineno}: {code}"
+
+
 def _short_path(filename: str) -> str:
     try:
         rel = os.path.relpath(filename)

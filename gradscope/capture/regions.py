@@ -1,0 +1,207 @@
+"""Compiled regions in a traced graph: each ``CompiledFunctionBackward`` becomes a cluster.
+
+``torch.compile`` turns a stretch of the forward into one autograd node whose backward runs an
+AOTAutograd backward graph. ``expand`` (run by ``gs.trace`` after the walk) replaces that opaque
+node's edges by the graph it runs, read by ``compiled.read_region``:
+
+- the region node itself (kind ``custom``, ``CompiledFunctionBackward``) stays: it is the node
+  the engine runs and the recorders hook, and where the gradients enter. It gets ``compiled``
+  (a ``Region`` record) and ``region`` (its own id);
+- one node of kind ``op`` per aten op, named as the op (``aten.mm.default``), with ``region``
+  set to the region node's id, its non-tensor arguments in ``attrs``, its forward line in
+  ``created_at`` and the activations it reads from the forward as ``saved`` (each on the first
+  op that reads it, named as the backward graph names it: ``relu``, ``primals_3``);
+- module paths put the region in the module tree like a module: ``<compiled>`` (``#k`` for the
+  k-th region of one scope) below the scope whose forward ran the compiled code
+  (``blocks.0.<compiled>``), and each op below it at the path of the module it belongs to
+  (``blocks.0.<compiled>.attn``), from the FX ``nn_module_stack``. So regions are clusters,
+  and ``--depth``/``collapse`` fold a region into one box as they fold a module.
+
+Edges keep their meaning (the gradient flows ``src`` -> ``dst``); for the region's boundary
+``input_nr`` says which gradient: on an edge from the region node into the region, the index of
+the node's ``grad_outputs`` (the tangent); on an edge leaving the region, the slot of the
+node's ``next_functions`` that gradient is for; inside, which output of the producing op.
+A region gradscope cannot read stays one opaque node with its note (``Region.note``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..model.graph import Edge, Graph, Node, Region, SavedTensor
+from ..model.paths import levels, strip_calls
+from . import compiled
+from .forward import location_text
+
+
+def find(ids: dict[Any, str]) -> list[tuple[Any, str]]:
+    """The region nodes among a walk's ``grad_fn -> id`` map, in id order."""
+    found = [(fn, nid) for fn, nid in ids.items() if type(fn).__name__ == compiled.REGION_NODE]
+    found.sort(key=lambda item: int(item[1][1:]))
+    return found
+
+
+def expand(graph: Graph, regions: list[tuple[Any, str]], walker: Any, model: Any) -> None:
+    """Expand every region node of ``graph`` (see the module docstring), in place."""
+    names = _module_names(model) if model is not None else None
+    seen_in_scope: dict[str | None, int] = {}
+    outgoing: dict[str, list[Edge]] = {nid: [] for _, nid in regions}
+    keep: list[Edge] = []
+    for e in graph.edges:
+        if e.src in outgoing and e.kind == "grad":
+            outgoing[e.src].append(e)
+        else:
+            keep.append(e)
+    added: list[Edge] = []
+    expanded: set[str] = set()
+    for fn, nid in regions:
+        region = compiled.read_region(fn)
+        node = graph.node(nid)
+        node.compiled = Region(region.aot_id, len(region.ops), region.note)
+        if region.opaque:
+            continue
+        scope = node.module
+        k = seen_in_scope.get(scope, 0)
+        seen_in_scope[scope] = k + 1
+        part = compiled.REGION_PART + (f"#{k}" if k else "")
+        path = f"{scope}.{part}" if scope else part
+        builder = _Builder(graph, node, region, path, names, walker)
+        added.extend(builder.build(fn, outgoing[nid]))
+        expanded.add(nid)
+    graph.edges = keep + added + [e for nid in outgoing if nid not in expanded
+                                  for e in outgoing[nid]]
+    if expanded:
+        order = {n.id: i for i, n in enumerate(graph.nodes)}
+        graph.edges.sort(key=lambda e: (order[e.src], e.kind != "grad"))
+
+
+def _module_names(model: Any) -> dict[str, str]:
+    """``str(id(module))`` -> its plain name in ``model`` (the key FX's module stacks use)."""
+    return {
+        str(id(mod)): compiled.plain_name(name)
+        for name, mod in model.named_modules(remove_duplicate=False)
+    }
+
+
+class _Builder:
+    """Builds one region's nodes and edges."""
+
+    def __init__(self, graph: Graph, node: Node, region: compiled.RegionGraph, path: str,
+                 names: dict[str, str] | None, walker: Any) -> None:
+        self.graph = graph
+        self.node = node
+        self.region = region
+        self.path = path
+        self.names = names
+        self.walker = walker
+        scope = node.module
+        self.scope = strip_calls(scope) if scope else ""
+        outer = node.module_classes
+        if outer is None:
+            outer = ("",) + ("",) * len(levels(scope or ""))
+        self.outer_classes = (*outer, compiled.REGION_CLASS)
+
+    def build(self, fn: Any, outgoing: list[Edge]) -> list[Edge]:
+        graph, node, region = self.graph, self.node, self.region
+        node.module = self.path
+        node.module_classes = self.outer_classes
+        node.region = node.id
+        want_saved = self.walker.want_saved
+        if want_saved:
+            node.saved = []
+            node.attrs = {k: v for k, v in node.attrs.items() if v not in ("[]", "()")}
+        ids = []
+        base = len(graph.nodes)
+        for i, op in enumerate(region.ops):
+            path, classes = self.place(op)
+            ids.append("n%d" % (base + i))
+            graph.nodes.append(Node(
+                ids[-1], op.name, "op", module=path,
+                attrs=dict(op.attrs) if want_saved else {},
+                module_classes=classes,
+                created_at=location_text(*op.location) if op.location else None,
+                region=node.id,
+            ))
+        if want_saved:
+            self.attach_saved(fn, ids)
+        edges: list[Edge] = []
+        entered: set[tuple[str, int]] = set()
+        for i, op in enumerate(region.ops):
+            for ref in op.inputs:
+                if ref.kind == "op":
+                    edges.append(Edge(ids[ref.index], ids[i], ref.slot))
+                elif ref.kind == "tangent":
+                    slot = region.tangents[ref.index][1]
+                    if (ids[i], slot) not in entered:
+                        entered.add((ids[i], slot))
+                        edges.append(Edge(node.id, ids[i], slot))
+        for e in outgoing:  # one edge per next_functions slot, as autograd holds them
+            ref = region.outputs[e.input_nr] if e.input_nr < len(region.outputs) else None
+            if ref is None:  # the graph returns no gradient there: the edge stays the node's
+                edges.append(e)
+            else:
+                src = ids[ref.index] if ref.kind == "op" else node.id
+                edges.append(Edge(src, e.dst, e.input_nr))
+        return edges
+
+    def place(self, op: compiled.RegionOp) -> tuple[str, tuple[str, ...]]:
+        """The op's module path (below the region's) and the class names along it."""
+        rel_of = {}  # rel path of each module on the op's stack -> its class
+        for key, dpath, cls in op.modules:
+            rel_of[self.relative(key, dpath)] = cls
+        rel = self.relative(*op.modules[-1][:2]) if op.modules else ""
+        path = f"{self.path}.{rel}" if rel else self.path
+        classes = list(self.outer_classes)
+        lv = levels(rel)
+        for d in range(len(lv)):
+            classes.append(rel_of.get(".".join(lv[: d + 1]), ""))
+        return path, tuple(classes)
+
+    def relative(self, key: str, dpath: str) -> str:
+        """A module of the op's stack, relative to the region's scope."""
+        if self.names is not None:
+            name = self.names.get(key)
+            if name is not None:
+                scope = self.scope
+                if not scope:
+                    return name
+                if name == scope:
+                    return ""
+                if name.startswith(scope + "."):
+                    return name[len(scope) + 1:]
+                return name
+        return compiled.dynamo_path(dpath)
+
+    def attach_saved(self, fn: Any, ids: list[str]) -> None:
+        """Each saved activation on the first op that reads it (the region node otherwise)."""
+        live = _saved_tensors(fn)
+        first_reader: dict[int, int] = {}
+        for i, op in enumerate(self.region.ops):
+            for ref in op.inputs:
+                if ref.kind == "saved":
+                    first_reader.setdefault(ref.index, i)
+        record = self.walker.saved_record
+        graph = self.graph
+        for k, slot in enumerate(self.region.saved):
+            t = live[k] if live is not None and k < len(live) else None
+            if isinstance(t, torch.Tensor):
+                saved = record(slot.name, t)
+            else:
+                saved = SavedTensor(slot.name, slot.shape, slot.dtype, None, 0, None, freed=True)
+            reader = first_reader.get(k)
+            owner = graph.node(ids[reader]) if reader is not None else self.node
+            owner.saved.append(saved)
+
+
+def _saved_tensors(fn: Any) -> list[Any] | None:
+    """The tensors a region node holds, in the order its backward graph takes them (None once
+    backward freed them). Read through the ``SavedVariable`` handles: no unpack hook runs."""
+    try:
+        raws = fn._raw_saved_tensors
+    except RuntimeError:
+        return None
+    tensors = [r.data for r in raws]
+    tensors += list(getattr(fn, "_tensors_no_vc_check", None) or [])
+    return tensors
