@@ -51,7 +51,7 @@ from .errors import (
 )
 from .model.formats import format_for as output_format
 from .model.formats import format_names as _format_names
-from .model.graph import Edge, Graph, Node, SavedTensor, TensorInfo, format_bytes
+from .model.graph import Box, Edge, Graph, Node, SavedTensor, TensorInfo, format_bytes
 from .views.graphviz import dot_binary
 from .views.tree import render_tree
 
@@ -149,6 +149,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "Alert",
     "BackwardTrace",
+    "Box",
     "CheckFailure",
     "CheckInputError",
     "CheckResult",

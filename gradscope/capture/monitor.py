@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 import torch.distributed
-from torch.utils.hooks import RemovableHandle
 
 from ..errors import MonitorError
 from ..model.formats import renderer
 from . import compiled
 from . import monitor_stats as S
+from .handles import HookHandle
 from .nest import iter_tensors
 
 #: a parameter is "vanishing" after this many consecutive logged steps below ``vanish``
@@ -207,7 +207,7 @@ class GradMonitor:
         self.step = 0
         self.history: list[StepStats] = []
         self.alerts: list[Alert] = []
-        self._handles: list[RemovableHandle] = []
+        self._handles = HookHandle()
         self._queued = -1
         self._pending: torch.Tensor | None = None
         self._old_weights: S.Snapshot = []
@@ -222,14 +222,13 @@ class GradMonitor:
 
     # ------------------------------------------------------------------ hooks
     def _attach(self, model: torch.nn.Module, activations: bool) -> None:
-        h = self._handles
+        add = self._handles.add
         if self.optimizer is not None:
-            h.append(self.optimizer.register_step_pre_hook(self._before_step))
-            h.append(self.optimizer.register_step_post_hook(self._after_step))
+            add(self.optimizer.register_step_pre_hook(self._before_step))
+            add(self.optimizer.register_step_post_hook(self._after_step))
         else:
-            h.extend(
-                p.register_post_accumulate_grad_hook(self._on_accumulate) for p in self._params
-            )
+            for p in self._params:
+                add(p.register_post_accumulate_grad_hook(self._on_accumulate))
         # modules= / activations=: one global forward hook that Dynamo never sees (hooks on the
         # modules would be traced into a compiled graph and guarded on: a recompile when they
         # go); modules that run inside a compiled region have no forward call to hook
@@ -238,7 +237,7 @@ class GradMonitor:
             {id(mod): i for i, (_, mod) in enumerate(model.named_modules())} if activations else {}
         )
         if self._module_index or self._act_index:
-            h.append(compiled.ModuleHooks(_no_pre_hook, self._forward_done).install())
+            add(compiled.ModuleHooks(_no_pre_hook, self._forward_done).install())
 
     def _forward_done(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         key = id(module)
@@ -251,9 +250,7 @@ class GradMonitor:
 
     def remove(self) -> None:
         """Remove every hook gradscope added (safe to call twice); history and alerts stay."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self._handles.remove()
         if self._leak_check is not None:
             self._leak_check.remove()
         self._pending = None

@@ -33,8 +33,6 @@ a path); what happens inside the compiled graph is read from the graph's own FX 
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +41,7 @@ import torch
 from ..errors import ScopesError
 from ..model.paths import levels, strip_calls
 from . import compiled
+from .handles import HookHandle
 from .nest import iter_tensors
 from .stamps import MODULE_CLASSES_KEY, MODULE_KEY, NO_SEQUENCE_NR, walk_nodes
 
@@ -185,11 +184,47 @@ class ScopeRecorder:
         fn.metadata[MODULE_CLASSES_KEY] = self.class_chain(path)
 
 
-_ACTIVE: set[int] = set()
+_ACTIVE: set[int] = set()  # ids of the models with an open block (one block per model)
 
 
-@contextlib.contextmanager
-def scopes(model: torch.nn.Module) -> Iterator[None]:
+class Scopes:
+    """An open-able ``scopes`` block: ``with gs.scopes(model) as rec:`` installs the global
+    module hooks, yields the ``ScopeRecorder`` (which owns what the block records), and removes
+    them when the block ends, even when the forward raises."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.recorder: ScopeRecorder | None = None
+        self.handle = HookHandle()
+
+    def __enter__(self) -> ScopeRecorder:
+        model = self.model
+        if id(model) in _ACTIVE:
+            raise ScopesError(
+                "a gs.scopes block on this model is already open; nest the forward inside one "
+                "block"
+            )
+        rec = self.recorder = ScopeRecorder(model)
+        _ACTIVE.add(id(model))
+        handle = self.handle
+        handle.add(lambda: _ACTIVE.discard(id(model)))
+        handle.add(rec.stamped_acc.clear)
+        try:
+            handle.add(compiled.ModuleHooks(rec.pre, rec.post).install())
+        except BaseException:
+            handle.remove()
+            raise
+        return rec
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.remove()
+
+    def remove(self) -> None:
+        """Remove the hooks now (safe twice); the block's ``__exit__`` does it too."""
+        self.handle.remove()
+
+
+def scopes(model: torch.nn.Module) -> Scopes:
     """Record which module of ``model`` created each autograd node during the block.
 
     Each node created inside a module's forward is stamped with the innermost module's path
@@ -217,16 +252,4 @@ def scopes(model: torch.nn.Module) -> Iterator[None]:
             f"scopes() needs the nn.Module whose forward runs, got {type(model).__name__}; "
             "use: with gs.scopes(model): out = model(x)"
         )
-    if id(model) in _ACTIVE:
-        raise ScopesError(
-            "a gs.scopes block on this model is already open; nest the forward inside one block"
-        )
-    rec = ScopeRecorder(model)
-    _ACTIVE.add(id(model))
-    hooks = compiled.ModuleHooks(rec.pre, rec.post).install()
-    try:
-        yield
-    finally:
-        hooks.remove()
-        _ACTIVE.discard(id(model))
-        rec.stamped_acc.clear()
+    return Scopes(model)
