@@ -45,14 +45,15 @@ from typing import Any
 
 import torch
 
+from ..model import paths
+
 #: (major, minor) torch versions whose AOTAutograd internals ``read_region`` was written for and
 #: is tested on. Elsewhere regions are drawn opaque with a note.
 SUPPORTED = {(2, 13)}
 
 REGION_NODE = "CompiledFunctionBackward"
-#: The module-path component of a compiled region (``<compiled>``, ``<compiled>#1``...): not a
-#: Python identifier, so it never collides with a submodule's name.
-REGION_PART = "<compiled>"
+#: The module-path component of a compiled region (``<compiled>``, ``<compiled>#1``...).
+REGION_PART = paths.REGION_PART
 #: The class name shown for that level (``module_classes``).
 REGION_CLASS = "torch.compile region"
 

@@ -21,6 +21,9 @@ Edges keep their meaning (the gradient flows ``src`` -> ``dst``); for the region
 ``input_nr`` says which gradient: on an edge from the region node into the region, the index of
 the node's ``grad_outputs`` (the tangent); on an edge leaving the region, the slot of the
 node's ``next_functions`` that gradient is for; inside, which output of the producing op.
+An op that no gradient reaches (it reads only activations the forward saved, like the
+transposed weight of a linear layer, or makes a constant) hangs off the region node by an edge
+of kind ``saved``, so every node stays reachable from the roots.
 A region gradscope cannot read stays one opaque node with its note (``Region.note``).
 """
 
@@ -137,6 +140,12 @@ class _Builder:
                     if (ids[i], slot) not in entered:
                         entered.add((ids[i], slot))
                         edges.append(Edge(node.id, ids[i], slot))
+        # an op no gradient reaches (it reads only saved activations, or makes a constant)
+        # hangs off the region node by a "saved" edge, so every node is reachable from a root
+        fed = {e.dst for e in edges}
+        for i in range(len(region.ops)):
+            if ids[i] not in fed:
+                edges.append(Edge(node.id, ids[i], 0, "saved"))
         for e in outgoing:  # one edge per next_functions slot, as autograd holds them
             ref = region.outputs[e.input_nr] if e.input_nr < len(region.outputs) else None
             if ref is None:  # the graph returns no gradient there: the edge stays the node's
@@ -205,3 +214,70 @@ def _saved_tensors(fn: Any) -> list[Any] | None:
     tensors = [r.data for r in raws]
     tensors += list(getattr(fn, "_tensors_no_vc_check", None) or [])
     return tensors
+
+
+# ---------------------------------------------------------------------------- the recorder
+class Watch:
+    """What ``record_backward`` keeps of compiled regions to name the aten op behind a NaN/Inf.
+
+    A pre-hook on each expanded region node holds what the node is about to use (its saved
+    activations, symints, and the gradients it received: references, no copies) until its
+    post-hook sees whether the gradients it returned are finite; only a region that returned
+    a NaN/Inf keeps them, and only the first bad one is re-run (``locate``) when the block ends.
+    """
+
+    def __init__(self, fns: dict[str, Any]) -> None:
+        self.fns = fns  # region node id -> its live CompiledFunctionBackward
+        self.pending: dict[str, tuple[Any, list[Any]]] = {}
+        self.kept: dict[str, tuple[Any, list[Any]]] = {}
+
+    def install(self, handle: Any) -> None:
+        for nid, fn in self.fns.items():
+            handle.add(fn.register_prehook(self._pre(nid, fn)))
+            handle.add(fn.register_hook(self._post(nid)))
+        handle.add(self.pending.clear)
+
+    def _pre(self, nid: str, fn: Any) -> Any:
+        def hook(grad_outputs: Any) -> None:
+            if nid not in self.kept:
+                self.pending[nid] = (compiled.capture_inputs(fn), list(grad_outputs))
+            return None
+
+        return hook
+
+    def _post(self, nid: str) -> Any:
+        def hook(grad_inputs: Any, grad_outputs: Any) -> None:
+            entry = self.pending.pop(nid, None)
+            if entry is not None and entry[0] is not None and _any_nonfinite(grad_inputs):
+                self.kept.setdefault(nid, entry)
+            return None
+
+        return hook
+
+    def locate(self, graph: Graph, nid: str) -> tuple[Node, str] | None:
+        """The aten op node inside region ``nid`` that first produced its NaN/Inf, with the
+        kind, by re-running the region's backward graph on what the node received."""
+        entry = self.kept.get(nid)
+        fn = self.fns.get(nid)
+        if entry is None or fn is None:
+            return None
+        inputs, grads = entry
+        found = compiled.first_nonfinite_op(fn._forward_cls, inputs, grads)
+        if found is None:
+            return None
+        index, kind = found
+        members = [n for n in graph.nodes if n.region == nid and n.id != nid]
+        return (members[index], kind) if index < len(members) else None
+
+    def clear(self) -> None:
+        self.pending.clear()
+        self.kept.clear()
+        self.fns = {}
+
+
+def _any_nonfinite(grads: Any) -> bool:
+    for g in grads:
+        if isinstance(g, torch.Tensor) and (g.is_floating_point() or g.is_complex()):
+            if not bool(torch.isfinite(g).all()):
+                return True
+    return False

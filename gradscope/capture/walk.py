@@ -49,9 +49,17 @@ _CLASS_INFO: dict[type, _ClassInfo] = {}
 _CUSTOM_BASE = torch.autograd.function.BackwardCFunction
 
 
+#: Set once a compiled region's node class has been seen: until then ``trace`` does not look
+#: for regions among the walked nodes (a plain graph pays nothing for them).
+REGIONS_SEEN = False
+
+
 def _class_info(cls: type) -> _ClassInfo:
     info = _CLASS_INFO.get(cls)
     if info is None:
+        global REGIONS_SEEN
+        if cls.__name__ == compiled.REGION_NODE:
+            REGIONS_SEEN = True
         names = dir(cls)
         if issubclass(cls, _CUSTOM_BASE):
             kind = "custom"
@@ -432,7 +440,14 @@ class _Walker:
         return Graph(nodes=self.nodes, edges=edges, roots=roots)
 
 
-def trace(outputs: Any, params: Any = None, *, saved: bool = True, model: Any = None) -> Graph:
+def trace(
+    outputs: Any,
+    params: Any = None,
+    *,
+    saved: bool = True,
+    model: Any = None,
+    regions: bool = True,
+) -> Graph:
     """Walk the autograd graph behind ``outputs`` into a plain-data ``Graph``.
 
     Args:
@@ -447,6 +462,10 @@ def trace(outputs: Any, params: Any = None, *, saved: bool = True, model: Any = 
             and module paths recorded by ``gs.scopes(model)`` (or ``gs.saved_memory(model)``)
             during the forward are read into ``Node.module``. Without ``model`` no module path
             is read.
+        regions: expand each ``torch.compile`` region (a ``CompiledFunctionBackward`` node)
+            into the aten ops of the AOTAutograd backward graph it runs, as a cluster
+            ``<compiled>`` (see ``gradscope.capture.regions``); False keeps it one node, as
+            torchviz draws it.
 
     Returns:
         The graph, with stable ids ``n0, n1, ...`` in walk order (depth first from each output).
@@ -461,11 +480,16 @@ def trace(outputs: Any, params: Any = None, *, saved: bool = True, model: Any = 
         >>> sorted(n.name for n in g.nodes if n.kind == "leaf")
         ['bias', 'weight']
     """
-    return _trace_with_ids(outputs, params, saved=saved, model=model)[0]
+    return _trace_with_ids(outputs, params, saved=saved, model=model, regions=regions)[0]
 
 
 def _trace_with_ids(
-    outputs: Any, params: Any = None, *, saved: bool = True, model: Any = None
+    outputs: Any,
+    params: Any = None,
+    *,
+    saved: bool = True,
+    model: Any = None,
+    regions: bool = True,
 ) -> tuple[Graph, dict[Any, str]]:
     """``trace``, also returning its map from each live ``grad_fn`` to its node id, so that
     ``gs.record_backward`` can hook the very nodes it drew. The map holds the nodes alive:
@@ -502,7 +526,14 @@ def _trace_with_ids(
                 walker.add_output(path, t)
             if nid not in roots:
                 roots.append(nid)
-        return walker.finish(roots), walker.ids
+        graph = walker.finish(roots)
+        if regions and REGIONS_SEEN:
+            from . import regions as _regions
+
+            found = _regions.find(walker.ids)
+            if found:
+                _regions.expand(graph, found, walker, model)
+        return graph, walker.ids
     finally:
         if gc_was_enabled:
             gc.enable()
