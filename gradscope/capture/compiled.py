@@ -644,10 +644,29 @@ def dynamo_path(path: str) -> str:
         rest = path[m.end():]
         if m.group(1) not in ("self", "fn", "mod"):
             head = m.group(1)
+    rest = _dotted(rest)
+    return ".".join(p for p in (head, rest) if p)
+
+
+def compiled_relative(path: str) -> str | None:
+    """Dynamo's module source as a path below the compiled module itself
+    (``L['self'].layers[0]`` -> ``layers.0``, ``L['fn']`` -> ""), or None when the source is
+    some other variable (a global model called by a compiled function).
+
+    Example:
+        >>> compiled_relative("L['fn'].0"), compiled_relative("G['model'].fc1")
+        ('0', None)
+    """
+    m = _TOKEN.match(path)
+    if m is None or m.group(1) not in ("self", "fn", "mod"):
+        return None
+    return _dotted(path[m.end():])
+
+
+def _dotted(rest: str) -> str:
     rest = re.sub(r"\._modules\[['\"]([^'\"]+)['\"]\]", r".\1", rest)
     rest = re.sub(r"\[['\"]?([^\]'\"]+)['\"]?\]", r".\1", rest)
-    rest = rest.lstrip(".")
-    return ".".join(p for p in (head, rest) if p)
+    return rest.lstrip(".")
 
 
 # ====================================================================== replaying a region

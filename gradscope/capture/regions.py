@@ -73,11 +73,12 @@ def expand(graph: Graph, regions: list[tuple[Any, str]], walker: Any, model: Any
         builder = _Builder(graph, node, region, path, names, walker)
         added.extend(builder.build(fn, outgoing[nid]))
         expanded.add(nid)
+    if not expanded:
+        return  # opaque regions only: the edges stay exactly as the walk made them
     graph.edges = keep + added + [e for nid in outgoing if nid not in expanded
                                   for e in outgoing[nid]]
-    if expanded:
-        order = {n.id: i for i, n in enumerate(graph.nodes)}
-        graph.edges.sort(key=lambda e: (order[e.src], e.kind != "grad"))
+    order = {n.id: i for i, n in enumerate(graph.nodes)}
+    graph.edges.sort(key=lambda e: (order[e.src], e.kind != "grad"))
 
 
 def _module_names(model: Any) -> dict[str, str]:
@@ -169,7 +170,14 @@ class _Builder:
         return path, tuple(classes)
 
     def relative(self, key: str, dpath: str) -> str:
-        """A module of the op's stack, relative to the region's scope."""
+        """A module of the op's stack, relative to the region's scope. Dynamo's own source of
+        the module comes first: one compiled graph may serve several modules of one class
+        (the blocks of a model compiled one by one), and only the first one's ids are in the
+        graph's metadata. A module the compiled code reached through another variable (a
+        model called by a compiled function) is named by the model passed to ``trace``."""
+        rel = compiled.compiled_relative(dpath)
+        if rel is not None:
+            return rel
         if self.names is not None:
             name = self.names.get(key)
             if name is not None:
