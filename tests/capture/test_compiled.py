@@ -287,14 +287,27 @@ def test_region_under_inductor_matches_the_graph_inductor_compiled():
             seen.append(op_names(gm))
         return compile_fx_inner(gm, example_inputs, **kwargs)
 
+    import gradscope as gs
+
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    expected = torch.func.grad(lambda w: torch.func.functional_call(
+        model, {**dict(model.named_parameters()), "0.weight": w}, (x,)).sum())(model[0].weight)
     with torch._functorch.config.patch(enable_autograd_cache=False):
         opt = torch.compile(model, backend=functools.partial(compile_fx, inner_compile=inner))
-        out = opt(torch.randn(3, 4))
+        with gs.scopes(opt):
+            out = opt(x)
         region = compiled.read_region(out.grad_fn)
+        graph = gs.trace(out, model=opt)
         assert seen == []  # compiled lazily: not yet
         out.sum().backward()
+    assert breaks_and_graphs() == (0, 1)
     assert [op.name for op in region.ops] == seen[0]
+    (node,) = [n for n in graph.nodes if n.compiled is not None]
+    assert [n.name for n in graph.nodes if n.region == node.id and n is not node] == seen[0]
+    assert {n.module for n in graph.nodes if n.region and n is not node} <= {
+        "<compiled>", "<compiled>.0", "<compiled>.1", "<compiled>.2"}
+    torch.testing.assert_close(model[0].weight.grad, expected)
     assert {compiled.dynamo_path(op.modules[-1][1]) for op in region.ops if op.modules} == {
         "0", "1", "2"}
     assert region.note is None
