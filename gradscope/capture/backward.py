@@ -23,11 +23,11 @@ import torch
 
 from ..model.backward import BackwardTrace, GradStat, NodeStep, NonFinite
 from ..model.graph import Graph, Node
+from . import regions as _regions
+from . import walk as _walk
 from .forward import created_at
 from .handles import HookHandle
 from .nest import iter_tensors
-from . import regions as _regions
-from . import walk as _walk
 from .walk import _trace_with_ids
 
 #: Key under which ``torch.autograd.detect_anomaly`` keeps a node's forward stack.

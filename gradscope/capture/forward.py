@@ -19,6 +19,7 @@ import functools
 import linecache
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch

@@ -85,7 +85,8 @@ def fx_structure(gm: torch.fx.GraphModule):
     """From the recorded graph alone: op names in order, the op -> op dependencies (by op
     index, a getitem standing for its op), which ops read a tangent, and the producer of each
     returned gradient."""
-    ops = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+    ops = [n for n in gm.graph.nodes
+           if n.op == "call_function" and n.target is not operator.getitem]
     index = {n: i for i, n in enumerate(ops)}
 
     def producer(n):

@@ -10,11 +10,11 @@ import textwrap
 import pytest
 import torch._dynamo
 from conftest import SAMPLES
+from gradscope_cli.main import app
 from typer.testing import CliRunner
 
 import gradscope as gs
 from gradscope.capture import compiled
-from gradscope_cli.main import app
 
 SAMPLE = str(SAMPLES / "compiled.py")
 
