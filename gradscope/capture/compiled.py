@@ -34,6 +34,7 @@ This module imports ``torch._dynamo`` only when the program already did (it cost
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
 import sys
@@ -626,6 +627,7 @@ def _last_frame(stack: Any) -> tuple[str, int, str] | None:
 _TOKEN = re.compile(r"""^(?:L|G)\[['"]([^'"]+)['"]\]""")
 
 
+@functools.lru_cache(maxsize=8192)
 def dynamo_path(path: str) -> str:
     """Dynamo's module source (``L['self'].layers[0]``) as a dotted path relative to the
     compiled module (``layers.0``); a module held by another variable keeps its name
@@ -648,6 +650,7 @@ def dynamo_path(path: str) -> str:
     return ".".join(p for p in (head, rest) if p)
 
 
+@functools.lru_cache(maxsize=8192)
 def compiled_relative(path: str) -> str | None:
     """Dynamo's module source as a path below the compiled module itself
     (``L['self'].layers[0]`` -> ``layers.0``, ``L['fn']`` -> ""), or None when the source is

@@ -45,6 +45,7 @@ def _location_text(filename: str, lineno: int) -> str:
     return f"{_short_path(filename)}:{lineno}: {code}"
 
 
+@functools.lru_cache(maxsize=4096)
 def location_text(filename: str, lineno: int, code: str | None = None) -> str:
     """``file:line: code`` as ``record_forward`` writes it; ``code`` defaults to the line's
     text (a compiled graph's ``stack_trace`` carries its own)."""

@@ -48,7 +48,7 @@ def find(ids: dict[Any, str]) -> list[tuple[Any, str]]:
 
 def expand(graph: Graph, regions: list[tuple[Any, str]], walker: Any, model: Any) -> None:
     """Expand every region node of ``graph`` (see the module docstring), in place."""
-    names = _module_names(model) if model is not None else None
+    names = _Names(model)
     seen_in_scope: dict[str | None, int] = {}
     outgoing: dict[str, list[Edge]] = {nid: [] for _, nid in regions}
     keep: list[Edge] = []
@@ -81,19 +81,30 @@ def expand(graph: Graph, regions: list[tuple[Any, str]], walker: Any, model: Any
     graph.edges.sort(key=lambda e: (order[e.src], e.kind != "grad"))
 
 
-def _module_names(model: Any) -> dict[str, str]:
-    """``str(id(module))`` -> its plain name in ``model`` (the key FX's module stacks use)."""
-    return {
-        str(id(mod)): compiled.plain_name(name)
-        for name, mod in model.named_modules(remove_duplicate=False)
-    }
+class _Names:
+    """``str(id(module))`` -> its plain name in ``model`` (the key FX's module stacks use),
+    built the first time a region needs it (most never do)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.names: dict[str, str] | None = None
+
+    def get(self, key: str) -> str | None:
+        if self.model is None:
+            return None
+        if self.names is None:
+            self.names = {
+                str(id(mod)): compiled.plain_name(name)
+                for name, mod in self.model.named_modules(remove_duplicate=False)
+            }
+        return self.names.get(key)
 
 
 class _Builder:
     """Builds one region's nodes and edges."""
 
     def __init__(self, graph: Graph, node: Node, region: compiled.RegionGraph, path: str,
-                 names: dict[str, str] | None, walker: Any) -> None:
+                 names: _Names, walker: Any) -> None:
         self.graph = graph
         self.node = node
         self.region = region
@@ -106,6 +117,7 @@ class _Builder:
         if outer is None:
             outer = ("",) + ("",) * len(levels(scope or ""))
         self.outer_classes = (*outer, compiled.REGION_CLASS)
+        self.placed: dict[tuple[Any, ...], tuple[str, tuple[str, ...]]] = {}
 
     def build(self, fn: Any, outgoing: list[Edge]) -> list[Edge]:
         graph, node, region = self.graph, self.node, self.region
@@ -157,7 +169,14 @@ class _Builder:
         return edges
 
     def place(self, op: compiled.RegionOp) -> tuple[str, tuple[str, ...]]:
-        """The op's module path (below the region's) and the class names along it."""
+        """The op's module path (below the region's) and the class names along it (the ops
+        of one module share a stack: computed once per stack)."""
+        hit = self.placed.get(op.modules)
+        if hit is None:
+            hit = self.placed[op.modules] = self._place(op)
+        return hit
+
+    def _place(self, op: compiled.RegionOp) -> tuple[str, tuple[str, ...]]:
         rel_of = {}  # rel path of each module on the op's stack -> its class
         for key, dpath, cls in op.modules:
             rel_of[self.relative(key, dpath)] = cls
@@ -178,18 +197,17 @@ class _Builder:
         rel = compiled.compiled_relative(dpath)
         if rel is not None:
             return rel
-        if self.names is not None:
-            name = self.names.get(key)
-            if name is not None:
-                scope = self.scope
-                if not scope:
-                    return name
-                if name == scope:
-                    return ""
-                if name.startswith(scope + "."):
-                    return name[len(scope) + 1:]
-                return name
-        return compiled.dynamo_path(dpath)
+        name = self.names.get(key)
+        if name is None:
+            return compiled.dynamo_path(dpath)
+        scope = self.scope
+        if not scope:
+            return name
+        if name == scope:
+            return ""
+        if name.startswith(scope + "."):
+            return name[len(scope) + 1:]
+        return name
 
     def attach_saved(self, fn: Any, ids: list[str]) -> None:
         """Each saved activation on the first op that reads it (the region node otherwise)."""
