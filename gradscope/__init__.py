@@ -10,6 +10,7 @@ Public surface (everything else lives in private ``_modules``)::
     render_tree(graph)                                   rich renderable for the terminal
     scopes(model)                                        record which module made each node
     record_backward(outputs), record_forward()           watch the backward pass
+    release(outputs)                                     free a deep graph without recursion
     GradMonitor(model, ...)                              gradient statistics while training
     check(fn, *inputs), explain(tensor)                  custom Function checks, tensor internals
     saved_memory(), leak_check()                         memory held by autograd graphs
@@ -51,6 +52,7 @@ from .errors import (
     ScopesError,
     ViewError,
 )
+from .model.formats import OutputFormat, format_options
 from .model.formats import format_for as output_format
 from .model.formats import format_names as _format_names
 from .model.graph import Box, Edge, Graph, Node, Region, SavedTensor, TensorInfo, format_bytes
@@ -113,6 +115,7 @@ _LAZY = {
     "readable_view": ".model.transforms",
     "record_backward": ".capture.backward",
     "record_forward": ".capture.forward",
+    "release": ".capture.release",
     "BackwardTrace": ".model.backward",
     "NodeStep": ".model.backward",
     "GradStat": ".model.backward",
@@ -182,6 +185,7 @@ __all__ = [
     "Node",
     "NodeStep",
     "NonFinite",
+    "OutputFormat",
     "OutputError",
     "ParamStats",
     "ReportError",
@@ -200,6 +204,7 @@ __all__ = [
     "explain",
     "fold",
     "format_bytes",
+    "format_options",
     "iter_tensors",
     "leak_check",
     "load_model_file",
@@ -208,6 +213,7 @@ __all__ = [
     "readable_view",
     "record_backward",
     "record_forward",
+    "release",
     "render_tree",
     "saved_memory",
     "scopes",

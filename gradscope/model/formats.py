@@ -96,6 +96,15 @@ def format_for(path: str | Path | None, fmt: str | None) -> str:
     return get_format(suffix).name
 
 
+def format_options(name: str) -> frozenset[str]:
+    """The options the format called ``name`` takes (``gs.format_options("json")`` is empty).
+
+    Raises:
+        FormatError: no such format.
+    """
+    return get_format(name).options
+
+
 def check_options(fmt: OutputFormat, options: Iterable[str]) -> None:
     """Refuse options that ``fmt`` does not take (a DOT option is no JSON option)."""
     extra = sorted(set(options) - fmt.options)
