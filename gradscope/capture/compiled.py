@@ -181,6 +181,7 @@ class ModuleHooks:
         self.installed = False
         self.hidden = False
         self.callbacks: tuple[Any, Any] | None = None
+        self.handler: Any = None
 
     def install(self) -> ModuleHooks:
         if self.installed:
@@ -197,7 +198,7 @@ class ModuleHooks:
         self.installed = False
         self._unregister()
         if self.callbacks is not None:
-            handler = _callback_handler()
+            handler = self.handler
             start, end = self.callbacks
             for lst, cb in ((getattr(handler, "start_callbacks", []), start),
                             (getattr(handler, "end_callbacks", []), end)):
@@ -223,13 +224,19 @@ class ModuleHooks:
             h.remove()
         self.handles = []
 
+    def _armed(self) -> bool:
+        """The compile callbacks are in place (``torch._dynamo.reset()`` clears them all)."""
+        cbs = self.callbacks
+        return cbs is not None and cbs[0] in self.handler.start_callbacks
+
     def _arm(self) -> None:
-        if self.callbacks is not None or not arm():
+        if self._armed() or not arm():
             return
         eager_only(self._pre, self._post)
         handler = _callback_handler()
         if handler is None:
             return
+        self.handler = handler
 
         def hide(args: Any) -> None:
             if self.installed and not self.hidden:
@@ -248,8 +255,8 @@ class ModuleHooks:
     def _pre(self, module: Any, args: Any) -> None:
         if compiling():
             return None
-        if self.callbacks is None:
-            self._arm()  # torch.compile may have been imported since install
+        if not self._armed():
+            self._arm()  # torch._dynamo imported since install, or reset() cleared callbacks
         self.pre(module, args)
         return None
 

@@ -63,7 +63,7 @@ def expand(graph: Graph, regions: list[tuple[Any, str]], walker: Any, model: Any
         region = compiled.read_region(fn)
         node = graph.node(nid)
         node.compiled = Region(region.aot_id, len(region.ops), region.note)
-        if region.opaque:
+        if region.opaque:  # drawn as a custom Function (the walk read its saved tensors)
             continue
         scope = node.module
         k = seen_in_scope.get(scope, 0)
@@ -125,9 +125,6 @@ class _Builder:
         node.module_classes = self.outer_classes
         node.region = node.id
         want_saved = self.walker.want_saved
-        if want_saved:
-            node.saved = []
-            node.attrs = {k: v for k, v in node.attrs.items() if v not in ("[]", "()")}
         ids = []
         base = len(graph.nodes)
         for i, op in enumerate(region.ops):

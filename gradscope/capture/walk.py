@@ -207,9 +207,12 @@ def _param_names(params: Any) -> dict[int, str]:
 class _Walker:
     """One walk. Hot loops bind attributes to locals: this code runs once per autograd node."""
 
-    def __init__(self, names: dict[int, str], saved: bool, read_modules: bool) -> None:
+    def __init__(
+        self, names: dict[int, str], saved: bool, read_modules: bool, regions: bool = False
+    ) -> None:
         self.names = names
         self.want_saved = saved
+        self.regions = regions  # compiled regions are expanded: capture/regions reads them
         self.read_modules = read_modules
         self.storages = _Storages()
         self.nodes: list[Node] = []
@@ -405,6 +408,13 @@ class _Walker:
             return None
 
     def custom_saved(self, fn: Any, node: Node) -> None:
+        if (self.regions and type(fn).__name__ == compiled.REGION_NODE
+                and not compiled.read_region(fn).opaque):
+            return  # capture/regions reads them, under the names its backward graph gives them
+        self.function_saved(fn, node)
+
+    def function_saved(self, fn: Any, node: Node) -> None:
+        """A custom Function's saved tensors and ``ctx`` attributes."""
         try:
             raws = fn._raw_saved_tensors
         except RuntimeError:  # freed by backward: torch no longer knows what there was
@@ -511,7 +521,7 @@ def _trace_with_ids(
         )
     # module stamps are read only for a model: ``grad_fn.metadata`` allocates a dict on every
     # node it is read from, which would cost a plain walk a third of its time
-    walker = _Walker(names, saved, model is not None)
+    walker = _Walker(names, saved, model is not None, regions)
     roots: list[str] = []
     # The walk allocates a few objects per node and frees none: generational GC passes over
     # that growing heap would only cost time (2x on a 100,000-node graph).

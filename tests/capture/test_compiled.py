@@ -311,3 +311,21 @@ def test_region_under_inductor_matches_the_graph_inductor_compiled():
     assert {compiled.dynamo_path(op.modules[-1][1]) for op in region.ops if op.modules} == {
         "0", "1", "2"}
     assert region.note is None
+
+
+def test_module_hooks_stay_hidden_after_dynamo_reset():
+    """``torch._dynamo.reset()`` clears every compile callback; the hooks re-arm on their next
+    call, before Dynamo compiles, so a model compiled in the block still does not guard on
+    them (no recompile once they are gone)."""
+    model = Plain()
+    x = torch.randn(3, 4)
+    hooks = compiled.ModuleHooks(lambda m, a: None, lambda m, a, o: None).install()
+    try:
+        torch._dynamo.reset()
+        counters.clear()
+        opt = torch.compile(model, backend="aot_eager")
+        opt(x)
+    finally:
+        hooks.remove()
+    opt(x)
+    assert breaks_and_graphs() == (0, 1)
