@@ -121,6 +121,8 @@ class Node:
         first_nonfinite: the node is the first, in engine order, to produce one.
         view_base: an ``output`` node that is the base tensor of a view output.
         box: for ``module`` nodes, what the box stands for.
+        forward_nonfinite: ``nan`` or ``inf`` when this node's forward output was the first
+            non-finite value of the forward (``gs.record_forward(check_finite=True)``).
         region: the id of the ``CompiledFunctionBackward`` node of the compiled region this
             node belongs to (an aten op of its backward graph, or that node itself), else None.
         compiled: on a compiled region's ``CompiledFunctionBackward`` node, the ``Region``.
@@ -140,6 +142,7 @@ class Node:
     first_nonfinite: bool = False
     view_base: bool = False
     box: Box | None = None
+    forward_nonfinite: str | None = None
     region: str | None = None
     compiled: Region | None = None
 

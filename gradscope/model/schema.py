@@ -13,7 +13,7 @@ Schema version 3 (written now)::
                 ...optional keys, present only when set:
                 "order": 0, "module_classes": ["Net", "Linear"],
                 "created_at": "model.py:7: y = x.log()", "nonfinite": "nan",
-                "first_nonfinite": true, "view_base": true,
+                "first_nonfinite": true, "view_base": true, "forward_nonfinite": "nan",
                 "box": {"cls": "Linear", "nodes": 5, "saved_bytes": 64, "repeat": 4},
                 "region": "n4", "compiled": {"graph": 0, "ops": 21, "note": "..."}}],
      "edges": [{"src": "n0", "dst": "n1", "input_nr": 0,
@@ -136,6 +136,8 @@ def _node_to_dict(n: Node) -> dict[str, Any]:
         d["first_nonfinite"] = True
     if n.view_base:
         d["view_base"] = True
+    if n.forward_nonfinite is not None:
+        d["forward_nonfinite"] = n.forward_nonfinite
     if n.box is not None:
         box: dict[str, Any] = {"cls": n.box.cls, "nodes": n.box.nodes,
                                "saved_bytes": n.box.saved_bytes}
@@ -422,6 +424,10 @@ class _Reader:
             d.get("first_nonfinite", False), f"{at}.first_nonfinite"
         )
         node.view_base = self.expect_bool(d.get("view_base", False), f"{at}.view_base")
+        forward = d.get("forward_nonfinite")
+        if forward is not None and forward not in NONFINITE_KINDS:
+            raise self.fail(f"{at}.forward_nonfinite", '"nan", "inf" or null', forward)
+        node.forward_nonfinite = forward
         node.box = self.box(d.get("box"), f"{at}.box")
         node.region = self.opt_str(d.get("region"), f"{at}.region")
         node.compiled = self.region(d.get("compiled"), f"{at}.compiled")
