@@ -186,18 +186,21 @@ class _ForwardMode(TorchFunctionMode):
         if not self.paused or self.paused[-1] is not module:
             return
         self.paused.pop()
-        compiled.push_mode(self)
-        if torch.is_grad_enabled():
-            # the region's node: the user's line that called the compiled module
-            frame = sys._getframe(1)
-            while frame is not None and frame.f_code.co_filename.startswith(_OWN_DIR):
-                frame = frame.f_back
-            self._stamp_outputs(list(_tensors(output)), frame)
-            if self.check_finite:  # the region's outputs, as one call of the compiled module
-                self._flag("torch.compile region", list(_tensors(output)), frame)
-            for t in _tensors(output):
-                if t.grad_fn is not None:
-                    compiled.remember(t.grad_fn)  # its graph, while the metadata is intact
+        try:  # still off the stack: the checks' own torch calls are not the forward's
+            if torch.is_grad_enabled():
+                # the region's node: the user's line that called the compiled module
+                frame = sys._getframe(1)
+                while frame is not None and frame.f_code.co_filename.startswith(_OWN_DIR):
+                    frame = frame.f_back
+                tensors = list(_tensors(output))
+                self._stamp_outputs(tensors, frame)
+                if self.check_finite:  # the region's outputs, as one call of the module
+                    self._flag("torch.compile region", tensors, frame)
+                for t in tensors:
+                    if t.grad_fn is not None:
+                        compiled.remember(t.grad_fn)  # its graph, while the metadata is intact
+        finally:
+            compiled.push_mode(self)
 
     def _stamp_outputs(self, out: Any, frame: Any = None) -> None:
         if isinstance(out, torch.Tensor):

@@ -45,6 +45,7 @@ def grads(model: nn.Module) -> dict[str, torch.Tensor]:
 CONTEXTS = {
     "scopes": lambda m: gs.scopes(m),
     "record_forward": lambda m: gs.record_forward(),
+    "record_forward(check_finite)": lambda m: gs.record_forward(check_finite=True),
     "saved_memory": lambda m: gs.saved_memory(m),
     "GradMonitor": lambda m: gs.GradMonitor(m),
     "GradMonitor(modules, activations)": lambda m: gs.GradMonitor(m, modules=True,
@@ -150,3 +151,22 @@ def test_record_forward_stamps_the_region_with_the_calling_line():
     with open(__file__) as f:
         assert "the calling line" in f.read().splitlines()[line - 1]
     assert loss.grad_fn.metadata["gradscope.created_at"][1] == line + 1
+
+
+def test_check_finite_reports_a_nan_made_inside_a_compiled_module():
+    class LogNet(Net):
+        def forward(self, x):
+            return self.fc2(torch.log(self.fc1(x)))  # log of negatives: NaN
+
+    model = LogNet()
+    opt = torch.compile(model, backend="aot_eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with gs.scopes(opt), gs.record_forward(check_finite=True) as fw:
+            out = opt(torch.randn(8, 6))  # the compiled call
+            out.sum()
+    assert breaks_and_graphs() == (0, 1)
+    bad = fw.first_nonfinite
+    assert bad is not None and bad.kind == "nan"
+    assert bad.op == "torch.compile region" and bad.node == "CompiledFunctionBackward"
+    assert bad.where.endswith("out = opt(torch.randn(8, 6))  # the compiled call")
