@@ -59,11 +59,15 @@ def load_graph(mf: gs.ModelFile, *, loss: bool = False, saved: bool = True) -> g
 
 
 def record_graph(mf: gs.ModelFile, *, saved: bool = True) -> gs.BackwardTrace:
-    """Forward (and loss_fn when the file has one) with forward lines recorded, then backward
-    under the recorder (ones as the gradient of non-scalar outputs); ``.graph`` is annotated."""
-    with gs.record_forward():
+    """Forward (and loss_fn when the file has one) with forward lines and the first
+    non-finite forward value recorded, then backward under the recorder (ones as the gradient
+    of non-scalar outputs); ``.graph`` is annotated. When the forward already went non-finite
+    it is said first: the gradients' NaN/Inf then comes from it, not from backward."""
+    with gs.record_forward(check_finite=True) as forward:
         fwd = mf.forward()
         root = mf.loss(fwd.outputs) if mf.has("loss_fn") else fwd.outputs
+    if forward.first_nonfinite is not None:
+        stderr().print(forward.first_nonfinite.summary(), markup=False)
     try:
         with gs.record_backward(root, model=fwd.model, saved=saved) as rec:
             tensors = [t for _, t in gs.iter_tensors(root) if t.requires_grad]
@@ -77,6 +81,19 @@ def record_graph(mf: gs.ModelFile, *, saved: bool = True) -> gs.BackwardTrace:
     finally:
         gs.release((root, fwd.outputs))
     return rec
+
+
+def report_regions(graph: gs.Graph) -> None:
+    """One line per thing to know about the compiled regions drawn (an opaque one, missing
+    source lines), each said once."""
+    said: set[str] = set()
+    for node in graph.nodes:
+        note = node.compiled.note if node.compiled is not None else None
+        if note and note not in said:
+            said.add(note)
+            where = f" ({node.module})" if node.module else ""
+            stderr().print(f"gradscope: note: compiled region {node.id}{where}: {note}",
+                           markup=False)
 
 
 def report_backward(rec: gs.BackwardTrace | None) -> None:
@@ -177,6 +194,7 @@ def render(
                       "legend": legend, "timeout": timeout}
     if note:  # before a layout that may take a while, say what is drawn
         stderr().print(note, markup=False)
+    report_regions(graph)
     view.save(output, format=fmt, **{k: v for k, v in candidates.items() if k in takes})
     drawn = sum(1 for n in view.nodes if n.kind != "module")
     boxes = len(view.nodes) - drawn
@@ -209,12 +227,14 @@ def tree(
     rec = record_graph(mf) if backward else None
     graph = rec.graph if rec else load_graph(mf, loss=loss)
     mem = graph.memory()  # of the whole graph, before any collapse
+    full_graph = graph
     if depth is not None:
         graph = graph.collapse(depth)
     out = stdout()
     out.print(gs.render_tree(graph, max_lines=max_lines))
     if mem.total or mem.freed:
         out.print(mem.render(depth=depth))
+    report_regions(full_graph)
     report_backward(rec)
 
 

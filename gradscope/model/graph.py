@@ -20,6 +20,7 @@ from .nodes import (
     Edge,
     GraphLike,
     Node,
+    Region,
     SavedTensor,
     TensorInfo,
     format_bytes,
@@ -27,7 +28,7 @@ from .nodes import (
 )
 
 __all__ = [
-    "KINDS", "Box", "Edge", "Graph", "GraphLike", "Node", "SavedTensor", "TensorInfo",
+    "KINDS", "Box", "Edge", "Graph", "GraphLike", "Node", "Region", "SavedTensor", "TensorInfo",
     "format_bytes",
 ]
 

@@ -136,6 +136,10 @@ def annotate(
     a non-finite node its forward line (path shortened against ``root``, code wrapped)."""
     if node.order is not None:
         label = f"#{node.order} {label}"
+    if node.forward_nonfinite:  # where the forward first went non-finite
+        label += f"\n{node.forward_nonfinite} first made here, in the forward"
+        extra["color"] = BAD_COLOR
+        extra["penwidth"] = "3"
     bad = node.nonfinite
     if bad:
         first = node.first_nonfinite
@@ -251,7 +255,7 @@ def _op_key(node: Node) -> tuple[object, ...] | None:
     if node.kind not in ("op", "accumulate", "custom") or node.order is not None:
         return None
     attrs = node.attrs
-    if node.nonfinite:
+    if node.nonfinite or node.forward_nonfinite:
         return None
     saved = tuple((s.name, s.freed) for s in node.saved)
     return (node.name, node.kind, node.module, tuple(attrs.items()) if attrs else (), saved)
@@ -478,7 +482,7 @@ def to_dot(
         for node in graph.nodes:
             out.extend(_node_lines(node, opt, "\t"))
     for e in graph.edges:
-        if e.kind == "view":
+        if e.kind in ("view", "saved"):
             out.append(f"\t{e.dst} -> {e.src} [style=dotted]")
         elif e.grad_norm is not None or e.count != 1:
             out.append(f"\t{e.dst} -> {e.src} [{_edge_attrs(e)}]")

@@ -84,7 +84,10 @@ def _norm_scale() -> list[list[Any]]:
     return bands + [[NONFINITE_BAND.name, None, _css(NONFINITE_BAND.color)]]
 #: A container row's kind: the root, a module, a fold of repeated layers, a chunk of a long run.
 _KIND_CODE = {"root": "r", "module": "m", "fold": "f", "chunk": "k"}
-#: An edge row is [src, dst, input_nr, view, count, norm]; trailing defaults are left out.
+#: An edge's kind in the page: 0 a gradient edge; else drawn dotted (1 a view's link to its
+#: base, 2 a compiled region's saved-activation link).
+_EDGE_KIND = {"grad": 0, "view": 1, "saved": 2}
+#: An edge row is [src, dst, input_nr, kind, count, norm]; trailing defaults are left out.
 _EDGE_DEFAULTS = (0, 0, 1, None)
 
 
@@ -470,6 +473,10 @@ def _node_info(
         info["bad"] = bad
         if node.first_nonfinite:
             info["first"] = 1
+    if node.forward_nonfinite:
+        info["fwd"] = node.forward_nonfinite
+    if node.compiled is not None:
+        info["region"] = [node.compiled.ops, node.compiled.note]
     where = node.created_at
     if where:
         info["at"] = short_location(where, root)
@@ -513,7 +520,7 @@ def graph_data(
     edges = []
     for e in graph.edges:
         row = [index[e.src], index[e.dst]]
-        tail = [e.input_nr, 1 if e.kind == "view" else 0, e.count,
+        tail = [e.input_nr, _EDGE_KIND.get(e.kind, 1), e.count,
                 None if e.grad_norm is None else _json_float(e.grad_norm)]
         while tail and tail[-1] == _EDGE_DEFAULTS[len(tail) - 1]:
             tail.pop()

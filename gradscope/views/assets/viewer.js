@@ -172,6 +172,7 @@
     if (kind === "custom") lines.push("(custom Function)");
     if (toggles.shapes && info.sh) lines.push("→ " + shapeText(info.sh));
     if (info.mem) lines.push(info.mem);
+    if (info.fwd) lines.push(info.fwd + " first made here, in the forward");
     if (info.bad) {
       lines.push((info.first ? "first " : "") + info.bad + " gradient");
       if (info.at && info.first) lines.push(...locationLines(info.at));
@@ -520,6 +521,7 @@
     if (key >= BOX) return C[key - BOX].kind === "f" ? COLORS.folded : COLORS.module;
     const kind = KINDS[nodeKind[key]], info = nodeInfo[key] || {};
     if (info.bad) return info.first ? COLORS.bad : COLORS.bad_other;
+    if (info.fwd) return COLORS.bad_other;
     if (kind === "module") return info.box && info.box[3] ? COLORS.folded : COLORS.module;
     if (kind === "output" && info.base) return COLORS.base;
     return COLORS[kind] || COLORS.op;
@@ -973,6 +975,11 @@
     if (info.o !== undefined) row(t, "backward order", "#" + info.o + " (0 ran first)");
     if (info.mem) row(t, "memory", info.mem);
     if (info.box) { row(t, "class", info.box[0]); row(t, "nodes", String(info.box[1])); row(t, "saved", fmtBytes(info.box[2])); }
+    if (info.region) row(t, "torch.compile region", info.region[0] + " aten ops drawn" + (info.region[1] ? "; " + info.region[1] : ""));
+    if (info.fwd) {
+      const f = section("non-finite forward", "bad");
+      row(f, "forward output", info.fwd + ": the first op whose forward output was non-finite");
+    }
     if (info.bad) {
       const b = section("non-finite gradient", "bad");
       row(b, "gradient", info.bad + (info.first ? " (the first in engine order)" : ""));
