@@ -27,6 +27,7 @@ class SavedTensor:
         name: the saved name without the ``_saved_`` prefix (``self``, ``mat1``, ``result``),
             ``name[i]`` for one element of a saved list, ``saved_tensors[i]`` for custom Functions.
         shape: the tensor's shape; None when backward already freed it and torch kept no size.
+            A dimension with no single size (a nested tensor's ragged one) is None.
         dtype: e.g. ``float32``; None once freed.
         device: e.g. ``cpu`` or ``cuda:0``; None once freed.
         nbytes: ``numel * element_size`` of the saved tensor (0 once freed).
@@ -37,7 +38,7 @@ class SavedTensor:
     """
 
     name: str
-    shape: list[int] | None
+    shape: list[int | None] | None
     dtype: str | None
     device: str | None
     nbytes: int
@@ -52,10 +53,10 @@ class SavedTensor:
 
 @dataclass(slots=True)
 class TensorInfo:
-    """The tensor behind a ``leaf`` or ``output`` node."""
+    """The tensor behind a ``leaf`` or ``output`` node (``shape``: as ``SavedTensor.shape``)."""
 
     name: str | None
-    shape: list[int]
+    shape: list[int | None]
     dtype: str
     device: str
     storage: str | None = None

@@ -19,8 +19,12 @@ Schema version 2 (written now)::
                 ...optional: "kind": "view", "grad_norm": 0.5 (or "nan"/"inf"/"-inf"),
                 "count": 3}]}
 
-Shapes are lists of integers; a dimension that has no single size (the ragged dimension of a
-jagged nested tensor) is ``null``. Version 1 (before gradscope's annotations were typed) kept
+Shapes are lists of integers; a dimension that has no single size is ``null``. That is how
+nested tensors (``torch.nested``) are written: the number of components, then per dimension
+the size all components share, or ``null`` where they differ (a ragged dimension; a jagged
+tensor's ragged dimension is always ``null``). Two components of shapes (2, 3) and (4, 3) give
+``[2, null, 3]``, which renderers draw as ``(2, *, 3)``. Their ``nbytes`` count the buffer that
+holds the components. Version 1 (before gradscope's annotations were typed) kept
 them as strings in ``attrs`` (``nonfinite``, ``first_nonfinite``, ``created_at``,
 ``view_base``, ``module_classes``, and ``class``/``nodes``/``saved_bytes``/``repeat`` on module
 boxes); it still loads, and those keys become the typed fields.
