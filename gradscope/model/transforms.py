@@ -3,8 +3,10 @@
 Both take a ``Graph`` whose nodes carry module paths (``gs.scopes``) and return a new, smaller
 ``Graph`` in which a group of nodes is one node of kind ``module``: ``name`` is its label,
 ``module`` its path, ``box`` a ``Box`` with the module's class name, how many original nodes
-it stands for and the bytes of its saved tensors (each storage counted once), and ``saved`` keeps the members' saved-tensor records, so ``Graph.saved_bytes()``
-and the total node count are the same before and after. Edges between groups are merged into one
+it stands for and the bytes of its saved tensors (each storage counted once; the part that
+aliases parameters/inputs and outputs apart from activations), and ``saved`` keeps the
+members' saved-tensor records, so ``Graph.saved_bytes()`` and the total node count are the same
+before and after. Edges between groups are merged into one
 ``Edge`` whose ``count`` says how many it stands for.
 
 Depth counts module levels below the model: ``encoder`` is at depth 1 and ``encoder.layers.3``
@@ -20,7 +22,8 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from ..errors import ViewError
-from .nodes import Box, Edge, GraphLike, Node, SavedTensor, saved_bytes_of
+from .memory import alias_kinds
+from .nodes import Box, Edge, GraphLike, Node, SavedTensor, storage_sizes
 from .paths import inside, levels, module_class, node_paths
 
 #: A graph type: the views return graphs of the class they were given (``Graph``).
@@ -28,20 +31,38 @@ G = TypeVar("G", bound=GraphLike)
 
 _INDEXED = re.compile(r"^(?:(.*)\.)?(\d+)(#\d+)?$")
 _REPEAT = re.compile(r"^(.*?)(?:#(\d+))?$")
+_KIND_INDEX = {"leaf": 1, "output": 2}
 
 
-def _box(nid: str, name: str, path: str, members: list[Node], repeat: int | None = None) -> Node:
+def _box(
+    nid: str,
+    name: str,
+    path: str,
+    members: list[Node],
+    repeat: int | None = None,
+    kinds: dict[str, str] | None = None,
+) -> Node:
+    """A module node standing for ``members``; ``kinds`` (``alias_kinds`` of the whole graph)
+    splits its saved bytes into activations and aliases of leaves and outputs."""
     saved = [
         SavedTensor(f"{m.name}.{s.name}" if m.kind != "module" else s.name, s.shape, s.dtype,
-                    s.device, s.nbytes, s.storage, s.freed)
+                    s.device, s.nbytes, s.storage, s.freed, s.storage_nbytes)
         for m in members
         for s in m.saved
     ]
+    kinds = kinds or {}
+    sizes = storage_sizes([Node("", "", "op", saved=saved)])
+    split = [0, 0, 0]
+    for sid, size in sizes.items():
+        split[_KIND_INDEX.get(kinds.get(sid, ""), 0)] += size
     box = Box(
         module_class(path, members),
         sum(m.count for m in members),
-        saved_bytes_of([Node("", "", "op", saved=saved)]),
+        sum(sizes.values()),
         repeat,
+        leaf_bytes=split[1],
+        output_bytes=split[2],
+        aliases={sid: kinds[sid] for sid in sizes if sid in kinds},
     )
     return Node(
         nid, name, "module", module=path, saved=saved, module_classes=_chain_prefix(path, members),
@@ -144,8 +165,10 @@ def collapse(graph: G, depth: int) -> G:
         if len(lv) >= depth:
             key_of[nid] = ".".join(lv[:depth])
 
+    kinds = alias_kinds(graph)
+
     def make(nid: str, key: str, group: list[Node]) -> Node:
-        return _box(nid, key or "(model)", key, group)
+        return _box(nid, key or "(model)", key, group, kinds=kinds)
 
     return _regroup(graph, key_of, make)
 
@@ -308,9 +331,11 @@ def fold(graph: G) -> G:
                     key_of[n.id] = path
         todo.extend(k for k in kids if k not in folded)
 
+    kinds = alias_kinds(graph)
+
     def make(nid: str, key: str, group: list[Node]) -> Node:
         info = extra[key]
-        node = _box(nid, info["name"], key, group, repeats[key])
+        node = _box(nid, info["name"], key, group, repeats[key], kinds)
         assert node.box is not None
         if not node.box.cls:
             node.box.cls = module_class(info["first"], group)
