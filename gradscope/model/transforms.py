@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from ..errors import ViewError
-from .memory import alias_kinds
+from .memory import alias_kinds, split_bytes
 from .nodes import Box, Edge, GraphLike, Node, SavedTensor, storage_sizes
 from .paths import inside, levels, module_class, node_paths
 
@@ -378,9 +378,13 @@ def nearest(graph: G, max_nodes: int) -> tuple[G, int]:
         keep[nid] = None
         queue.extend(d for d in out[nid] if d not in keep)
     rest = [n for n in graph.nodes if n.id not in keep]
+    kinds = alias_kinds(graph)
+    split = split_bytes(rest, kinds)
     more = Node(
         "more", f"… {len(rest)} more nodes", "module", saved=[s for n in rest for s in n.saved],
-        box=Box("", sum(n.count for n in rest), saved_bytes_of(rest)),
+        box=Box("", sum(n.count for n in rest), split.total, leaf_bytes=split.leaf,
+                output_bytes=split.output,
+                aliases={sid: kinds[sid] for sid in storage_sizes(rest) if sid in kinds}),
     )
     key_of = {n.id: "more" for n in rest}
 

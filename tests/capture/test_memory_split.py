@@ -217,3 +217,19 @@ def test_cli_memory_labels_split_activations_and_parameters(tmp_path):
     truth, graph = sample("cnn")
     act, param = truth.split(truth.size)
     assert f"holding {format_split(act, param)}" in res.stderr
+
+
+def test_the_box_beyond_a_bounded_view_splits_its_bytes_too():
+    x = torch.randn(2, requires_grad=True)
+    w = torch.randn(2, requires_grad=True)
+    y = x
+    for _ in range(50):
+        y = y * w  # saves the previous y (an activation, x for the first) and w (a leaf)
+    view, hidden = gs.model.transforms.nearest(gs.trace(y), 10)
+    (more,) = [n for n in view.nodes if n.kind == "module"]
+    muls_kept = sum(1 for n in view.nodes if n.name == "MulBackward0")
+    assert hidden > 0 and more.box.nodes == hidden
+    # the 50 - muls_kept products beyond the view: the deepest saved x, the others a y each
+    assert more.box.leaf_bytes == x.untyped_storage().nbytes() + w.untyped_storage().nbytes()
+    assert more.box.activation_bytes == (50 - muls_kept - 1) * y.untyped_storage().nbytes()
+    assert f"saved {format_split(more.box.activation_bytes, more.box.leaf_bytes)}" in view.to_dot()
