@@ -190,7 +190,7 @@ class MemoryReport:
         if aliases:
             aliases += " (alive without the graph too)"
         return (
-            f"saved tensors: {format_bytes(self.activation_bytes)} of activations in {n_act} "
+            f"saved tensors hold {format_bytes(self.activation_bytes)} of activations in {n_act} "
             f"storages (held only by the graph){aliases}; {format_bytes(self.total)} in "
             f"{len(self.storages)} storages in all{peak}"
         )

@@ -187,8 +187,8 @@ def test_memory_renders_as_a_table():
     text = console.export_text()
     # ranked by activations: enc.0 holds more bytes, but most of them are its weight
     assert text.splitlines() == [
-        "saved tensors: 4.0 KiB of activations in 2 storages (held only by the graph), 2.0 KiB "
-        "aliasing ",
+        "saved tensors hold 4.0 KiB of activations in 2 storages (held only by the graph), "
+        "2.0 KiB aliasing ",
         "parameters/inputs (alive without the graph too); 6.0 KiB in 3 storages in all",
         "module  activations  share  params/inputs",
         "enc.1       3.0 KiB  75.0%              -",

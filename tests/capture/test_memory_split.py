@@ -109,7 +109,7 @@ def test_report_splits_parameters_from_activations(traced):
     assert param > 0 and act > 0
     assert (rep.activation_bytes, rep.leaf_bytes, rep.output_bytes) == (act, param, 0)
     summary = rep.summary()
-    assert summary.startswith(f"saved tensors: {gs.format_bytes(act)} of activations")
+    assert summary.startswith(f"saved tensors hold {gs.format_bytes(act)} of activations")
     assert f"{gs.format_bytes(param)} aliasing parameters/inputs" in summary
     # the graph's one-line summary says the same, activations first, whole storages
     assert graph.summary().endswith(f"holding {format_split(act, param)}")
