@@ -434,3 +434,40 @@ def test_issue_examples_after_backward(walker, make):
     assert "indices\\n freed" in dot and "[freed]" in dot
     src = gs.make_dot(y, show_attrs=True, show_saved=True).source
     assert "indices\n (freed)" in src
+
+
+@pytest.mark.skipif(_ORIGINAL is None, reason="compiled walk off")
+def test_compiled_fallbacks_leak_nothing_and_propagate_errors():
+    """The compiled walk's new fallbacks (a freed saved list; a shape that is not a list of
+    ints) hand over to Python without leaking references, and errors raised there surface."""
+    import gc
+    import sys
+    import warnings
+
+    x = torch.randn(5, 3, requires_grad=True)
+    y = (x * 2)[torch.tensor([0, 2])]
+    y.sum().backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        nt = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)],
+                                        requires_grad=True)  # strided: no .shape
+    z = (nt * nt).sin()
+    roots = (y, z)
+    gs.trace(roots)  # warm the caches
+    gc.collect()
+    counts = [sys.getrefcount(t.grad_fn) for t in roots]
+    before = len(gc.get_objects())
+    for _ in range(20):
+        gs.trace(roots)
+    gc.collect()
+    assert [sys.getrefcount(t.grad_fn) for t in roots] == counts
+    assert len(gc.get_objects()) - before < 50
+
+    def boom(*args):
+        raise ValueError("callback failed")
+
+    for method, root in (("read_saved_seq", y), ("shape_of", z)):
+        w = _walk._Walker({}, True, False)
+        setattr(w, method, boom)
+        with pytest.raises(ValueError, match="callback failed"):
+            _ORIGINAL.walk(root.grad_fn, w)
