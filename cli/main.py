@@ -59,11 +59,15 @@ def load_graph(mf: gs.ModelFile, *, loss: bool = False, saved: bool = True) -> g
 
 
 def record_graph(mf: gs.ModelFile, *, saved: bool = True) -> gs.BackwardTrace:
-    """Forward (and loss_fn when the file has one) with forward lines recorded, then backward
-    under the recorder (ones as the gradient of non-scalar outputs); ``.graph`` is annotated."""
-    with gs.record_forward():
+    """Forward (and loss_fn when the file has one) with forward lines and the first
+    non-finite forward value recorded, then backward under the recorder (ones as the gradient
+    of non-scalar outputs); ``.graph`` is annotated. When the forward already went non-finite
+    it is said first: the gradients' NaN/Inf then comes from it, not from backward."""
+    with gs.record_forward(check_finite=True) as forward:
         fwd = mf.forward()
         root = mf.loss(fwd.outputs) if mf.has("loss_fn") else fwd.outputs
+    if forward.first_nonfinite is not None:
+        stderr().print(forward.first_nonfinite.summary(), markup=False)
     try:
         with gs.record_backward(root, model=fwd.model, saved=saved) as rec:
             tensors = [t for _, t in gs.iter_tensors(root) if t.requires_grad]

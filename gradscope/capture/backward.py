@@ -25,6 +25,7 @@ from ..model.backward import BackwardTrace, GradStat, NodeStep, NonFinite
 from ..model.graph import Graph, Node
 from .forward import created_at
 from .handles import HookHandle
+from .stamps import FORWARD_NONFINITE_KEY
 from .nest import iter_tensors
 from .walk import _trace_with_ids
 
@@ -272,9 +273,16 @@ def _annotate(
         if e.kind == "grad":
             e.grad_norm = _edge_norm(e, graph, first, slots)
     for nid, fn in fns.items():
+        meta = fn.metadata
+        if not meta:
+            continue
         where = created_at(fn)
+        node = graph.node(nid)
         if where:
-            graph.node(nid).created_at = where
+            node.created_at = where
+        forward = meta.get(FORWARD_NONFINITE_KEY)
+        if forward is not None:
+            node.forward_nonfinite = forward
     for step in steps:
         node = graph.node(step.node_id)
         kind = _bad_kind(step, node)

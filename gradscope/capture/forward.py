@@ -18,7 +18,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .handles import HookHandle
-from .stamps import CREATED_KEY
+from ..model.backward import ForwardNonFinite
+from .stamps import CREATED_KEY, FORWARD_NONFINITE_KEY, MODULE_KEY
 
 
 # ---------------------------------------------------------------------------- reading
@@ -88,10 +89,15 @@ class _ForwardMode(TorchFunctionMode):
     skipped numbers (composite ops, custom Functions) need a look at the nodes below.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, check_finite: bool = False) -> None:
         super().__init__()
         self.start = _next_sequence_nr()
         self.last = self.start - 1
+        self.check_finite = check_finite
+        # with check_finite: per floating output, its [has NaN, has Inf] flags (left on the
+        # device), and what made it: (op name, grad_fn or None, (file, line) or None)
+        self.flags: list[torch.Tensor] = []
+        self.made_by: list[tuple[str, Any, tuple[str, int] | None]] = []
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
@@ -99,7 +105,52 @@ class _ForwardMode(TorchFunctionMode):
             self._stamp_outputs(out)
         else:
             self._stamp_custom()  # custom Function forwards run with grad disabled
+        if self.check_finite:
+            self._flag(func, out)
         return out
+
+    def _flag(self, func: Any, out: Any) -> None:
+        """Queue device-side NaN/Inf flags of the call's floating outputs (no host sync)."""
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for t in outs:
+            if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+                continue
+            if not (t.is_floating_point() or t.is_complex()) or t.device.type == "meta":
+                continue
+            frame = _user_frame(sys._getframe(2))  # frame 2: the caller of __torch_function__
+            loc = None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+            with torch.no_grad():
+                d = t.detach()
+                flag = torch.stack([d.isnan().any(), d.isinf().any()])
+            self.made_by.append((getattr(func, "__name__", str(func)), t.grad_fn, loc))
+            self.flags.append(flag)
+
+    def first_nonfinite(self) -> ForwardNonFinite | None:
+        """The first flagged output that held a NaN or Inf: all flags come to the host in one
+        transfer per device, now."""
+        if not self.flags:
+            return None
+        by_device: dict[torch.device, list[int]] = {}
+        for i, f in enumerate(self.flags):
+            by_device.setdefault(f.device, []).append(i)
+        bad: dict[int, str] = {}
+        for indices in by_device.values():
+            values = torch.stack([self.flags[i] for i in indices]).tolist()
+            for i, (nan, inf) in zip(indices, values):
+                if nan or inf:
+                    bad[i] = "nan" if nan else "inf"
+        if not bad:
+            return None
+        first = min(bad)
+        op, fn, loc = self.made_by[first]
+        module = node = None
+        if fn is not None:
+            meta = fn.metadata
+            module = meta.get(MODULE_KEY)
+            node = type(fn).__name__
+            meta[FORWARD_NONFINITE_KEY] = bad[first]
+        where = _location_text(*loc) if loc is not None else None
+        return ForwardNonFinite(op, node, bad[first], module, where, first)
 
     def _stamp_outputs(self, out: Any) -> None:
         if isinstance(out, torch.Tensor):
@@ -157,27 +208,51 @@ class _ForwardMode(TorchFunctionMode):
 
 class RecordForward:
     """An open-able ``record_forward`` block: enters the stamping ``TorchFunctionMode`` on
-    ``__enter__`` and leaves it on ``__exit__`` (also when the forward raises)."""
+    ``__enter__`` and leaves it on ``__exit__`` (also when the forward raises).
 
-    def __init__(self) -> None:
+    Attributes:
+        first_nonfinite: with ``check_finite=True``, once the block has closed: the first op
+            whose output held a NaN or Inf (``ForwardNonFinite``), or None.
+    """
+
+    def __init__(self, check_finite: bool = False) -> None:
+        self.check_finite = check_finite
+        self.first_nonfinite: ForwardNonFinite | None = None
         self.handle = HookHandle()
 
     def __enter__(self) -> RecordForward:
-        mode = _ForwardMode()
+        mode = _ForwardMode(self.check_finite)
         mode.__enter__()
-        self.handle.add(lambda: mode.__exit__(None, None, None))
+        self.handle.add(lambda: self._close(mode))
         return self
+
+    def _close(self, mode: _ForwardMode) -> None:
+        mode.__exit__(None, None, None)
+        try:
+            self.first_nonfinite = mode.first_nonfinite()
+        finally:
+            mode.flags.clear()
+            mode.made_by.clear()
 
     def __exit__(self, *exc: object) -> None:
         self.handle.remove()
 
 
-def record_forward() -> RecordForward:
+def record_forward(*, check_finite: bool = False) -> RecordForward:
     """Record where each autograd node created in the block comes from (file, line, code).
 
     ``record_backward`` then puts ``file:line: code`` on ``NonFinite.traceback`` and on
     ``Node.created_at``. Only the innermost frame outside torch is kept, so it costs
     far less than ``torch.autograd.detect_anomaly`` (see ``benchmarks/backward.py``).
+
+    With ``check_finite=True`` it also finds the first op whose output held a NaN or Inf during
+    the forward (op, module path, file:line): each floating output gets device-side flags,
+    read with one host transfer (per device) when the block ends, never one sync per op. The
+    result is ``.first_nonfinite`` of the object the ``with`` gives; the node it made is
+    marked (``Node.forward_nonfinite``) in a later ``record_backward``'s graph.
+
+    Args:
+        check_finite: also look for the first non-finite forward value.
 
     Example:
         >>> import torch, gradscope as gs
@@ -188,5 +263,9 @@ def record_forward() -> RecordForward:
         ...     y.backward()
         >>> rec.first_nonfinite.name
         'SqrtBackward0'
+        >>> with gs.record_forward(check_finite=True) as fw:
+        ...     z = (x.log() * 2).sum()           # log(-1) is NaN
+        >>> fw.first_nonfinite.node, fw.first_nonfinite.kind
+        ('LogBackward0', 'nan')
     """
-    return RecordForward()
+    return RecordForward(check_finite=check_finite)

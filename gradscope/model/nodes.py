@@ -120,6 +120,8 @@ class Node:
         first_nonfinite: the node is the first, in engine order, to produce one.
         view_base: an ``output`` node that is the base tensor of a view output.
         box: for ``module`` nodes, what the box stands for.
+        forward_nonfinite: ``nan`` or ``inf`` when this node's forward output was the first
+            non-finite value of the forward (``gs.record_forward(check_finite=True)``).
     """
 
     id: str
@@ -136,6 +138,7 @@ class Node:
     first_nonfinite: bool = False
     view_base: bool = False
     box: Box | None = None
+    forward_nonfinite: str | None = None
 
     @property
     def saved_bytes(self) -> int:

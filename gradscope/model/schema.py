@@ -13,7 +13,7 @@ Schema version 2 (written now)::
                 ...optional keys, present only when set:
                 "order": 0, "module_classes": ["Net", "Linear"],
                 "created_at": "model.py:7: y = x.log()", "nonfinite": "nan",
-                "first_nonfinite": true, "view_base": true,
+                "first_nonfinite": true, "view_base": true, "forward_nonfinite": "nan",
                 "box": {"cls": "Linear", "nodes": 5, "saved_bytes": 64, "repeat": 4,
                         "leaf_bytes": 48, "output_bytes": 0, "aliases": {"s3": "leaf"}}}],
      "edges": [{"src": "n0", "dst": "n1", "input_nr": 0,
@@ -25,7 +25,9 @@ nested tensors (``torch.nested``) are written: the number of components, then pe
 the size all components share, or ``null`` where they differ (a ragged dimension; a jagged
 tensor's ragged dimension is always ``null``). Two components of shapes (2, 3) and (4, 3) give
 ``[2, null, 3]``, which renderers draw as ``(2, *, 3)``. Their ``nbytes`` count the buffer that
-holds the components. Version 1 (before gradscope's annotations were typed) kept
+holds the components.
+
+Version 1 (before gradscope's annotations were typed) kept
 them as strings in ``attrs`` (``nonfinite``, ``first_nonfinite``, ``created_at``,
 ``view_base``, ``module_classes``, and ``class``/``nodes``/``saved_bytes``/``repeat`` on module
 boxes); it still loads, and those keys become the typed fields.
@@ -143,6 +145,8 @@ def _node_to_dict(n: Node) -> dict[str, Any]:
         d["first_nonfinite"] = True
     if n.view_base:
         d["view_base"] = True
+    if n.forward_nonfinite is not None:
+        d["forward_nonfinite"] = n.forward_nonfinite
     if n.box is not None:
         box: dict[str, Any] = {"cls": n.box.cls, "nodes": n.box.nodes,
                                "saved_bytes": n.box.saved_bytes}
@@ -440,6 +444,10 @@ class _Reader:
             d.get("first_nonfinite", False), f"{at}.first_nonfinite"
         )
         node.view_base = self.expect_bool(d.get("view_base", False), f"{at}.view_base")
+        forward = d.get("forward_nonfinite")
+        if forward is not None and forward not in NONFINITE_KINDS:
+            raise self.fail(f"{at}.forward_nonfinite", '"nan", "inf" or null', forward)
+        node.forward_nonfinite = forward
         node.box = self.box(d.get("box"), f"{at}.box")
         return node
 

@@ -82,6 +82,10 @@ def annotate(node: Node, label: str, extra: dict[str, str]) -> str:
     """Backward annotations (``gs.record_backward``): execution order, non-finite marks."""
     if node.order is not None:
         label = f"#{node.order} {label}"
+    if node.forward_nonfinite:  # where the forward first went non-finite
+        label += f"\n{node.forward_nonfinite} first made here, in the forward"
+        extra["color"] = BAD_COLOR
+        extra["penwidth"] = "3"
     bad = node.nonfinite
     if bad:
         first = node.first_nonfinite
@@ -185,7 +189,7 @@ def _op_key(node: Node) -> tuple[object, ...] | None:
     if node.kind not in ("op", "accumulate", "custom") or node.order is not None:
         return None
     attrs = node.attrs
-    if node.nonfinite:
+    if node.nonfinite or node.forward_nonfinite:
         return None
     saved = tuple((s.name, s.freed) for s in node.saved)
     return (node.name, node.kind, node.module, tuple(attrs.items()) if attrs else (), saved)

@@ -117,6 +117,8 @@ def _label(node: Node, leaf: Node | None, ref: bool, edge: Edge | None = None) -
     if ref:
         text.append(" (shown above)", "dim")
         return text
+    if node.forward_nonfinite:
+        text.append(f"  ✗ {node.forward_nonfinite} first made here, in the forward", BAD)
     if bad:
         first = node.first_nonfinite
         text.append(f"  ✗ {'first ' if first else ''}{bad} gradient", BAD)
@@ -201,9 +203,17 @@ def _backward_header(graph: Graph) -> Text | None:
         f"backward: {len(ran)} nodes ran (#0 first); ‖∇‖ = norm of the gradient along each edge",
         "dim",
     )
+    origin = next((n for n in graph.nodes if n.forward_nonfinite), None)
+    if origin is not None:
+        text.append("\nthe forward already produced ", BAD)
+        where = f" in {origin.module}" if origin.module else ""
+        text.append(f"{origin.forward_nonfinite} at {origin.name} ({origin.id}){where}", BAD)
+        if origin.created_at:
+            text.append(f", created at {origin.created_at}", BAD)
     first = next((n for n in graph.nodes if n.first_nonfinite), None)
     if first is not None:
-        text.append("\nfirst non-finite gradient: ", BAD)
+        downstream = ", downstream of it" if origin is not None else ""
+        text.append(f"\nfirst non-finite gradient{downstream}: ", BAD)
         text.append(f"{first.nonfinite or 'nan'} from {first.name} ({first.id})", BAD)
         where = first.created_at
         if where:

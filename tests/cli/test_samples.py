@@ -15,6 +15,8 @@ CASES: dict[str, tuple[list[str], int, str]] = {
     "functions": (["check", "{f}:WrongClippedReLU", "--no-double"], 1, "input 0"),
     "double_backward": (["tree", "{f}"], 0, "MulBackward1"),
     "nan_backward": (["render", "{f}", "--backward", "-o", "{tmp}/n.dot"], 1, "SqrtBackward0"),
+    "nan_forward": (["tree", "{f}", "--backward"], 1,
+                    "the forward already produced nan at LogBackward0 in mid"),
     "inf_backward": (["tree", "{f}", "--backward"], 1, "inf"),
     "deep_encoder": (["render", "{f}", "-o", "{tmp}/deep.svg"], 0, "x64"),
     "checkpointing": (["tree", "{f}", "--depth", "1"], 0, "saved tensors hold"),
