@@ -83,6 +83,19 @@ def record_graph(mf: gs.ModelFile, *, saved: bool = True) -> gs.BackwardTrace:
     return rec
 
 
+def report_regions(graph: gs.Graph) -> None:
+    """One line per thing to know about the compiled regions drawn (an opaque one, missing
+    source lines), each said once."""
+    said: set[str] = set()
+    for node in graph.nodes:
+        note = node.compiled.note if node.compiled is not None else None
+        if note and note not in said:
+            said.add(note)
+            where = f" ({node.module})" if node.module else ""
+            stderr().print(f"gradscope: note: compiled region {node.id}{where}: {note}",
+                           markup=False)
+
+
 def report_backward(rec: gs.BackwardTrace | None) -> None:
     """Print what the recorder found; exit code 1 when a gradient was NaN or Inf."""
     if rec is None:
@@ -174,6 +187,7 @@ def render(
         candidates = {"saved": saved, "attrs": attrs, "notes": notes, "timeout": timeout}
     if note:  # before a layout that may take a while, say what is drawn
         stderr().print(note, markup=False)
+    report_regions(graph)
     view.save(output, format=fmt, **{k: v for k, v in candidates.items() if k in takes})
     drawn = sum(1 for n in view.nodes if n.kind != "module")
     boxes = len(view.nodes) - drawn
@@ -206,12 +220,14 @@ def tree(
     rec = record_graph(mf) if backward else None
     graph = rec.graph if rec else load_graph(mf, loss=loss)
     mem = graph.memory()  # of the whole graph, before any collapse
+    full_graph = graph
     if depth is not None:
         graph = graph.collapse(depth)
     out = stdout()
     out.print(gs.render_tree(graph, max_lines=max_lines))
     if mem.total or mem.freed:
         out.print(mem.render(depth=depth))
+    report_regions(full_graph)
     report_backward(rec)
 
 

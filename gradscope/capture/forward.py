@@ -4,6 +4,13 @@ While the forward runs, a ``TorchFunctionMode`` stamps each new autograd node's 
 with the user's file and line, so the first non-finite gradient can name the line of the
 model's code, at a fraction of the cost of ``torch.autograd.detect_anomaly``, which formats a
 full Python stack for every node and checks every gradient for NaN with a host sync.
+
+Under ``torch.compile`` the mode must not change what Dynamo compiles: a torch function mode
+is part of Dynamo's guards, so while a ``torch.compile(module)`` wrapper runs the mode is taken
+off the stack (global module hooks, ``compiled.ModuleHooks``) and the compiled region's node is
+stamped with the line that called the module; the ops inside get their lines from the
+compiled graph's own ``stack_trace``. Traced anyway (a compiled function, ``module.compile()``),
+``__torch_function__`` only calls through.
 """
 
 from __future__ import annotations
@@ -12,13 +19,15 @@ import functools
 import linecache
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .handles import HookHandle
 from ..model.backward import ForwardNonFinite
+from . import compiled
+from .handles import HookHandle
 from .stamps import CREATED_KEY, FORWARD_NONFINITE_KEY, MODULE_KEY
 
 
@@ -34,6 +43,15 @@ def created_at(fn: Any) -> str | None:
 @functools.lru_cache(maxsize=4096)
 def _location_text(filename: str, lineno: int) -> str:
     code = linecache.getline(filename, lineno).strip()
+    return f"{_short_path(filename)}:{lineno}: {code}"
+
+
+@functools.lru_cache(maxsize=4096)
+def location_text(filename: str, lineno: int, code: str | None = None) -> str:
+    """``file:line: code`` as ``record_forward`` writes it; ``code`` defaults to the line's
+    text (a compiled graph's ``stack_trace`` carries its own)."""
+    if code is None:
+        return _location_text(filename, lineno)
     return f"{_short_path(filename)}:{lineno}: {code}"
 
 
@@ -53,6 +71,7 @@ _APPLY_CODE = torch.autograd.Function.apply.__func__.__code__  # type: ignore[at
 _ACCUMULATE_SEQ = 2**64 - 1  # AccumulateGrad nodes carry UINT64_MAX as sequence number
 _CUSTOM_BASE = torch.autograd.function.BackwardCFunction
 _UNSET = object()
+compiling = compiled.compiling
 
 
 def _internal(filename: str) -> bool:
@@ -98,8 +117,12 @@ class _ForwardMode(TorchFunctionMode):
         # device), and what made it: (op name, grad_fn or None, (file, line) or None)
         self.flags: list[torch.Tensor] = []
         self.made_by: list[tuple[str, Any, tuple[str, int] | None]] = []
+        self.paused: list[Any] = []  # torch.compile wrappers running with the mode off
+        compiled.eager_only(_ForwardMode.__torch_function__)
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if compiling():  # Dynamo traces this: call through, stamp nothing
+            return func(*args, **(kwargs or {}))
         out = func(*args, **(kwargs or {}))
         if torch.is_grad_enabled():
             self._stamp_outputs(out)
@@ -109,7 +132,7 @@ class _ForwardMode(TorchFunctionMode):
             self._flag(func, out)
         return out
 
-    def _flag(self, func: Any, out: Any) -> None:
+    def _flag(self, func: Any, out: Any, frame: Any = None) -> None:
         """Queue device-side NaN/Inf flags of the call's floating outputs (no host sync)."""
         outs = out if isinstance(out, (tuple, list)) else (out,)
         for t in outs:
@@ -117,8 +140,8 @@ class _ForwardMode(TorchFunctionMode):
                 continue
             if not (t.is_floating_point() or t.is_complex()) or t.device.type == "meta":
                 continue
-            frame = _user_frame(sys._getframe(2))  # frame 2: the caller of __torch_function__
-            loc = None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+            user = _user_frame(sys._getframe(2) if frame is None else frame)  # 2: the caller
+            loc = None if user is None else (user.f_code.co_filename, user.f_lineno)
             with torch.no_grad():
                 d = t.detach()
                 flag = torch.stack([d.isnan().any(), d.isinf().any()])
@@ -152,7 +175,34 @@ class _ForwardMode(TorchFunctionMode):
         where = _location_text(*loc) if loc is not None else None
         return ForwardNonFinite(op, node, bad[first], module, where, first)
 
-    def _stamp_outputs(self, out: Any) -> None:
+    # ---------------------------------------------------------------- compiled modules
+    def before_module(self, module: Any, args: Any) -> None:
+        """Off the stack while a ``torch.compile`` wrapper runs (Dynamo guards on modes)."""
+        if compiled.unwrap(module) is not None and compiled.mode_on_top(self):
+            compiled.pop_mode()
+            self.paused.append(module)
+
+    def after_module(self, module: Any, args: Any, output: Any) -> None:
+        if not self.paused or self.paused[-1] is not module:
+            return
+        self.paused.pop()
+        try:  # still off the stack: the checks' own torch calls are not the forward's
+            if torch.is_grad_enabled():
+                # the region's node: the user's line that called the compiled module
+                frame = sys._getframe(1)
+                while frame is not None and frame.f_code.co_filename.startswith(_OWN_DIR):
+                    frame = frame.f_back
+                tensors = list(_tensors(output))
+                self._stamp_outputs(tensors, frame)
+                if self.check_finite:  # the region's outputs, as one call of the module
+                    self._flag("torch.compile region", tensors, frame)
+                for t in tensors:
+                    if t.grad_fn is not None:
+                        compiled.remember(t.grad_fn)  # its graph, while the metadata is intact
+        finally:
+            compiled.push_mode(self)
+
+    def _stamp_outputs(self, out: Any, frame: Any = None) -> None:
         if isinstance(out, torch.Tensor):
             fns = [out.grad_fn]
         elif isinstance(out, (tuple, list)):
@@ -169,7 +219,7 @@ class _ForwardMode(TorchFunctionMode):
             if loc is _UNSET:
                 # frame 2 is the caller of __torch_function__; None (no user line) is stamped
                 # too, so that the next call does not take these nodes for its own
-                frame = _user_frame(sys._getframe(2))
+                frame = _user_frame(sys._getframe(2) if frame is None else frame)
                 loc = None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
             fn.metadata[CREATED_KEY] = loc
             if seq > self.last + 1:
@@ -222,7 +272,13 @@ class RecordForward:
 
     def __enter__(self) -> RecordForward:
         mode = _ForwardMode(self.check_finite)
-        mode.__enter__()
+        # hooks first: a compile inside the block then sees neither the mode nor the hooks
+        self.handle.add(compiled.ModuleHooks(mode.before_module, mode.after_module).install())
+        try:
+            mode.__enter__()
+        except BaseException:
+            self.handle.remove()
+            raise
         self.handle.add(lambda: self._close(mode))
         return self
 
@@ -269,3 +325,9 @@ def record_forward(*, check_finite: bool = False) -> RecordForward:
         ('LogBackward0', 'nan')
     """
     return RecordForward(check_finite=check_finite)
+
+
+def _tensors(output: Any) -> Iterator[torch.Tensor]:
+    from .nest import iter_tensors
+
+    return (t for _, t in iter_tensors(output))

@@ -34,6 +34,7 @@ import torch.distributed
 
 from ..errors import MonitorError
 from ..model.formats import renderer
+from . import compiled
 from . import monitor_stats as S
 from .handles import HookHandle
 from .nest import iter_tensors
@@ -180,6 +181,7 @@ class GradMonitor:
         leaks: bool = False,
     ) -> None:
         _check_args(model, every, norm_type)
+        model = compiled.unwrap(model) or model  # a torch.compile wrapper: its module's names
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise MonitorError(
                 f"optimizer= must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
@@ -227,11 +229,24 @@ class GradMonitor:
         else:
             for p in self._params:
                 add(p.register_post_accumulate_grad_hook(self._on_accumulate))
-        for i, (_, mod) in enumerate(self._modules):
-            add(mod.register_forward_hook(partial(self._module_forward, i)))
-        if activations:
-            for i, (_, mod) in enumerate(model.named_modules()):
-                add(mod.register_forward_hook(partial(self._activation_check, i)))
+        # modules= / activations=: one global forward hook that Dynamo never sees (hooks on the
+        # modules would be traced into a compiled graph and guarded on: a recompile when they
+        # go); modules that run inside a compiled region have no forward call to hook
+        self._module_index = {id(mod): i for i, (_, mod) in enumerate(self._modules)}
+        self._act_index = (
+            {id(mod): i for i, (_, mod) in enumerate(model.named_modules())} if activations else {}
+        )
+        if self._module_index or self._act_index:
+            add(compiled.ModuleHooks(_no_pre_hook, self._forward_done).install())
+
+    def _forward_done(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        key = id(module)
+        i = self._module_index.get(key)
+        if i is not None:
+            self._module_forward(i, module, args, output)
+        i = self._act_index.get(key)
+        if i is not None:
+            self._activation_check(i, module, args, output)
 
     def remove(self) -> None:
         """Remove every hook gradscope added (safe to call twice); history and alerts stay."""
@@ -434,6 +449,10 @@ class GradMonitor:
         """Save a PNG: gradient flow per layer (latest and max over steps) and the total norm
         over steps. Needs matplotlib (``pip install gradscope[plot]``)."""
         return renderer("monitor_plot")(self, Path(path))
+
+
+def _no_pre_hook(module: torch.nn.Module, args: Any) -> None:
+    return None
 
 
 def _dense(grad: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from .nodes import (
     Edge,
     GraphLike,
     Node,
+    Region,
     SavedTensor,
     TensorInfo,
     format_bytes,
@@ -30,7 +31,7 @@ from .nodes import (
 VIEW_BASE = "view base"
 
 __all__ = [
-    "KINDS", "Box", "Edge", "Graph", "GraphLike", "Node", "SavedTensor", "TensorInfo",
+    "KINDS", "Box", "Edge", "Graph", "GraphLike", "Node", "Region", "SavedTensor", "TensorInfo",
     "format_bytes",
 ]
 

@@ -1,4 +1,5 @@
-"""The records of the graph model: ``Node``, ``Edge``, ``SavedTensor``, ``TensorInfo``, ``Box``.
+"""The records of the graph model: ``Node``, ``Edge``, ``SavedTensor``, ``TensorInfo``, ``Box``,
+``Region``.
 
 Plain slotted dataclasses, no torch objects: capture fills them from a live autograd graph,
 renderers read them, and they can be serialised, compared and kept after the autograd graph
@@ -96,6 +97,23 @@ class Box:
 
 
 @dataclass(slots=True)
+class Region:
+    """A ``torch.compile`` region: what gradscope read of the AOTAutograd backward graph that
+    its ``CompiledFunctionBackward`` node runs.
+
+    Attributes:
+        graph: AOTAutograd's id of the compiled graph (``aot_id``), or None.
+        ops: how many aten op nodes the region was expanded into; 0 when drawn opaque.
+        note: one line for the reader (why the region is drawn opaque, or what its nodes
+            lack), else None.
+    """
+
+    graph: int | None = None
+    ops: int = 0
+    note: str | None = None
+
+
+@dataclass(slots=True)
 class Node:
     """One node of the autograd graph (or a tensor drawn next to it).
 
@@ -122,6 +140,9 @@ class Node:
         box: for ``module`` nodes, what the box stands for.
         forward_nonfinite: ``nan`` or ``inf`` when this node's forward output was the first
             non-finite value of the forward (``gs.record_forward(check_finite=True)``).
+        region: the id of the ``CompiledFunctionBackward`` node of the compiled region this
+            node belongs to (an aten op of its backward graph, or that node itself), else None.
+        compiled: on a compiled region's ``CompiledFunctionBackward`` node, the ``Region``.
     """
 
     id: str
@@ -139,6 +160,8 @@ class Node:
     view_base: bool = False
     box: Box | None = None
     forward_nonfinite: str | None = None
+    region: str | None = None
+    compiled: Region | None = None
 
     @property
     def saved_bytes(self) -> int:
@@ -158,9 +181,14 @@ class Edge:
     Attributes:
         src: id of the node whose backward produces the gradient.
         dst: id of the node that receives it.
-        input_nr: position in ``src.next_functions``, i.e. the slot of src's forward inputs.
+        input_nr: position in ``src.next_functions``, i.e. the slot of src's forward inputs. At
+            a compiled region's boundary: into the region, the index of the region node's
+            ``grad_outputs``; out of it, the slot of its ``next_functions``; inside, which
+            output of the producing op.
         kind: ``grad`` for autograd edges, ``view`` for the dotted link from a view output to
-            its base tensor (drawn as torchviz does).
+            its base tensor (drawn as torchviz does), ``saved`` for the dotted link from a
+            compiled region's node to an op of its backward graph that no gradient reaches
+            (it reads only saved activations).
         grad_norm: norm of the gradient that flowed along the edge, when the graph was
             annotated by ``gs.record_backward``; else None.
         count: how many edges this one stands for (merged edges of collapsed views), else 1.

@@ -30,18 +30,27 @@ def strip_calls(path: str) -> str:
     return ".".join(_CALL_PART.sub("", part) for part in path.split(".")) if "#" in path else path
 
 
+#: The path component of a ``torch.compile`` region (``<compiled>``, ``<compiled>#1``): not a
+#: Python identifier, so no submodule has it.
+REGION_PART = "<compiled>"
+
+
 def levels(path: str) -> list[str]:
-    """A module path split into depth levels; numeric components stay with their container.
+    """A module path split into depth levels; numeric components stay with their container
+    (but not with a compiled region: the layers of a compiled ``Sequential`` are levels below
+    the region's).
 
     Example:
         >>> levels("encoder.layers.3.self_attn")
         ['encoder', 'layers.3', 'self_attn']
+        >>> levels("<compiled>.0")
+        ['<compiled>', '0']
         >>> levels("")
         []
     """
     out: list[str] = []
     for part in path.split(".") if path else []:
-        if out and _NUMERIC.match(part):
+        if out and _NUMERIC.match(part) and not out[-1].startswith("<"):
             out[-1] = f"{out[-1]}.{part}"
         else:
             out.append(part)

@@ -1,9 +1,9 @@
 """The JSON form of a ``Graph``, written by ``Graph.to_json`` and read back, validated, by
 ``Graph.from_json``: ``Graph.from_json(g.to_json()) == g`` for every graph.
 
-Schema version 2 (written now)::
+Schema version 3 (written now)::
 
-    {"gradscope": 2,
+    {"gradscope": 3,
      "roots": ["n0"],
      "nodes": [{"id": "n0", "name": "MeanBackward0", "kind": "op", "module": null,
                 "attrs": {"self_sym_numel": "15"},
@@ -15,7 +15,8 @@ Schema version 2 (written now)::
                 "created_at": "model.py:7: y = x.log()", "nonfinite": "nan",
                 "first_nonfinite": true, "view_base": true, "forward_nonfinite": "nan",
                 "box": {"cls": "Linear", "nodes": 5, "saved_bytes": 64, "repeat": 4,
-                        "leaf_bytes": 48, "output_bytes": 0, "aliases": {"s3": "leaf"}}}],
+                        "leaf_bytes": 48, "output_bytes": 0, "aliases": {"s3": "leaf"}},
+                "region": "n4", "compiled": {"graph": 0, "ops": 21, "note": "..."}}],
      "edges": [{"src": "n0", "dst": "n1", "input_nr": 0,
                 ...optional: "kind": "view", "grad_norm": 0.5 (or "nan"/"inf"/"-inf"),
                 "count": 3}]}
@@ -32,10 +33,13 @@ them as strings in ``attrs`` (``nonfinite``, ``first_nonfinite``, ``created_at``
 ``view_base``, ``module_classes``, and ``class``/``nodes``/``saved_bytes``/``repeat`` on module
 boxes); it still loads, and those keys become the typed fields.
 
+Version 3 added ``region`` and ``compiled`` on nodes and the edge kind ``saved`` (torch.compile
+regions); a version 2 document is a version 3 document without them and loads as it is.
+
 A module box's ``saved_bytes`` counts each storage once; ``leaf_bytes`` and ``output_bytes``
 (optional, 0 when absent) are the parts of it that alias a leaf (a parameter or an input) or an
-output, and ``aliases`` names those storages (added within version 2: files without them read
-as all activations).
+output, and ``aliases`` names those storages (optional keys: a box written without them, in
+any version, reads as all activations).
 
 Reading validates structure and types and raises ``SchemaError`` naming the JSON path of the
 first problem (``nodes[3].saved[0].freed: expected true or false, got "false"``).
@@ -48,15 +52,15 @@ import math
 from typing import Any
 
 from ..errors import SchemaError
-from .nodes import KINDS, Box, Edge, GraphLike, Node, SavedTensor, TensorInfo
+from .nodes import KINDS, Box, Edge, GraphLike, Node, Region, SavedTensor, TensorInfo
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Versions ``graph_from_dict`` reads.
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
 #: The deepest nesting a valid document has is 5 (a saved tensor's shape); anything much
 #: deeper is refused before it is parsed further.
 MAX_DEPTH = 32
-EDGE_KINDS = ("grad", "view")
+EDGE_KINDS = ("grad", "view", "saved")
 NONFINITE_KINDS = ("nan", "inf")
 ALIAS_KINDS = ("leaf", "output")
 _V1_BOX = ("class", "nodes", "saved_bytes", "repeat")
@@ -159,6 +163,11 @@ def _node_to_dict(n: Node) -> dict[str, Any]:
         if n.box.aliases:
             box["aliases"] = dict(n.box.aliases)
         d["box"] = box
+    if n.region is not None:
+        d["region"] = n.region
+    if n.compiled is not None:
+        d["compiled"] = {"graph": n.compiled.graph, "ops": n.compiled.ops,
+                         "note": n.compiled.note}
     return d
 
 
@@ -255,6 +264,9 @@ def read_dict(d: Any) -> Parts:
         if n.id in ids:
             raise SchemaError(f"nodes[{i}].id: {json.dumps(n.id)} is used by nodes[{ids[n.id]}] too")
         ids[n.id] = i
+    for i, n in enumerate(nodes):
+        if n.region is not None and n.region not in ids:
+            raise SchemaError(f"nodes[{i}].region: {json.dumps(n.region)} names no node")
     edges_raw = r.list_of(d, "edges", "")
     edges = [r.edge(e, f"edges[{i}]", ids) for i, e in enumerate(edges_raw)]
     roots_raw = r.list_of(d, "roots", "")
@@ -449,7 +461,20 @@ class _Reader:
             raise self.fail(f"{at}.forward_nonfinite", '"nan", "inf" or null', forward)
         node.forward_nonfinite = forward
         node.box = self.box(d.get("box"), f"{at}.box")
+        node.region = self.opt_str(d.get("region"), f"{at}.region")
+        node.compiled = self.region(d.get("compiled"), f"{at}.compiled")
         return node
+
+    def region(self, v: Any, at: str) -> Region | None:
+        if v is None:
+            return None
+        d = self.obj(v, at)
+        graph = d.get("graph")
+        return Region(
+            None if graph is None else self.expect_int(graph, f"{at}.graph"),
+            self.expect_int(d.get("ops", 0), f"{at}.ops"),
+            self.opt_str(d.get("note"), f"{at}.note"),
+        )
 
     def edge(self, v: Any, at: str, ids: dict[str, int]) -> Edge:
         d = self.obj(v, at)
@@ -461,7 +486,7 @@ class _Reader:
             ends.append(end)
         kind = d.get("kind", "grad")
         if kind not in EDGE_KINDS:
-            raise self.fail(f"{at}.kind", '"grad" or "view"', kind)
+            raise self.fail(f"{at}.kind", '"grad", "view" or "saved"', kind)
         return Edge(
             ends[0],
             ends[1],

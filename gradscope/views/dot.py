@@ -318,7 +318,7 @@ def to_dot(
         for node in graph.nodes:
             out.extend(_node_lines(node, opt, "\t"))
     for e in graph.edges:
-        if e.kind == "view":
+        if e.kind in ("view", "saved"):
             out.append(f"\t{e.dst} -> {e.src} [style=dotted]")
         elif e.grad_norm is not None or e.count != 1:
             out.append(f"\t{e.dst} -> {e.src} [{_edge_attrs(e)}]")

@@ -9,6 +9,7 @@ from conftest import SAMPLES, run_cli
 # sample -> (CLI arguments after the file, expected exit code, text the output must contain)
 CASES: dict[str, tuple[list[str], int, str]] = {
     "mlp": (["tree", "{f}", "--backward"], 0, "AccumulateGrad ← fc1.weight"),
+    "compiled": (["tree", "{f}"], 0, "aten.threshold_backward.default"),
     "cnn": (["render", "{f}", "-o", "{tmp}/cnn.svg"], 0, "wrote"),
     "transformer": (["render", "{f}", "--depth", "1", "-o", "{tmp}/t.dot"], 0, "wrote"),
     "custom_function": (["check", "{f}:ScaledTanh"], 0, "ScaledTanh"),

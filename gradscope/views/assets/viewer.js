@@ -84,7 +84,7 @@
       if (a === b) continue;
       const id = b + "\u0000" + a; // drawn forward: input -> op, as torchviz does
       const e = edges.get(id);
-      if (e) e.count += count; else edges.set(id, { from: b, to: a, count, view: kind === "view" });
+      if (e) e.count += count; else edges.set(id, { from: b, to: a, count, view: kind !== "grad" });
     }
     return { vis, clusters, edges };
   }
