@@ -157,6 +157,47 @@ def _nbytes(t: torch.Tensor) -> int:
         return sum(p.nbytes for p in parts)
 
 
+def _dim(d: Any) -> int | None:
+    """One size of a tensor's shape: an int, or None for a dimension with no single size (the
+    ragged dimension of a jagged nested tensor is a symbolic "nested int")."""
+    if type(d) is int:
+        return d
+    try:
+        return int(d)
+    except Exception:  # a nested int refuses int() (with AttributeError, in torch 2.13)
+        return None
+
+
+def _nested_shape(t: torch.Tensor) -> list[int | None]:
+    """The shape of a strided nested tensor (which has no ``.shape``): the number of
+    components, then each dimension's size where all components agree, else None."""
+    n = t.size(0)
+    rest = t.dim() - 1
+    try:  # (components, dims) sizes, kept on the CPU whatever the tensor's device
+        rows = t._nested_tensor_size().tolist()
+    except (RuntimeError, NotImplementedError, AttributeError):
+        rows = []
+    out: list[int | None] = [n]
+    for j in range(rest):
+        sizes = {row[j] for row in rows if len(row) > j}
+        out.append(sizes.pop() if len(sizes) == 1 else None)
+    return out
+
+
+def _shape(t: torch.Tensor) -> list[int | None]:
+    """``list(t.shape)``, also for nested tensors: a dimension without a single size (a ragged
+    one) is None, the form the JSON schema documents (``null``) and renderers draw as ``*``."""
+    try:
+        shape = list(t.shape)
+    except RuntimeError:  # a strided nested tensor: "NestedTensorImpl doesn't support sizes"
+        if not t.is_nested:
+            raise
+        return _nested_shape(t)
+    if t.is_nested:  # jagged: the ragged size is a SymInt, which must not reach the model
+        return [_dim(d) for d in shape]
+    return shape
+
+
 class _Storages:
     """Gives each distinct storage a stable id (``s0``, ``s1``...) in order of first sight."""
 
@@ -232,7 +273,7 @@ class _Walker:
     def tensor_info(self, t: torch.Tensor, name: str | None) -> TensorInfo:
         return TensorInfo(
             name=name,
-            shape=list(t.shape),
+            shape=_shape(t),  # type: ignore[arg-type]
             dtype=_dtype_name(t.dtype),
             device="cpu" if t.is_cpu else str(t.device),
             # storage ids serve memory accounting, which needs saved tensors too
@@ -244,7 +285,7 @@ class _Walker:
         dtype = _DTYPE_NAMES.get(t.dtype) or _dtype_name(t.dtype)
         return SavedTensor(
             name,
-            list(t.shape),
+            _shape(t),  # type: ignore[arg-type]
             dtype,
             "cpu" if t.is_cpu else str(t.device),
             _nbytes(t),
@@ -357,7 +398,13 @@ class _Walker:
             if not is_tensor:
                 attrs[name] = str(getattr(fn, attr))
                 continue
-            raw = getattr(fn, attr)
+            try:
+                raw = getattr(fn, attr)
+            except RuntimeError:
+                # a saved list (`indices` of x[idx], index_put...) that backward freed: torch
+                # raises instead of handing out its entries, and keeps neither count nor sizes
+                self.read_saved_seq(fn, name, None, node)
+                continue
             if isinstance(raw, (list, tuple)):
                 self.read_saved_seq(fn, name, raw, node)
                 continue
@@ -367,8 +414,16 @@ class _Walker:
             else:
                 self.read_saved(fn, name, None, raw, node)
 
+    #: ``_shape`` for the compiled walk, which calls it for shapes that are not plain ints
+    shape_of = staticmethod(_shape)
+
     def read_saved_seq(self, fn: Any, name: str, raws: Any, node: Node) -> None:
-        """A saved list of tensors (``_raw_saved_tensors`` of cat, stack...)."""
+        """A saved list of (optional) tensors (``_raw_saved_indices`` of ``x[idx]``...); None
+        when reading it raised because backward freed it: one freed record stands for the
+        list, as torch no longer says how many entries it had."""
+        if raws is None:
+            node.saved.append(SavedTensor(name, None, None, None, 0, None, freed=True))
+            return
         if not raws:
             node.attrs[name] = "()"
         for i, r in enumerate(raws):
@@ -404,7 +459,7 @@ class _Walker:
         if index is not None:
             return None
         try:
-            return [int(s) for s in getattr(fn, f"{_SAVED}{name}_sym_sizes")]
+            return [_dim(s) for s in getattr(fn, f"{_SAVED}{name}_sym_sizes")]  # type: ignore[misc]
         except (AttributeError, RuntimeError, TypeError, ValueError):
             return None
 

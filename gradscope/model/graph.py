@@ -27,6 +27,9 @@ from .nodes import (
     saved_bytes_of,
 )
 
+#: How ``Graph.summary`` counts an ``output`` node that is a view's base (``Node.view_base``).
+VIEW_BASE = "view base"
+
 __all__ = [
     "KINDS", "Box", "Edge", "Graph", "GraphLike", "Node", "Region", "SavedTensor", "TensorInfo",
     "format_bytes",
@@ -77,19 +80,35 @@ class Graph:
 
     # ------------------------------------------------------------------ summaries
     def saved_bytes(self) -> int:
-        """Bytes held by saved tensors, each storage counted once (freed ones count 0)."""
+        """Bytes held by saved tensors, each storage counted once and whole (a saved slice
+        keeps all of its storage alive), freed ones 0: ``memory().total``."""
         return saved_bytes_of(self.nodes)
 
     def summary(self) -> str:
-        """One line: node counts by kind, edges, saved tensors and their bytes."""
-        kinds = Counter(n.kind for n in self.nodes)
-        parts = [f"{kinds[k]} {k}" for k in KINDS if kinds[k]]
+        """One line: node counts by kind (view bases apart from outputs), edges, saved tensors
+        and the bytes they hold: activations (held only by the graph) apart from those that
+        alias parameters/inputs and outputs (alive anyway), each storage counted once.
+
+        Example:
+            >>> import torch, gradscope as gs
+            >>> w = torch.ones(256, requires_grad=True)
+            >>> line = gs.trace((w * w.exp()).sum()).summary()  # mul saves w, exp its result
+            >>> head, held = line.split(", 3 saved tensors holding ")
+            >>> head
+            '6 nodes (3 op, 1 accumulate, 1 leaf, 1 output), 6 edges'
+            >>> held
+            '1.0 KiB activations + 1.0 KiB params/inputs'
+        """
+        kinds = Counter(VIEW_BASE if n.view_base else n.kind for n in self.nodes)
+        order = [k for kind in KINDS for k in ((kind, VIEW_BASE) if kind == "output" else (kind,))]
+        parts = [f"{kinds[k]} {k}" for k in order if kinds[k]]
         n_saved = sum(len(n.saved) for n in self.nodes)
         n_freed = sum(1 for n in self.nodes for s in n.saved if s.freed)
         freed = f" ({n_freed} freed)" if n_freed else ""
+        split = memory.split_bytes(self.nodes, memory.alias_kinds(self))
         return (
             f"{len(self.nodes)} nodes ({', '.join(parts) or 'none'}), {len(self.edges)} edges, "
-            f"{n_saved} saved tensors{freed} holding {format_bytes(self.saved_bytes())}"
+            f"{n_saved} saved tensors{freed} holding {split}"
         )
 
     # ------------------------------------------------------------------ JSON

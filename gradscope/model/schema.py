@@ -14,20 +14,32 @@ Schema version 3 (written now)::
                 "order": 0, "module_classes": ["Net", "Linear"],
                 "created_at": "model.py:7: y = x.log()", "nonfinite": "nan",
                 "first_nonfinite": true, "view_base": true, "forward_nonfinite": "nan",
-                "box": {"cls": "Linear", "nodes": 5, "saved_bytes": 64, "repeat": 4},
+                "box": {"cls": "Linear", "nodes": 5, "saved_bytes": 64, "repeat": 4,
+                        "leaf_bytes": 48, "output_bytes": 0, "aliases": {"s3": "leaf"}},
                 "region": "n4", "compiled": {"graph": 0, "ops": 21, "note": "..."}}],
      "edges": [{"src": "n0", "dst": "n1", "input_nr": 0,
                 ...optional: "kind": "view", "grad_norm": 0.5 (or "nan"/"inf"/"-inf"),
                 "count": 3}]}
 
-Shapes are lists of integers; a dimension that has no single size (the ragged dimension of a
-jagged nested tensor) is ``null``. Version 1 (before gradscope's annotations were typed) kept
+Shapes are lists of integers; a dimension that has no single size is ``null``. That is how
+nested tensors (``torch.nested``) are written: the number of components, then per dimension
+the size all components share, or ``null`` where they differ (a ragged dimension; a jagged
+tensor's ragged dimension is always ``null``). Two components of shapes (2, 3) and (4, 3) give
+``[2, null, 3]``, which renderers draw as ``(2, *, 3)``. Their ``nbytes`` count the buffer that
+holds the components.
+
+Version 1 (before gradscope's annotations were typed) kept
 them as strings in ``attrs`` (``nonfinite``, ``first_nonfinite``, ``created_at``,
 ``view_base``, ``module_classes``, and ``class``/``nodes``/``saved_bytes``/``repeat`` on module
 boxes); it still loads, and those keys become the typed fields.
 
 Version 3 added ``region`` and ``compiled`` on nodes and the edge kind ``saved`` (torch.compile
 regions); a version 2 document is a version 3 document without them and loads as it is.
+
+A module box's ``saved_bytes`` counts each storage once; ``leaf_bytes`` and ``output_bytes``
+(optional, 0 when absent) are the parts of it that alias a leaf (a parameter or an input) or an
+output, and ``aliases`` names those storages (optional keys: a box written without them, in
+any version, reads as all activations).
 
 Reading validates structure and types and raises ``SchemaError`` naming the JSON path of the
 first problem (``nodes[3].saved[0].freed: expected true or false, got "false"``).
@@ -50,6 +62,7 @@ READABLE_VERSIONS = (1, 2, 3)
 MAX_DEPTH = 32
 EDGE_KINDS = ("grad", "view", "saved")
 NONFINITE_KINDS = ("nan", "inf")
+ALIAS_KINDS = ("leaf", "output")
 _V1_BOX = ("class", "nodes", "saved_bytes", "repeat")
 
 
@@ -143,6 +156,12 @@ def _node_to_dict(n: Node) -> dict[str, Any]:
                                "saved_bytes": n.box.saved_bytes}
         if n.box.repeat is not None:
             box["repeat"] = n.box.repeat
+        if n.box.leaf_bytes:
+            box["leaf_bytes"] = n.box.leaf_bytes
+        if n.box.output_bytes:
+            box["output_bytes"] = n.box.output_bytes
+        if n.box.aliases:
+            box["aliases"] = dict(n.box.aliases)
         if n.box.shown is not None:
             box["shown"] = n.box.shown
         d["box"] = box
@@ -381,13 +400,26 @@ class _Reader:
         d = self.obj(v, at)
         repeat = d.get("repeat")
         shown = d.get("shown")
-        return Box(
+        aliases = self.obj(d.get("aliases", {}), f"{at}.aliases")
+        for sid, kind in aliases.items():
+            if kind not in ALIAS_KINDS:
+                raise self.fail(f"{at}.aliases[{json.dumps(sid)}]", '"leaf" or "output"', kind)
+        box = Box(
             self.expect_str(self.field(d, "cls", at), f"{at}.cls"),
             self.expect_int(self.field(d, "nodes", at), f"{at}.nodes"),
             self.expect_int(self.field(d, "saved_bytes", at), f"{at}.saved_bytes"),
             None if repeat is None else self.expect_int(repeat, f"{at}.repeat", low=1),
+            self.expect_int(d.get("leaf_bytes", 0), f"{at}.leaf_bytes"),
+            self.expect_int(d.get("output_bytes", 0), f"{at}.output_bytes"),
+            dict(aliases),
             None if shown is None else self.expect_str(shown, f"{at}.shown"),
         )
+        if box.leaf_bytes + box.output_bytes > box.saved_bytes:
+            raise SchemaError(
+                f"{at}: leaf_bytes + output_bytes ({box.leaf_bytes + box.output_bytes}) exceed "
+                f"saved_bytes ({box.saved_bytes}); they are parts of it"
+            )
+        return box
 
     def node(self, v: Any, at: str) -> Node:
         d = self.obj(v, at)

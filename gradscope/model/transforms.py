@@ -3,8 +3,10 @@
 Both take a ``Graph`` whose nodes carry module paths (``gs.scopes``) and return a new, smaller
 ``Graph`` in which a group of nodes is one node of kind ``module``: ``name`` is its label,
 ``module`` its path, ``box`` a ``Box`` with the module's class name, how many original nodes
-it stands for and the bytes of its saved tensors (each storage counted once), and ``saved`` keeps the members' saved-tensor records, so ``Graph.saved_bytes()``
-and the total node count are the same before and after. Edges between groups are merged into one
+it stands for and the bytes of its saved tensors (each storage counted once; the part that
+aliases parameters/inputs and outputs apart from activations), and ``saved`` keeps the
+members' saved-tensor records, so ``Graph.saved_bytes()`` and the total node count are the same
+before and after. Edges between groups are merged into one
 ``Edge`` whose ``count`` says how many it stands for.
 
 Depth counts module levels below the model: ``encoder`` is at depth 1 and ``encoder.layers.3``
@@ -21,7 +23,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ..errors import ViewError
-from .nodes import Box, Edge, GraphLike, Node, SavedTensor, saved_bytes_of
+from .memory import alias_kinds, split_bytes
+from .nodes import Box, Edge, GraphLike, Node, SavedTensor, storage_sizes
 from .paths import inside, levels, module_class, node_paths
 
 #: A graph type: the views return graphs of the class they were given (``Graph``).
@@ -29,20 +32,38 @@ G = TypeVar("G", bound=GraphLike)
 
 _INDEXED = re.compile(r"^(?:(.*)\.)?(\d+)(#\d+)?$")
 _REPEAT = re.compile(r"^(.*?)(?:#(\d+))?$")
+_KIND_INDEX = {"leaf": 1, "output": 2}
 
 
-def _box(nid: str, name: str, path: str, members: list[Node], repeat: int | None = None) -> Node:
+def _box(
+    nid: str,
+    name: str,
+    path: str,
+    members: list[Node],
+    repeat: int | None = None,
+    kinds: dict[str, str] | None = None,
+) -> Node:
+    """A module node standing for ``members``; ``kinds`` (``alias_kinds`` of the whole graph)
+    splits its saved bytes into activations and aliases of leaves and outputs."""
     saved = [
         SavedTensor(f"{m.name}.{s.name}" if m.kind != "module" else s.name, s.shape, s.dtype,
-                    s.device, s.nbytes, s.storage, s.freed)
+                    s.device, s.nbytes, s.storage, s.freed, s.storage_nbytes)
         for m in members
         for s in m.saved
     ]
+    kinds = kinds or {}
+    sizes = storage_sizes([Node("", "", "op", saved=saved)])
+    split = [0, 0, 0]
+    for sid, size in sizes.items():
+        split[_KIND_INDEX.get(kinds.get(sid, ""), 0)] += size
     box = Box(
         module_class(path, members),
         sum(m.count for m in members),
-        saved_bytes_of([Node("", "", "op", saved=saved)]),
+        sum(sizes.values()),
         repeat,
+        leaf_bytes=split[1],
+        output_bytes=split[2],
+        aliases={sid: kinds[sid] for sid in sizes if sid in kinds},
     )
     return Node(
         nid, name, "module", module=path, saved=saved, module_classes=_chain_prefix(path, members),
@@ -145,8 +166,10 @@ def collapse(graph: G, depth: int) -> G:
         if len(lv) >= depth:
             key_of[nid] = ".".join(lv[:depth])
 
+    kinds = alias_kinds(graph)
+
     def make(nid: str, key: str, group: list[Node]) -> Node:
-        return _box(nid, key or "(model)", key, group)
+        return _box(nid, key or "(model)", key, group, kinds=kinds)
 
     return _regroup(graph, key_of, make)
 
@@ -409,9 +432,11 @@ def fold(graph: G, *, keep_first: bool = False) -> G:
                 key_of[n.id] = run_path
                 break
 
+    kinds = alias_kinds(graph)
+
     def make(nid: str, key: str, group: list[Node]) -> Node:
         run = runs[key]
-        node = _box(nid, run.name, key, group, run.repeat)
+        node = _box(nid, run.name, key, group, run.repeat, kinds)
         assert node.box is not None
         if not node.box.cls:
             node.box.cls = run.cls
@@ -456,9 +481,13 @@ def nearest(graph: G, max_nodes: int) -> tuple[G, int]:
         keep[nid] = None
         queue.extend(d for d in out[nid] if d not in keep)
     rest = [n for n in graph.nodes if n.id not in keep]
+    kinds = alias_kinds(graph)
+    split = split_bytes(rest, kinds)
     more = Node(
         "more", f"… {len(rest)} more nodes", "module", saved=[s for n in rest for s in n.saved],
-        box=Box("", sum(n.count for n in rest), saved_bytes_of(rest)),
+        box=Box("", sum(n.count for n in rest), split.total, leaf_bytes=split.leaf,
+                output_bytes=split.output,
+                aliases={sid: kinds[sid] for sid in storage_sizes(rest) if sid in kinds}),
     )
     key_of = {n.id: "more" for n in rest}
 

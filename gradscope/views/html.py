@@ -29,7 +29,7 @@ from typing import Any
 
 from ..model.formats import OutputFormat, register_format, register_renderer
 from ..model.graph import Graph, Node, SavedTensor, format_bytes
-from ..model.nodes import saved_bytes_of
+from ..model.nodes import saved_bytes_of, storage_sizes
 from ..model.paths import levels, module_class, node_paths
 from ..model.transforms import Run, fold_runs
 from .dot import BAD_OTHER_COLOR, OP_COLOR, attr_entries, short_location
@@ -341,35 +341,27 @@ class _Builder:
 
     # -------------------------------------------------------------- totals
     def _totals(self) -> None:
-        """Node counts and saved bytes (each storage once) of every container."""
+        """Node counts and saved bytes of every container, each storage once at its whole size
+        (``model.nodes.storage_sizes``, as ``Graph.saved_bytes`` counts), children first."""
         nodes = self.graph.nodes
         order = sorted(range(len(self.containers)), key=lambda i: -self._level(i))
         storages: dict[int, dict[str, int]] = {}
-        loose: dict[int, int] = {}
         for idx in order:
             c = self.containers[idx]
-            seen = storages.setdefault(idx, {})
-            extra = loose.get(idx, 0)
-            for i in c.nodes:
-                n = nodes[i]
+            seen = storages.pop(idx, {})
+            direct = [nodes[i] for i in c.nodes]
+            for n in direct:
                 c.count += n.count
-                for s in n.saved:
-                    if s.freed:
-                        continue
-                    if s.storage is None:
-                        extra += s.nbytes
-                    elif seen.get(s.storage, -1) < s.nbytes:
-                        seen[s.storage] = s.nbytes
-            c.saved_bytes = sum(seen.values()) + extra
+            for sid, size in storage_sizes(direct).items():
+                if seen.get(sid, -1) < size:
+                    seen[sid] = size
+            c.saved_bytes = sum(seen.values())
             if c.parent >= 0:
-                p = self.containers[c.parent]
-                p.count += c.count
+                self.containers[c.parent].count += c.count
                 up = storages.setdefault(c.parent, {})
-                for k, v in seen.items():
-                    if up.get(k, -1) < v:
-                        up[k] = v
-                loose[c.parent] = loose.get(c.parent, 0) + extra
-            del storages[idx]
+                for sid, size in seen.items():
+                    if up.get(sid, -1) < size:
+                        up[sid] = size
 
     def _level(self, idx: int) -> int:
         d = 0

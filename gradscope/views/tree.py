@@ -16,6 +16,7 @@ from rich.console import Group
 from rich.text import Text
 
 from ..model.graph import Edge, Graph, Node, format_bytes
+from ..model.nodes import format_split
 from ..model.formats import register_renderer
 from .style import format_norm, norm_style, size_to_str
 
@@ -41,16 +42,21 @@ def _grad_text(edge: Edge | None) -> Text:
 
 
 def _module_text(node: Node) -> Text:
-    """A collapsed module box (``Graph.collapse``): path, class, node count, saved bytes."""
+    """A collapsed module box (``Graph.collapse``): path, class, node count, saved bytes
+    (activations apart from parameter/input aliases)."""
     text = Text(node.name or node.module or "", STYLES["module"])
     box = node.box
     cls = box.cls if box is not None else ""
     if cls:
         text.append(f" ({cls})", "yellow")
     text.append(f" · {box.nodes if box is not None else '?'} nodes", "dim")
-    nbytes = box.saved_bytes if box is not None else node.saved_bytes
-    if nbytes:
-        text.append(f"  saved {format_bytes(nbytes)}", "dim")
+    if box is not None and box.saved_bytes:  # activations apart from parameter aliases
+        text.append(
+            f"  saved {format_split(box.activation_bytes, box.leaf_bytes, box.output_bytes)}",
+            "dim",
+        )
+    elif box is None and node.saved_bytes:
+        text.append(f"  saved {format_bytes(node.saved_bytes)}", "dim")
     return text
 
 
