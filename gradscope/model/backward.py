@@ -106,7 +106,10 @@ class ForwardNonFinite:
     def summary(self) -> str:
         """One line: ``the forward already produced nan at LogBackward0 in mid (model.py:7)``."""
         what = self.node or self.op
-        inside = f" in {self.module or '(the model)'}" if self.module is not None else ""
+        if self.module is None:
+            inside = ""
+        else:
+            inside = f" in {self.module}" if self.module else " in the model's own forward"
         at = f" ({self.where.split(': ', 1)[0]})" if self.where else ""
         return f"the forward already produced {self.kind} at {what}{inside}{at}"
 
