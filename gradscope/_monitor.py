@@ -478,7 +478,9 @@ class GradMonitor:
             h.append(self.optimizer.register_step_post_hook(self._after_step))
             if self._scaler is not None:
                 self._wrap_scaler_update()
-        h.append(model.register_forward_pre_hook(self._first_forward))
+        # prepended: it must see the parameters before another pre-hook (FSDP2 unsharding) swaps
+        # them for the forward
+        h.append(model.register_forward_pre_hook(self._first_forward, prepend=True))
         for i, (_, mod) in enumerate(self._modules):
             h.append(mod.register_forward_hook(partial(self._module_forward, i)))
         if activations:
@@ -759,9 +761,9 @@ class GradMonitor:
     def _finish(self, m: _Measure, update: torch.Tensor | None, *, skipped: bool = False) -> None:
         """Reduce across ranks, move everything to the host in ONE transfer, record the step."""
         step = self.step
-        self._advance()
         dist_on = _distributed()
-        probe, self._probe = (self._probe if dist_on else None), None
+        probe = self._probe if dist_on else None
+        self._advance()
         self._dp_probe = False  # only the first logged step is probed
         local = m.matrix.to(torch.float64)
         if update is not None:
@@ -875,8 +877,9 @@ class GradMonitor:
                 counts = _all_gather(counts, self._sharding.group)  # type: ignore[union-attr]
             values = counts.tolist()
         if sharded:
+            reader = _Reader(values)
             world = self._sharding.world  # type: ignore[union-attr]
-            per_rank = [values[r * 3 : (r + 1) * 3] for r in range(world)]
+            per_rank = [reader.rows(3, len(bad)) for _ in range(world)]
             values = S.combine_shards(per_rank, ["sum", "sum", "norm"], self.norm_type)
         out = {}
         for k, j in enumerate(bad):
@@ -981,8 +984,15 @@ def _all_gather(t: torch.Tensor, group: Any) -> torch.Tensor:
     world = torch.distributed.get_world_size(group)
     flat = t.reshape(-1).contiguous()
     out = torch.empty(world * flat.numel(), dtype=flat.dtype, device=flat.device)
-    torch.distributed.all_gather_into_tensor(out, flat, group=group)
+    _gather_into(out, flat, group=group)
     return out
+
+
+# all_gather_single is the name of the one-tensor all-gather from torch 2.13 on, where
+# all_gather_into_tensor warns that it is deprecated
+_gather_into = getattr(
+    torch.distributed, "all_gather_single", getattr(torch.distributed, "all_gather_into_tensor", None)
+)
 
 
 class _Reader:

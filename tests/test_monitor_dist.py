@@ -1,13 +1,16 @@
-"""GradMonitor across processes: 2 gloo ranks on the CPU, one collective per logged step.
+"""GradMonitor across processes: 2 gloo ranks on the CPU.
 
-Ground truth is built from both ranks' .grad (all-gathered by the test itself): under DDP every
-rank's averaged gradient is the gradient of the global batch, so both ranks must report its norm;
-with gradients that differ per rank (each rank a shard of the work, no averaging) the global norm
-is the norm over all ranks' gradients together."""
+Ground truth comes from plain torch in the test, never from the monitor: under data
+parallelism every rank's averaged gradient is the gradient of the global batch, computed here
+on one plain replica over both ranks' batches (or from the all-reduced gradients); under FSDP2
+it is ``DTensor.full_tensor()`` of each sharded gradient. At every logged step the worst
+relative error of every per-parameter and total norm must stay below 1e-4."""
 
 from __future__ import annotations
 
 import json
+import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,8 @@ from torch import nn
 import gradscope as gs
 
 WORLD = 2
+STEPS = 3
+TOL = 1e-4
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(),
@@ -26,96 +31,232 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _model() -> nn.Module:
+def _model(width: int = 16) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    return nn.Sequential(nn.Linear(6, width), nn.ReLU(), nn.Linear(width, 3))
 
 
 def _batch(rank: int, step: int) -> torch.Tensor:
     return torch.randn(8, 6, generator=torch.Generator().manual_seed(100 * rank + step))
 
 
-def _gathered_grads(model: nn.Module) -> list[torch.Tensor]:
-    """Every rank's flattened gradient, gathered by plain torch.distributed."""
-    flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-    out = [torch.empty_like(flat) for _ in range(WORLD)]
-    dist.all_gather(out, flat)
-    return out
+def _loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x).square().mean()
 
 
-def _count_collectives() -> list[str]:
-    calls: list[str] = []
-    for name in ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce", "broadcast"):
-        original = getattr(dist, name)
-
-        def counted(*args, _name=name, _original=original, **kwargs):
-            calls.append(_name)
-            return _original(*args, **kwargs)
-
-        setattr(dist, name, counted)
-    return calls
+def _rel(got: float, want: float) -> float:
+    return abs(got - want) / max(abs(want), 1e-30)
 
 
-def _ddp_case(rank: int, use_opt: bool) -> dict:
+class Replica:
+    """A plain copy of the model, trained on the global batch with the same optimizer, whose
+    .grad at each step is the ground truth of a data-parallel run (mean over ranks)."""
+
+    def __init__(self, lr: float = 0.1) -> None:
+        self.model = _model()
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=lr)
+
+    def step(self, step: int) -> dict[str, float]:
+        self.opt.zero_grad()
+        _loss(self.model, torch.cat([_batch(r, step) for r in range(WORLD)])).backward()
+        truth = {n: p.grad.norm().item() for n, p in self.model.named_parameters()}
+        truth["__total__"] = torch.nn.utils.get_total_norm(
+            [p.grad for p in self.model.parameters()]
+        ).item()
+        self.opt.step()
+        return truth
+
+
+def _errors(mon: gs.GradMonitor, truths: list[dict[str, float]], prefix: str = "") -> dict:
+    """Worst relative error over every logged step, and what else the test checks."""
+    worst = 0.0
+    for st, truth in zip(mon.history, truths, strict=True):
+        for name, want in truth.items():
+            got = st.total_norm if name == "__total__" else st.params[prefix + name].norm
+            worst = max(worst, _rel(got, want))
+    return {
+        "worst": worst,
+        "steps": [st.step for st in mon.history],
+        "scopes": [st.scope for st in mon.history],
+        "measured_at": [st.measured_at for st in mon.history],
+        "names": list(mon.history[0].params),
+        "distributed": mon.distributed,
+    }
+
+
+def _ddp_wrapper(rank: int) -> dict:
     ddp = nn.parallel.DistributedDataParallel(_model())
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    with gs.GradMonitor(ddp, optimizer=opt if use_opt else None) as mon:
-        opt.zero_grad()
-        ddp(_batch(rank, 0)).square().mean().backward()
-        grads = _gathered_grads(ddp)
-        opt.step()
-    # reference: the gradient of the global batch, computed on one plain replica
-    ref = _model()
-    ref(torch.cat([_batch(r, 0) for r in range(WORLD)])).square().mean().backward()
-    want = torch.nn.utils.get_total_norm([p.grad for p in ref.parameters()]).item()
-    st = mon.history[0]
-    return {
-        "got": st.total_norm,
-        "want_global_batch": want,
-        "ranks_agree_on_grad": all(torch.allclose(g, grads[0]) for g in grads),
-        "rank_grad_norm": grads[rank].norm().item(),
-    }
+    replica, truths = Replica(), []
+    with gs.GradMonitor(ddp) as mon:  # no optimizer: every backward is a step
+        for step in range(STEPS):
+            opt.zero_grad()
+            _loss(ddp, _batch(rank, step)).backward()
+            opt.step()
+            truths.append(replica.step(step))
+    return _errors(mon, truths, prefix="module.")
 
 
-def _sharded_case(rank: int) -> dict:
+def _ddp_inner(rank: int) -> dict:
+    ddp = nn.parallel.DistributedDataParallel(_model())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    replica, truths = Replica(), []
+    with gs.GradMonitor(ddp.module, optimizer=opt) as mon:
+        for step in range(STEPS):
+            opt.zero_grad()
+            _loss(ddp, _batch(rank, step)).backward()
+            opt.step()
+            truths.append(replica.step(step))
+    return _errors(mon, truths)
+
+
+def _ddp_built_before_wrapping(rank: int) -> dict:
     model = _model()
-    calls = _count_collectives()
-    with gs.GradMonitor(model, every=2) as mon:
-        for step in range(3):
-            model.zero_grad()
-            loss = model(_batch(rank, step)).square().mean()
-            if step == 2 and rank == 1:  # d loss / d bias[0] becomes NaN, nothing else does
-                loss = loss + model[2].bias[0] * torch.tensor(float("nan"))
-            loss.backward()
-            if step == 0:
-                grads = _gathered_grads(model)  # the test's own collective, not the monitor's
-    all_grads = torch.cat(grads)
-    w_all = torch.cat([g[: 16 * 6] for g in grads])  # 0.weight is first in every rank's vector
-    st = mon.history[0]
-    return {
-        "got": st.total_norm,
-        "want_all_ranks": all_grads.norm().item(),
-        "weight_norm": st.params["0.weight"].norm,
-        "want_weight": w_all.norm().item(),
-        "max_abs": st.params["0.weight"].max_abs,
-        "want_max_abs": w_all.abs().max().item(),
-        "steps": [s.step for s in mon.history],
-        "calls": calls,
-        "nan_step2": mon.history[1].params["2.bias"].nan,
-        "nan_alert": [(a.kind, a.step, a.name) for a in mon.alerts],
-    }
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = gs.GradMonitor(model, optimizer=opt)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    replica, truths = Replica(), []
+    for step in range(STEPS):
+        opt.zero_grad()
+        _loss(ddp, _batch(rank, step)).backward()
+        opt.step()
+        truths.append(replica.step(step))
+    mon.remove()
+    return _errors(mon, truths)
+
+
+def _manual_allreduce(rank: int, **monitor_options) -> dict:
+    """Hand-written data parallelism: backward, then all-reduce and average every .grad."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    replica, truths = Replica(), []
+    with gs.GradMonitor(model, optimizer=opt, **monitor_options) as mon:
+        for step in range(STEPS):
+            opt.zero_grad()
+            _loss(model, _batch(rank, step)).backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p.grad /= WORLD
+            opt.step()
+            truths.append(replica.step(step))
+    return _errors(mon, truths)
+
+
+def _independent(rank: int) -> dict:
+    """Each rank trains a model of its own (of another width): its own figures, labelled."""
+    model = _model(width=8 + 8 * rank)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    truths = []
+    with gs.GradMonitor(model, optimizer=opt) as mon:
+        for step in range(STEPS):
+            opt.zero_grad()
+            _loss(model, _batch(rank, step)).backward()
+            truth = {n: p.grad.norm().item() for n, p in model.named_parameters()}
+            truth["__total__"] = torch.nn.utils.get_total_norm(
+                [p.grad for p in model.parameters()]
+            ).item()
+            truths.append(truth)
+            opt.step()
+    return _errors(mon, truths)
+
+
+class Gated(nn.Module):
+    """Two layers scaled by ``1 + sqrt(gain[0] * s)``, ``s`` the mean magnitude of the input's
+    first feature: a batch whose first feature is all zero makes d/d gain[0] = 0/0 = NaN and
+    leaves every other gradient finite."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = nn.Linear(6, width)
+        self.fc2 = nn.Linear(width, 3)
+        self.gain = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = x[:, 0].abs().mean()
+        h = self.fc2(torch.relu(self.fc1(x)))
+        return h * (1 + torch.sqrt(self.gain[0] * s)) + 0.01 * h * self.gain[1:].sum()
+
+
+def _fsdp(rank: int, use_opt: bool, calls: list[str]) -> dict:
+    from torch.distributed.fsdp import fully_shard
+
+    model = Gated(width=15)  # 15 rows: uneven shards (8 and 7 rows)
+    for layer in (model.fc1, model.fc2):
+        fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    truths, maxima, nan_counts = [], [], []
+    mon = gs.GradMonitor(model, optimizer=opt if use_opt else None, full_every=2)
+    start = len(calls)
+    for step in range(STEPS):
+        opt.zero_grad()
+        x = _batch(rank, step)
+        if step == 2 and rank == 1:
+            x[:, 0] = 0.0  # gain[0]'s gradient on rank 1 is NaN; the average is NaN too
+        _loss(model, x).backward()
+        full = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+        truth = {n: g.norm().item() for n, g in full.items() if torch.isfinite(g).all()}
+        if len(truth) == len(full):
+            truth["__total__"] = torch.nn.utils.get_total_norm(list(full.values())).item()
+        truths.append(truth)
+        maxima.append({n: g.abs().max().item() for n, g in full.items()})
+        nan_counts.append({n: int(torch.isnan(g).sum()) for n, g in full.items()})
+        opt.step()
+    mon.remove()
+    out = _errors(mon, truths)
+    out["max_abs_err"] = max(
+        _rel(st.params[n].max_abs, maxima[i][n])
+        for i, st in enumerate(mon.history)
+        if st.full
+        for n in st.params
+        if math.isfinite(maxima[i][n])
+    )
+    out["nan"] = [{n: ps.nan for n, ps in st.params.items()} for st in mon.history]
+    out["nan_truth"] = nan_counts
+    out["nan_alerts"] = [(a.kind, a.step, list(a.names)) for a in mon.alerts]
+    out["collectives"] = len(calls) - start
+    out["model_names"] = [n for n, _ in model.named_parameters()]
+    return out
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    from gradscope import _monitor
+
+    calls: list[str] = []
+    real = _monitor._gather_into
+
+    def counted(*args, **kwargs):
+        calls.append("gather")
+        return real(*args, **kwargs)
+
+    _monitor._gather_into = counted
     try:
-        result = {
-            "ddp": _ddp_case(rank, use_opt=False),
-            "ddp_opt": _ddp_case(rank, use_opt=True),
-            "sharded": _sharded_case(rank),
-        }
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = {
+                "ddp_wrapper": _ddp_wrapper(rank),
+                "ddp_inner": _ddp_inner(rank),
+                "ddp_before_wrap": _ddp_built_before_wrapping(rank),
+                "manual": _manual_allreduce(rank),
+                "independent": _independent(rank),
+                "fsdp": _fsdp(rank, True, calls),
+                "fsdp_no_opt": _fsdp(rank, False, calls),
+            }
+            before = len(calls)
+            result["manual_declared"] = _manual_allreduce(
+                rank, replicated=True, measure="optimizer"
+            )
+            result["manual_declared"]["collectives"] = len(calls) - before
+        result["warnings"] = [
+            f"{w.category.__name__}: {w.message}"
+            for w in caught
+            if "deprecat" in str(w.message).lower() or "gradscope" in w.filename
+        ]
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
+        _monitor._gather_into = real
         dist.destroy_process_group()
 
 
@@ -135,22 +276,62 @@ def results(tmp_path_factory) -> list[dict]:
     raise AssertionError("the 2-process run failed twice:\n" + "\n---\n".join(errors))
 
 
-@pytest.mark.parametrize("case", ["ddp", "ddp_opt"])
-def test_ddp_both_ranks_report_the_global_batch_norm(results, case: str) -> None:
+GLOBAL_CASES = ["ddp_wrapper", "ddp_inner", "ddp_before_wrap", "manual", "manual_declared"]
+
+
+@pytest.mark.parametrize("case", GLOBAL_CASES)
+def test_data_parallel_norms_are_those_of_the_global_batch(results, case: str) -> None:
+    """DDP however it is wrapped, and hand-written all-reduce: no sqrt(world) inflation."""
+    for r in results:
+        got = r[case]
+        assert got["steps"] == list(range(STEPS))
+        assert got["worst"] < TOL, got
+        assert got["scopes"] == ["global"] * STEPS
+        assert got["distributed"].startswith("replicated across 2 ranks")
+
+
+def test_ddp_keeps_the_users_names(results) -> None:
+    assert results[0]["ddp_wrapper"]["names"][0] == "module.0.weight"
+    assert results[0]["ddp_inner"]["names"][0] == "0.weight"
+
+
+def test_hand_written_all_reduce_is_detected_and_measured_at_the_step(results) -> None:
+    """The gradients differ across ranks when backward ends and agree at optimizer.step(): the
+    monitor measures at the step from the first logged step on."""
+    got = results[0]["manual"]
+    assert got["measured_at"] == ["optimizer"] * STEPS
+    assert "(detected)" in got["distributed"]
+    declared = results[0]["manual_declared"]
+    assert "(declared)" in declared["distributed"]
+    assert declared["collectives"] == 0  # declared: nothing to check across ranks
+
+
+def test_independent_models_are_labelled_per_rank(results) -> None:
+    for rank, r in enumerate(results):
+        got = r["independent"]
+        assert got["worst"] < TOL  # this rank's own gradients, exactly
+        assert got["scopes"] == [f"rank {rank}"] * STEPS
+        assert got["distributed"].startswith(f"rank {rank} of 2: the ranks' gradients differ")
+
+
+@pytest.mark.parametrize("case", ["fsdp", "fsdp_no_opt"])
+def test_fsdp2_norms_equal_full_tensor_norms(results, case: str) -> None:
     r0, r1 = results[0][case], results[1][case]
-    assert r0["ranks_agree_on_grad"] and r1["ranks_agree_on_grad"]
-    assert r0["got"] == r1["got"]
-    assert r0["got"] == pytest.approx(r0["want_global_batch"], rel=1e-5)
+    for r in (r0, r1):
+        assert r["steps"] == list(range(STEPS))
+        assert r["worst"] < TOL, r
+        assert r["max_abs_err"] < TOL
+        assert r["names"] == r["model_names"]  # as the user's model names them
+        assert sorted(r["names"]) == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight", "gain"]
+        assert r["scopes"] == ["global"] * STEPS
+        # one collective per logged step, and one more on the step with a NaN (its counts)
+        assert r["collectives"] == STEPS + 1
+    # the NaN of rank 1's gain[0] gradient at step 2, averaged into rank 0's shard: counted
+    # once, on every rank
+    assert r0["nan"] == r1["nan"] == r0["nan_truth"]
+    assert r0["nan"][2]["gain"] == 1
+    assert r0["nan_alerts"] == r1["nan_alerts"] == [["nan", 2, ["gain"]]]
 
 
-def test_per_rank_gradients_give_the_norm_over_all_ranks(results) -> None:
-    r0, r1 = results[0]["sharded"], results[1]["sharded"]
-    assert r0["got"] == r1["got"] == pytest.approx(r0["want_all_ranks"], rel=1e-5)
-    assert r0["weight_norm"] == pytest.approx(r0["want_weight"], rel=1e-5)
-    assert r0["max_abs"] == r1["max_abs"] == pytest.approx(r0["want_max_abs"], rel=1e-6)
-    assert r0["steps"] == [0, 2]
-    # one collective per logged step (two logged steps), plus the test's own all_gather
-    assert sorted(r0["calls"]) == ["all_gather", "all_gather_into_tensor", "all_gather_into_tensor"]
-    # the NaN put into rank 1's gradient at step 2 is counted, and alerted, on both ranks
-    assert r0["nan_step2"] == r1["nan_step2"] == 1
-    assert r0["nan_alert"] == r1["nan_alert"] == [["nan", 2, "2.bias"]]
+def test_no_deprecation_or_gradscope_warning_on_any_rank(results) -> None:
+    assert [r["warnings"] for r in results] == [[], []]
