@@ -18,7 +18,7 @@ import torch
 from _timing import best_of, best_of_interleaved, verdict
 
 import gradscope as gs
-from gradscope._capture import CWALK
+from gradscope.capture.walk import CWALK
 
 
 def mlp_graph(layers: int = 1000) -> tuple[torch.Tensor, torch.nn.Module]:

@@ -32,9 +32,7 @@ _LOSS_HINT = (
 )
 
 
-class ReportError(gs.GradscopeError):
-    """The model file cannot be trained by ``gradscope report``."""
-
+ReportError = gs.ReportError
 
 def _loss_fn(mf: gs.ModelFile) -> tuple[Callable[..., Any], bool]:
     fn = mf.get("loss_fn")

@@ -13,8 +13,12 @@ Public surface (everything else lives in private ``_modules``)::
     saved_memory(), leak_check()                         memory held by autograd graphs
     load_model_file(spec) -> ModelFile                   the CLI's model-file contract
     GradscopeError and subclasses                        errors whose message says the fix
+                                                         (the hierarchy: gradscope.errors)
 
-Heavier parts are imported on first use, so ``import gradscope`` stays cheap.
+The package has three layers, and data flows one way: ``gradscope.capture`` (touches torch)
+fills the plain data of ``gradscope.model``, which ``gradscope.views`` draws (no torch). The
+views register their output formats with the model when ``gradscope`` is imported. Heavier
+parts are imported on first use, so ``import gradscope`` stays cheap.
 """
 
 from __future__ import annotations
@@ -22,57 +26,113 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ._capture import trace
-from ._errors import (
+from . import views as _views  # registers the output formats and renderers (no torch there)
+from .capture.loader import ModelFile, load_model_file
+from .capture.nest import iter_tensors
+from .capture.walk import trace
+from .errors import (
     CheckInputError,
+    ExplainInputError,
     FormatError,
     GradscopeError,
+    GraphLeakWarning,
     GraphvizNotFoundError,
+    LayoutError,
+    MemoryHooksError,
+    MissingExtraError,
     ModelFileError,
+    MonitorError,
+    MonitorWarning,
     NoGradError,
+    OutputError,
+    ReportError,
+    SchemaError,
+    ScopesError,
+    UnsupportedSetupError,
+    ViewError,
 )
-from ._loader import ModelFile, load_model_file
-from ._model import Edge, Graph, Node, SavedTensor, TensorInfo, format_bytes
-from ._nest import iter_tensors
-from ._output import FORMATS, dot_binary
-from ._output import format_for as output_format
-from ._render_tree import render_tree
-from ._torchviz import make_dot
+from .model.formats import format_for as output_format
+from .model.formats import format_names as _format_names
+from .model.graph import Edge, Graph, Node, SavedTensor, TensorInfo, format_bytes
+from .views.graphviz import dot_binary
+from .views.tree import render_tree
 
 __version__ = "0.1.0"
 
-# name -> private module that defines it, imported on first attribute access
+#: The output formats ``Graph.save`` and ``gradscope render --format`` take (from the registry).
+FORMATS: tuple[str, ...] = _format_names()
+
+
+def make_dot(
+    var: Any,
+    params: Any = None,
+    show_attrs: bool = False,
+    show_saved: bool = False,
+    max_attr_chars: int = 50,
+) -> Any:
+    """Graphviz representation of the autograd graph, as ``torchviz.make_dot`` draws it.
+
+    A drop-in for ``torchviz.make_dot``: the same node labels and colours on every graph
+    torchviz can draw, built from the iterative walk, so it also draws what torchviz cannot
+    (graphs deeper than the recursion limit, list/dict outputs, freed graphs, custom Functions
+    that saved ``None``), with stable node ids (``n0``...).
+
+    Args:
+        var: output tensor, or any nest (tuple/list/dict/dataclass) of tensors.
+        params: dict of name -> tensor (or an ``nn.Module``) to name the leaf tensors.
+        show_attrs: show non-tensor attributes of backward nodes.
+        show_saved: draw tensors saved by built-in backward nodes (custom Functions' saved
+            tensors are always drawn, as torchviz does).
+        max_attr_chars: with ``show_attrs``, truncate attribute values to this many characters.
+
+    Returns:
+        A ``graphviz.Digraph``: ``.source`` for DOT text, ``.render()`` / ``.pipe()`` for images.
+
+    Example:
+        >>> import torch, gradscope as gs
+        >>> x = torch.randn(3, requires_grad=True)
+        >>> dot = gs.make_dot((x * 2).sum(), params={"x": x})
+        >>> "MulBackward0" in dot.source
+        True
+    """
+    from .views.torchviz import dot_from_graph
+
+    graph = trace(var, params=params, saved=True)  # custom Functions' tensors are always drawn
+    return dot_from_graph(
+        graph, show_attrs=show_attrs, show_saved=show_saved, max_attr_chars=max_attr_chars
+    )
+
+
+# name -> module that defines it, imported on first attribute access
 _LAZY = {
-    "scopes": "._scopes",
-    "collapse": "._views",
-    "fold": "._views",
-    "auto_depth": "._views",
-    "readable_view": "._views",
-    "record_backward": "._backward",
-    "record_forward": "._backward",
-    "BackwardTrace": "._backward",
-    "NodeStep": "._backward",
-    "GradStat": "._backward",
-    "NonFinite": "._backward",
-    "GradMonitor": "._monitor",
-    "StepStats": "._monitor",
-    "ParamStats": "._monitor",
-    "Alert": "._monitor",
-    "check": "._check",
-    "CheckResult": "._check",
-    "CheckFailure": "._check",
-    "explain": "._explain",
-    "Explanation": "._explain",
-    "ExplainInputError": "._explain",
-    "saved_memory": "._memory",
-    "leak_check": "._memory",
-    "MemoryReport": "._memory",
-    "SavedMemory": "._memory",
-    "LeakCheck": "._memory",
-    "Leak": "._memory",
-    "LeakStep": "._memory",
-    "GraphLeakWarning": "._memory",
-    "MemoryHooksError": "._memory",
+    "scopes": ".capture.scopes",
+    "collapse": ".model.transforms",
+    "fold": ".model.transforms",
+    "auto_depth": ".model.transforms",
+    "readable_view": ".model.transforms",
+    "record_backward": ".capture.backward",
+    "record_forward": ".capture.forward",
+    "BackwardTrace": ".model.backward",
+    "NodeStep": ".model.backward",
+    "GradStat": ".model.backward",
+    "NonFinite": ".model.backward",
+    "GradMonitor": ".capture.monitor",
+    "StepStats": ".model.monitor",
+    "ParamStats": ".model.monitor",
+    "Alert": ".model.monitor",
+    "MonitorLog": ".model.monitor",
+    "check": ".capture.check",
+    "CheckResult": ".model.check",
+    "CheckFailure": ".model.check",
+    "explain": ".capture.explain",
+    "Explanation": ".model.explain",
+    "saved_memory": ".capture.memory",
+    "leak_check": ".capture.memory",
+    "MemoryReport": ".model.memory",
+    "SavedMemory": ".capture.memory",
+    "LeakCheck": ".capture.memory",
+    "Leak": ".model.memory",
+    "LeakStep": ".model.memory",
 }
 
 
@@ -106,22 +166,33 @@ __all__ = [
     "Graph",
     "GraphLeakWarning",
     "GraphvizNotFoundError",
+    "LayoutError",
     "Leak",
     "LeakCheck",
     "LeakStep",
     "MemoryHooksError",
     "MemoryReport",
+    "MissingExtraError",
     "ModelFile",
     "ModelFileError",
+    "MonitorError",
+    "MonitorLog",
+    "MonitorWarning",
     "NoGradError",
     "Node",
     "NodeStep",
     "NonFinite",
+    "OutputError",
     "ParamStats",
+    "ReportError",
     "SavedMemory",
     "SavedTensor",
+    "SchemaError",
+    "ScopesError",
     "StepStats",
     "TensorInfo",
+    "UnsupportedSetupError",
+    "ViewError",
     "__version__",
     "auto_depth",
     "check",

@@ -2,7 +2,7 @@
 # Idempotent set-up used by the README's two commands and by CI:
 #   a virtual environment in .venv, the CPU build of torch 2.13.0 (pinned: a bare `torch`
 #   pulls a multi-GB CUDA build), gradscope with its test extras (which compiles the optional
-#   C walk, gradscope/_cwalk.c, when a C compiler is present), and the Graphviz binary.
+#   C walk, gradscope/capture/_cwalk.c, when a C compiler is present), and the Graphviz binary.
 # Set GRADSCOPE_EXTRAS to choose extras (default: test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +15,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 VPY=.venv/bin/python
 # the stamp covers everything the install builds from, so an edited C file is rebuilt
-stamp=".venv/.gradscope-setup-$(cat pyproject.toml setup.py gradscope/_cwalk.c scripts/setup.sh \
+stamp=".venv/.gradscope-setup-$(cat pyproject.toml setup.py gradscope/capture/_cwalk.c scripts/setup.sh \
   | sha1sum | cut -c1-12)-$EXTRAS"
 if [ ! -f "$stamp" ]; then
   echo "setup: installing torch==2.13.0 (CPU) and gradscope[$EXTRAS]" >&2
@@ -25,8 +25,8 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.gradscope-setup-*
   touch "$stamp"
 fi
-if ! "$VPY" -c "import gradscope._cwalk" 2>/dev/null; then
-  echo "setup: the compiled walk (gradscope/_cwalk.c) is not built, so gs.trace uses its slower pure-Python walker; install a C compiler and the Python headers (apt-get install gcc python3-dev) and run: .venv/bin/pip install -e ." >&2
+if ! "$VPY" -c "import gradscope.capture._cwalk" 2>/dev/null; then
+  echo "setup: the compiled walk (gradscope/capture/_cwalk.c) is not built, so gs.trace uses its slower pure-Python walker; install a C compiler and the Python headers (apt-get install gcc python3-dev) and run: .venv/bin/pip install -e ." >&2
 fi
 
 if ! command -v dot >/dev/null 2>&1; then

@@ -15,7 +15,8 @@ from conftest import SAMPLES, run_cli
 from torch import nn
 
 import gradscope as gs
-from gradscope import _backward
+from gradscope.capture import backward as _backward
+from gradscope.capture import stamps as _stamps
 
 # ---------------------------------------------------------------------------- ground truth
 
@@ -424,8 +425,8 @@ def test_record_forward_skips_nodes_made_before_it():
     early = x * 2
     with gs.record_forward():
         late = early.exp()
-    assert _backward.CREATED_KEY in late.grad_fn.metadata
-    assert _backward.CREATED_KEY not in early.grad_fn.metadata
+    assert _stamps.CREATED_KEY in late.grad_fn.metadata
+    assert _stamps.CREATED_KEY not in early.grad_fn.metadata
 
 
 def test_anomaly_traceback_is_used_without_record_forward():

@@ -13,7 +13,7 @@ import gradscope as gs
 
 
 def _roots(outputs):
-    from gradscope._nest import iter_tensors
+    from gradscope.capture.nest import iter_tensors
 
     return [t for _, t in iter_tensors(outputs) if t.requires_grad]
 

@@ -16,7 +16,7 @@ from conftest import SAMPLES
 from graphs import ALL, chain
 
 import gradscope as gs
-from gradscope import _capture
+from gradscope.capture import walk as _capture
 
 needs_c = pytest.mark.skipif(
     _capture.CWALK is None, reason="compiled walk off (not built, or GRADSCOPE_PURE_PYTHON=1)"
@@ -196,7 +196,7 @@ def test_layout_check_rejects_a_changed_dataclass():
         d: int = 0
         e: int = 0
 
-    from gradscope import _cwalk
+    from gradscope.capture import _cwalk
 
     def cfg(node_cls, ti_cls):
         layouts = []
@@ -208,7 +208,7 @@ def test_layout_check_rejects_a_changed_dataclass():
         )
 
     try:
-        with pytest.raises(RuntimeError, match="update gradscope/_cwalk.c"):
+        with pytest.raises(RuntimeError, match="update gradscope/capture/_cwalk.c"):
             cfg(Short, gs.TensorInfo)
         with pytest.raises(RuntimeError, match="not a __slots__ member"):
             cfg(gs.Node, NoSlots)

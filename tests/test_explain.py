@@ -11,7 +11,7 @@ import torch
 from rich.console import Console
 
 import gradscope as gs
-from gradscope._explain import ExplainInputError
+from gradscope.errors import ExplainInputError
 
 
 def _base() -> torch.Tensor:

@@ -18,9 +18,9 @@ from rich.console import Console
 from torch.nn.modules import module as nn_module
 
 import gradscope as gs
-from gradscope import _memory
-from gradscope._model import Edge, Graph, Node, SavedTensor, TensorInfo
-from gradscope._scopes import strip_calls
+from gradscope.capture import memory as _memory
+from gradscope.model.graph import Edge, Graph, Node, SavedTensor, TensorInfo
+from gradscope.model.paths import strip_calls
 
 HAS_STORAGE_NBYTES = "storage_nbytes" in SavedTensor.__dataclass_fields__
 

@@ -8,7 +8,7 @@ import pytest
 from graphs import ALL
 
 import gradscope as gs
-from gradscope._model import format_bytes
+from gradscope.model.graph import format_bytes
 
 
 @pytest.mark.parametrize("name", sorted(ALL))

@@ -18,7 +18,7 @@ from rich.console import Console
 from torch import nn
 
 import gradscope as gs
-from gradscope._monitor_view import MissingExtraError
+from gradscope.errors import MissingExtraError
 
 
 def mlp() -> nn.Module:
@@ -130,7 +130,7 @@ def test_half_precision_grads_are_reduced_in_high_precision() -> None:
 
 def test_abs_sums_in_chunks_give_the_same_figures(monkeypatch) -> None:
     """|g| of a large tensor is summed chunk by chunk through a scratch buffer."""
-    from gradscope import _monitor_stats
+    from gradscope.capture import monitor_stats as _monitor_stats
 
     monkeypatch.setattr(_monitor_stats, "_ABS_CHUNK", 40)
     model = mlp()
@@ -246,7 +246,7 @@ def test_steps_with_changing_gradients_keep_their_own_figures() -> None:
 def test_abs_chunks_share_one_scratch_buffer(monkeypatch, norm_type: float) -> None:
     """The |g| chunks of every tensor of a step go through one scratch buffer: what a chunk, a
     tensor or a step leaves in it (NaNs included) never reaches another."""
-    from gradscope import _monitor_stats
+    from gradscope.capture import monitor_stats as _monitor_stats
 
     monkeypatch.setattr(_monitor_stats, "_ABS_CHUNK", 40)
     shapes = [(12, 6), (12,), (3, 12), (3,), (7,)]
@@ -789,7 +789,7 @@ def test_a_logged_step_makes_no_blocking_host_to_device_copy(monkeypatch):
         p.grad = torch.ones_like(p)
     monkeypatch.setattr(torch.Tensor, "to", spy)
     monkeypatch.setattr(torch, "tensor", no_device_tensor)
-    from gradscope._monitor_stats import UpdateSample
+    from gradscope.capture.monitor_stats import UpdateSample
 
     with torch.inference_mode():
         measured = mon._measure("optimizer")

@@ -11,8 +11,8 @@ import torch
 from conftest import SAMPLES
 
 import gradscope as gs
-from gradscope._output import dot_binary
-from gradscope._views import readable_view
+from gradscope.views.graphviz import dot_binary
+from gradscope.model.transforms import readable_view
 
 
 def traced(sample: str) -> tuple[gs.Graph, torch.nn.Module]:
@@ -61,7 +61,7 @@ def test_graph_without_modules_is_unchanged() -> None:
     x = torch.randn(3, requires_grad=True)
     graph = gs.trace((x.exp() * 2).sum(), params={"x": x})
     assert "subgraph" not in graph.to_dot()
-    assert graph.to_dot() == gs._render_dot.to_dot(graph, clusters=False)
+    assert graph.to_dot() == gs.views.dot.to_dot(graph, clusters=False)
 
 
 @pytest.mark.skipif(dot_binary() is None, reason="the Graphviz binary is not installed")

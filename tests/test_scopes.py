@@ -13,7 +13,8 @@ from torch import nn
 from torch.nn.modules import module as torch_module
 
 import gradscope as gs
-from gradscope._scopes import ScopesError, strip_calls
+from gradscope.errors import ScopesError
+from gradscope.model.paths import strip_calls
 
 
 def reachable(*tensors: torch.Tensor) -> set:
@@ -70,9 +71,9 @@ def test_sample_paths_are_named_modules(sample: str) -> None:
 
 
 def test_class_chains_follow_named_modules() -> None:
-    from gradscope._capture import MODULE_KEY
-    from gradscope._scopes import MODULE_CLASSES_KEY
-    from gradscope._views import levels
+    from gradscope.capture.stamps import MODULE_KEY
+    from gradscope.capture.stamps import MODULE_CLASSES_KEY
+    from gradscope.model.paths import levels
 
     fwd = gs.load_model_file(SAMPLES / "transformer.py").forward()
     modules = dict(fwd.model.named_modules())
@@ -87,7 +88,8 @@ def test_class_chains_follow_named_modules() -> None:
         if not path:
             continue
         lv = levels(path)
-        want = [type(modules[".".join(lv[: d + 1])]).__name__ for d in range(len(lv))]
+        want = [type(fwd.model).__name__]  # the model's own class first, then one per level
+        want += [type(modules[".".join(lv[: d + 1])]).__name__ for d in range(len(lv))]
         assert fn.metadata[MODULE_CLASSES_KEY].split("/") == want
         checked += 1
     assert checked > 100
@@ -186,7 +188,7 @@ def test_hooks_removed_when_forward_raises() -> None:
     assert_no_hooks(model)
     with gs.scopes(model[0]):  # usable again afterwards
         out = model[0](torch.randn(1, 2))
-    assert {n.module for n in gs.trace(out).nodes if n.kind == "op"} == {""}
+    assert {n.module for n in gs.trace(out, model=model[0]).nodes if n.kind == "op"} == {""}
 
 
 def test_bad_uses_say_what_to_do() -> None:

@@ -12,7 +12,7 @@ from conftest import SAMPLES
 from rich.console import Console
 
 import gradscope as gs
-from gradscope import _backward
+from gradscope.capture import backward as _backward
 
 
 def tree_text(graph: gs.Graph) -> str:

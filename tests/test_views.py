@@ -9,7 +9,9 @@ from conftest import SAMPLES
 from torch import nn
 
 import gradscope as gs
-from gradscope._views import ViewError, auto_depth, collapse, collapsed_size, fold, levels
+from gradscope.errors import ViewError
+from gradscope.model.paths import levels
+from gradscope.model.transforms import auto_depth, collapse, collapsed_size, fold
 
 
 def traced(sample: str) -> tuple[gs.Graph, nn.Module]:
@@ -143,13 +145,8 @@ def test_auto_depth(deep: tuple[gs.Graph, nn.Module]) -> None:
     assert auto_depth(graph, max_nodes=1) == 0
 
 
-def test_class_names_survive_json_without_the_process_registry(monkeypatch) -> None:
-    from gradscope import _scopes
-
+def test_class_names_survive_json() -> None:
     graph, model = traced("transformer.py")
-    if not any("module_classes" in n.attrs for n in graph.nodes):
-        pytest.skip("gs.trace does not copy grad_fn.metadata['gradscope.module_classes'] yet")
-    monkeypatch.setattr(_scopes, "MODULE_CLASSES", {})
     again = gs.Graph.from_json(graph.to_json())
     modules = dict(model.named_modules())
     boxes = [n for n in again.collapse(2).nodes if n.kind == "module"]

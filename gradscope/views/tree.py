@@ -12,13 +12,12 @@ first), the norm of the gradient that flowed into each line's node along the edg
 
 from __future__ import annotations
 
-import math
-
 from rich.console import Group
 from rich.text import Text
 
-from ._model import Edge, Graph, Node, format_bytes
-from ._render_dot import format_norm, size_to_str
+from ..model.graph import Edge, Graph, Node, format_bytes
+from ..model.formats import register_renderer
+from .style import format_norm, norm_style, size_to_str
 
 STYLES = {
     "output": "bold green",
@@ -34,21 +33,11 @@ BAD = "bold red"
 _Task = tuple[str, str, str, str, Edge | None]
 
 
-def _norm_style(norm: float) -> str:
-    """Colour of a gradient norm, log scale: vanishing blue to exploding red."""
-    if not math.isfinite(norm):
-        return BAD
-    for bound, style in ((1e-6, "blue"), (1e-3, "cyan"), (1e2, "green"), (1e4, "yellow")):
-        if norm < bound:
-            return style
-    return "red"
-
-
 def _grad_text(edge: Edge | None) -> Text:
     if edge is None or edge.grad_norm is None:
         return Text()
     norm = edge.grad_norm
-    return Text.assemble(("  ‖∇‖ ", "dim"), (format_norm(norm), _norm_style(norm)))
+    return Text.assemble(("  ‖∇‖ ", "dim"), (format_norm(norm), norm_style(norm)))
 
 
 def _module_text(node: Node) -> Text:
@@ -228,3 +217,6 @@ def render_tree(graph: Graph, *, max_lines: int | None = None) -> Group:
     extra = _backward_header(graph)
     head = [header] if extra is None else [header, extra]
     return Group(*head, *tree_lines(graph, max_lines=max_lines))
+
+
+register_renderer("tree", render_tree)

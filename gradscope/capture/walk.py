@@ -4,7 +4,7 @@ This is the only place (with the hook-based recorders) that touches autograd nod
 iterative (an explicit stack), visits each node once, and costs O(nodes + edges): a graph a
 million nodes deep never meets Python's recursion limit.
 
-The walk loop itself runs in C (``gradscope/_cwalk.c``, built by pip when a C compiler is
+The walk loop itself runs in C (``gradscope/capture/_cwalk.c``, built by pip when a C compiler is
 present): it builds the ``Node``/``Edge`` objects and leaf ``TensorInfo``s, and calls back into
 ``_Walker`` for the per-node reads that stay in Python (saved tensors, module paths, storage
 ids). ``_Walker.walk_py`` is the same walk in pure Python; it runs when the extension is missing
@@ -21,17 +21,14 @@ from typing import Any
 
 import torch
 
-from ._errors import GradscopeError, NoGradError
-from ._model import Edge, Graph, Node, SavedTensor, TensorInfo
-from ._nest import iter_tensors
+from ..errors import GradscopeError, NoGradError
+from ..model.graph import Edge, Graph, Node, SavedTensor, TensorInfo
+from .nest import iter_tensors
+from .stamps import MODULE_CLASSES_KEY, MODULE_KEY
 
 _SAVED = "_saved_"
 _RAW = "_raw_saved_"
 
-#: Key under which ``gs.scopes`` stamps a node's module path into ``grad_fn.metadata``.
-MODULE_KEY = "gradscope.module"
-#: Key under which ``gs.scopes`` stamps the class names along that path (for collapsed boxes).
-MODULE_CLASSES_KEY = "gradscope.module_classes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +87,7 @@ _storage_key = getattr(torch._C, "_storage_address", None) or _storage_key_fallb
 
 
 def _load_cwalk() -> Any:
-    """The compiled walk (``gradscope/_cwalk.c``), configured; None when the build skipped it
+    """The compiled walk (``gradscope/capture/_cwalk.c``), configured; None when the build skipped it
     (no C compiler) or ``GRADSCOPE_PURE_PYTHON=1`` asks for the Python walker."""
     if os.environ.get("GRADSCOPE_PURE_PYTHON", "") not in ("", "0"):
         return None
@@ -413,11 +410,6 @@ class _Walker:
         return Graph(nodes=self.nodes, edges=edges, roots=roots)
 
 
-#: Set by ``gs.scopes`` once it has stamped any node: until then the walk skips
-#: ``grad_fn.metadata``, which allocates a dict on every node it is read from.
-SCOPES_USED = False
-
-
 def trace(outputs: Any, params: Any = None, *, saved: bool = True, model: Any = None) -> Graph:
     """Walk the autograd graph behind ``outputs`` into a plain-data ``Graph``.
 
@@ -430,7 +422,9 @@ def trace(outputs: Any, params: Any = None, *, saved: bool = True, model: Any = 
         saved: record saved tensors and non-tensor attributes of every node (set False for the
             fastest walk when only the structure is needed).
         model: an ``nn.Module``; its parameter names label the leaves (like ``params=model``),
-            and module paths recorded by ``gs.scopes(model)`` are read into ``Node.module``.
+            and module paths recorded by ``gs.scopes(model)`` (or ``gs.saved_memory(model)``)
+            during the forward are read into ``Node.module``. Without ``model`` no module path
+            is read.
 
     Returns:
         The graph, with stable ids ``n0, n1, ...`` in walk order (depth first from each output).
@@ -469,7 +463,9 @@ def _trace_with_ids(
             f"found no tensor in the outputs (got {type(outputs).__name__}); pass a tensor or a "
             "tuple/list/dict/dataclass of tensors"
         )
-    walker = _Walker(names, saved, SCOPES_USED)
+    # module stamps are read only for a model: ``grad_fn.metadata`` allocates a dict on every
+    # node it is read from, which would cost a plain walk a third of its time
+    walker = _Walker(names, saved, model is not None)
     roots: list[str] = []
     # The walk allocates a few objects per node and frees none: generational GC passes over
     # that growing heap would only cost time (2x on a 100,000-node graph).

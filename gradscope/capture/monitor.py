@@ -1,6 +1,6 @@
 """``GradMonitor``: per-parameter gradient statistics while a model trains.
 
-Cost (see ``_monitor_stats`` for the detail): a logged step reads the gradients once for the
+Cost (see ``monitor_stats`` for the detail): a logged step reads the gradients once for the
 per-parameter norms (``torch._foreach_norm``) and moves one packed vector to the host; NaN and
 Inf are detected from the norms and counted exactly only on a step that has them. Max/mean abs,
 the zero fraction and the update-to-weight ratios (sampled) run on every ``full_every``-th
@@ -48,7 +48,6 @@ import statistics
 import warnings
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -57,9 +56,11 @@ import torch
 import torch.distributed
 from torch.utils.hooks import RemovableHandle
 
-from . import _monitor_stats as S
-from ._errors import GradscopeError
-from ._nest import iter_tensors
+from ..errors import GradscopeError, MonitorError, MonitorWarning, UnsupportedSetupError
+from ..model.formats import renderer
+from ..model.monitor import Alert, MonitorLog, ParamStats, StepStats
+from . import monitor_stats as S
+from .nest import iter_tensors
 
 #: a parameter is "vanishing" or "dead" after this many consecutive logged steps
 VANISH_PATIENCE = 3
@@ -72,94 +73,7 @@ FULL_EVERY = 50
 _SPIKE_WINDOW = 25
 _MEDIAN_EVERY = 5
 
-ALERT_KINDS = ("nan", "inf", "dead", "vanishing", "exploding", "forward_nonfinite", "leak")
 MEASURE_POINTS = ("backward", "optimizer")
-
-
-class MonitorError(GradscopeError):
-    """GradMonitor was given arguments it cannot use."""
-
-
-class UnsupportedSetupError(MonitorError):
-    """A training set-up the monitor cannot measure correctly (said when it is built or at the
-    first step, never by a wrong figure)."""
-
-
-class MonitorWarning(UserWarning):
-    """The monitor stopped itself rather than break the training step."""
-
-
-# ---------------------------------------------------------------- plain records
-@dataclass(frozen=True)
-class ParamStats:
-    """Gradient statistics of one parameter (or one module's gradient output) at one step.
-
-    ``norm`` uses the monitor's ``norm_type``. ``max_abs``, ``mean_abs`` and ``zero_frac`` are
-    None on a step without full statistics. ``nan`` and ``inf`` are exact counts (0 when the
-    norm is finite); None only when the gradient held non-finite values but was changed (e.g.
-    clipped) before they could be counted. ``update_ratio`` is ``||w_new - w_old|| / ||w_old||``
-    of the optimizer step, from a sample of the weights (exact for tensors of at most
-    ``update_sample`` elements); None without ``optimizer=``, on steps without full
-    statistics, and for module statistics.
-    """
-
-    norm: float
-    max_abs: float | None
-    mean_abs: float | None
-    nan: int | None
-    inf: int | None
-    zero_frac: float | None
-    update_ratio: float | None = None
-
-
-@dataclass(frozen=True)
-class StepStats:
-    """One logged step: the total norm (as ``torch.nn.utils.get_total_norm``) and per-parameter
-    statistics in model order; ``modules``: gradient-output statistics (with ``modules=True``).
-
-    ``full``: the step has full statistics. ``skipped``: the GradScaler skipped the optimizer
-    step (non-finite gradients). ``scope``: None without ``torch.distributed``; ``"global"``
-    when every rank reports the same global figures; ``"rank N"`` when they are this rank's own.
-    ``measured_at``: ``"backward"`` (as the last backward left them) or ``"optimizer"`` (at
-    ``optimizer.step()``).
-    """
-
-    step: int
-    total_norm: float
-    params: dict[str, ParamStats]
-    modules: dict[str, ParamStats] = field(default_factory=dict)
-    full: bool = True
-    skipped: bool = False
-    scope: str | None = None
-    measured_at: str = "backward"
-
-
-@dataclass(frozen=True)
-class Alert:
-    """Something worth a look: ``kind`` is one of nan, inf, dead, vanishing, exploding,
-    forward_nonfinite, leak; ``name`` the (first) parameter, module, or for a leak the step
-    whose graph is still alive; ``step`` the step it was seen at. One event gives one alert:
-    ``names`` lists every parameter it concerns (``count`` of them)."""
-
-    kind: str
-    step: int
-    name: str
-    message: str
-    count: int = 1
-    names: tuple[str, ...] = ()
-
-
-@dataclass
-class MonitorLog:
-    """What a monitor recorded, as plain data (what the views take)."""
-
-    names: list[str]
-    every: int
-    full_every: int
-    norm_type: float
-    steps: list[StepStats]
-    alerts: list[Alert]
-    distributed: str | None = None
 
 
 # ---------------------------------------------------------------- set-up checks
@@ -444,7 +358,7 @@ class GradMonitor:
         self._scaler_update: Any = None
         self.distributed: str | None = None
         if leaks:
-            from ._memory import LeakCheck  # saved-tensor hooks: only when asked for
+            from .memory import LeakCheck  # saved-tensor hooks: only when asked for
 
             self._leak_check = LeakCheck(grace=1, warn=False).start()
         self._attach(model, activations)
@@ -939,37 +853,27 @@ class GradMonitor:
         Example:
             >>> rich.console.Console().print(mon.report())   # doctest: +SKIP
         """
-        from ._monitor_view import render_report
-
-        return render_report(self.log, width=width)
+        return renderer("monitor_report")(self.log, width=width)
 
     def to_jsonl(self, path: str | Path) -> Path:
         """Write one JSON object per logged step (non-finite floats as null; counts are exact)."""
-        from ._monitor_view import write_jsonl
-
-        return write_jsonl(self.log, Path(path))
+        return renderer("monitor_jsonl")(self.log, Path(path))
 
     def to_csv(self, path: str | Path) -> Path:
         """Write one CSV row per (logged step, parameter)."""
-        from ._monitor_view import write_csv
-
-        return write_csv(self.log, Path(path))
+        return renderer("monitor_csv")(self.log, Path(path))
 
     def to_tensorboard(self, writer: Any) -> None:
         """Log scalars (total and per-parameter norms, update ratios) and per-step histograms of
         the per-parameter norms to a ``torch.utils.tensorboard.SummaryWriter`` (or any object with
         ``add_scalar`` and ``add_histogram``)."""
-        from ._monitor_view import write_tensorboard
-
-        write_tensorboard(self.log, writer)
+        renderer("monitor_tensorboard")(self.log, writer)
 
     def plot(self, path: str | Path) -> Path:
         """Save a PNG: gradient flow per layer (latest and max over steps) and the total norm
         over steps, non-finite and skipped steps marked. Needs matplotlib
         (``pip install gradscope[plot]``)."""
-        from ._monitor_view import plot_png
-
-        return plot_png(self.log, Path(path))
+        return renderer("monitor_plot")(self.log, Path(path))
 
 
 def _distributed() -> bool:

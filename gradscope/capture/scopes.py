@@ -28,7 +28,6 @@ forward raises. Single-threaded forwards only: sequence numbers are per thread.
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,39 +38,12 @@ from torch.nn.modules.module import (
     register_module_forward_pre_hook,
 )
 
-from . import _capture
-from ._errors import GradscopeError
-from ._nest import iter_tensors
-from ._views import levels
-
-#: Key under which the class names along the node's module path are stamped next to the path:
-#: one per depth level (see ``gradscope._views.levels``), joined by "/", e.g.
-#: ``TransformerEncoder/TransformerEncoderLayer/Linear`` for ``encoder.layers.3.linear1``.
-#: ``gs.trace`` copies it into ``Node.attrs["module_classes"]``, so views can name the class of
-#: any enclosing module from the graph alone.
-MODULE_CLASSES_KEY = "gradscope.module_classes"
-
-#: Class name of every module path seen by ``scopes`` (plain ``named_modules()`` names): the
-#: views' fallback for graphs traced without class stamps. The last block to see a path wins.
-MODULE_CLASSES: dict[str, str] = {}
+from ..errors import ScopesError
+from ..model.paths import levels, strip_calls
+from .nest import iter_tensors
+from .stamps import MODULE_CLASSES_KEY, MODULE_KEY, NO_SEQUENCE_NR, walk_nodes
 
 _ACCUMULATE = "AccumulateGrad"
-_NO_SEQ = 2**64 - 1  # sequence number of AccumulateGrad nodes (not created by a forward)
-_CALL = re.compile(r"#\d+$")
-
-
-class ScopesError(GradscopeError):
-    """``scopes`` was used in a way it cannot record (not a module, nested on one model)."""
-
-
-def strip_calls(path: str) -> str:
-    """``blocks.0#2.attn#1`` -> ``blocks.0.attn``: the ``named_modules()`` name of a call path.
-
-    Example:
-        >>> strip_calls("blocks.0#2.attn")
-        'blocks.0.attn'
-    """
-    return ".".join(_CALL.sub("", part) for part in path.split(".")) if "#" in path else path
 
 
 @dataclass
@@ -86,7 +58,11 @@ class _Frame:
     calls: dict[str, int] = field(default_factory=dict)  # child name -> calls so far
 
 
-class _Recorder:
+class ScopeRecorder:
+    """What one ``scopes`` block records: the model's module names and classes, the call
+    stack of running forwards, and the stamps it put on nodes. ``saved_memory`` drives one
+    with its own module hooks (``pre``/``post``) to attribute saved tensors to modules."""
+
     def __init__(self, model: torch.nn.Module) -> None:
         self.names: dict[int, str] = {}
         self.classes: dict[str, str] = {}
@@ -133,10 +109,11 @@ class _Recorder:
             self.stamp(frame, output)
 
     def class_chain(self, path: str) -> str:
+        """The class names from the model down to ``path``: the model's own first, then one
+        per depth level (``levels``), joined by "/"."""
         lv = levels(path)
-        return "/".join(
-            self.classes.get(strip_calls(".".join(lv[: d + 1])), "") for d in range(len(lv))
-        )
+        inner = (self.classes.get(strip_calls(".".join(lv[: d + 1])), "") for d in range(len(lv)))
+        return "/".join([self.classes.get("", ""), *inner])
 
     def _ancestor(self, name: str) -> _Frame:
         """The innermost running frame whose module contains ``name`` (else the outside)."""
@@ -149,29 +126,29 @@ class _Recorder:
 
     # -------------------------------------------------------------- stamping
     def stamp(self, frame: _Frame, output: Any) -> None:
-        key, cls_key = _capture.MODULE_KEY, MODULE_CLASSES_KEY
+        key, cls_key = MODULE_KEY, MODULE_CLASSES_KEY
         chain = frame.classes
         start = frame.start
-        seen: set[Any] = set()
+        mine = False  # whether the walk goes on below the node just seen
+
+        def enter(fn: Any) -> bool:
+            return mine
+
         # Any: torch's stubs type Node.metadata as a method; at run time it is a dict property.
-        stack: list[Any] = [t.grad_fn for _, t in iter_tensors(output) if t.grad_fn is not None]
-        while stack:
-            fn = stack.pop()
-            if fn in seen:
-                continue
-            seen.add(fn)
+        roots: list[Any] = [t.grad_fn for _, t in iter_tensors(output) if t.grad_fn is not None]
+        for fn in walk_nodes(roots, enter=enter):
             seq = fn._sequence_nr()
-            if seq == _NO_SEQ:
+            mine = NO_SEQUENCE_NR > seq >= start  # created during this forward: ours
+            if seq == NO_SEQUENCE_NR:
                 if type(fn).__name__ == _ACCUMULATE:
                     self.stamp_accumulate(fn)
                 continue
-            if seq < start:
-                continue  # created before this forward began: not ours
+            if not mine:
+                continue
             meta = fn.metadata
             if key not in meta:
                 meta[key] = frame.path
                 meta[cls_key] = chain
-            stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
 
     def stamp_accumulate(self, fn: Any) -> None:
         if fn in self.stamped_acc:
@@ -182,7 +159,7 @@ class _Recorder:
         self.stamped_acc.add(fn)
         # A node kept alive from an earlier block may carry a stale stamp: overwrite it.
         path = self.first_call.get(owner, owner)
-        fn.metadata[_capture.MODULE_KEY] = path
+        fn.metadata[MODULE_KEY] = path
         fn.metadata[MODULE_CLASSES_KEY] = self.class_chain(path)
 
 
@@ -222,9 +199,7 @@ def scopes(model: torch.nn.Module) -> Iterator[None]:
         raise ScopesError(
             "a gs.scopes block on this model is already open; nest the forward inside one block"
         )
-    rec = _Recorder(model)
-    _capture.SCOPES_USED = True
-    MODULE_CLASSES.update(rec.classes)
+    rec = ScopeRecorder(model)
     _ACTIVE.add(id(model))
     pre = register_module_forward_pre_hook(rec.pre)
     post = register_module_forward_hook(rec.post, always_call=True)

@@ -7,15 +7,11 @@ the autograd graph it describes is gone, without keeping any tensor alive.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._errors import GradscopeError
-
-SCHEMA_VERSION = 1
 
 #: Node kinds, in the vocabulary of the design document; ``module`` is a collapsed group of
 #: nodes (``Graph.collapse``) and only appears in collapsed views.
@@ -201,138 +197,96 @@ class Graph:
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
-        """The JSON-ready dict of schema version 1."""
-        return {
-            "gradscope": SCHEMA_VERSION,
-            "roots": list(self.roots),
-            "nodes": [_node_to_dict(n) for n in self.nodes],
-            "edges": [_edge_to_dict(e) for e in self.edges],
-        }
+        """The JSON-ready dict of the current schema version (see ``gradscope.model.schema``)."""
+        from .schema import graph_to_dict
+
+        return graph_to_dict(self)
 
     def to_json(self) -> str:
-        """JSON text (schema version 1), one node or edge per line for readable diffs."""
-        d = self.to_dict()
-        dumps = json.dumps
-        lines = ['{"gradscope": %d,' % SCHEMA_VERSION, ' "roots": %s,' % dumps(d["roots"])]
-        for key, items, last in (("nodes", d["nodes"], False), ("edges", d["edges"], True)):
-            end = "}" if last else ","
-            if not items:
-                lines.append(f' "{key}": []{end}')
-                continue
-            lines.append(f' "{key}": [')
-            body = [f"  {dumps(item, ensure_ascii=False)}" for item in items]
-            lines.append(",\n".join(body) + "]" + end)
-        return "\n".join(lines) + "\n"
+        """JSON text, one node or edge per line for readable diffs."""
+        from .schema import graph_to_json
+
+        return graph_to_json(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Graph:
-        """Inverse of ``to_dict``."""
-        if not isinstance(d, dict) or d.get("gradscope") != SCHEMA_VERSION:
-            raise GradscopeError(
-                'not a gradscope graph: expected a JSON object with "gradscope": 1 '
-                "(write one with Graph.to_json() or gradscope render -o graph.json)"
-            )
-        try:
-            nodes = [_node_from_dict(n) for n in d["nodes"]]
-            edges = [
-                Edge(
-                    e["src"],
-                    e["dst"],
-                    int(e.get("input_nr", 0)),
-                    e.get("kind", "grad"),
-                    None if e.get("grad_norm") is None else float(e["grad_norm"]),
-                    int(e.get("count", 1)),
-                )
-                for e in d["edges"]
-            ]
-            roots = list(d["roots"])
-        except (KeyError, TypeError) as exc:
-            raise GradscopeError(
-                f"malformed gradscope graph JSON: missing or bad field {exc}"
-            ) from None
-        return cls(nodes=nodes, edges=edges, roots=roots)
+    def from_dict(cls, d: Any) -> Graph:
+        """Inverse of ``to_dict``; also reads older schema versions.
+
+        Raises:
+            SchemaError: ``d`` is not a valid gradscope graph (the message names the JSON path).
+        """
+        from .schema import graph_from_dict
+
+        return graph_from_dict(d)
 
     @classmethod
-    def from_json(cls, s: str) -> Graph:
-        """Parse JSON written by ``to_json``: ``Graph.from_json(g.to_json()) == g``."""
-        try:
-            data = json.loads(s)
-        except json.JSONDecodeError as exc:
-            raise GradscopeError(
-                f"not valid JSON ({exc}); expected the output of Graph.to_json()"
-            ) from None
-        return cls.from_dict(data)
+    def from_json(cls, s: str | bytes) -> Graph:
+        """Parse JSON written by ``to_json``: ``Graph.from_json(g.to_json()) == g``.
+
+        Raises:
+            SchemaError: not JSON, or not a valid gradscope graph.
+        """
+        from .schema import graph_from_json
+
+        return graph_from_json(s)
 
     # ------------------------------------------------------------------ derived graphs
     def collapse(self, depth: int) -> Graph:
         """A new graph where each module deeper than ``depth`` is one ``module`` node."""
-        from ._views import collapse
+        from .transforms import collapse
 
         return collapse(self, depth)
 
     def fold(self) -> Graph:
         """A new graph where runs of identical sibling modules fold into one box."""
-        from ._views import fold
+        from .transforms import fold
 
         return fold(self)
 
     def memory(self) -> Any:
         """Bytes held by saved tensors, per storage, node and module (see ``MemoryReport``)."""
-        from ._memory import graph_memory
+        from .memory import graph_memory
 
         return graph_memory(self)
 
-    # ------------------------------------------------------------------ views
+    # ------------------------------------------------------------------ views (the registry)
+    def to_dot(self, **options: Any) -> str:
+        """DOT text: torchviz's colours, saved tensors as orange boxes (``saved=True``), nodes
+        grouped in nested clusters by module path (``clusters=True``); see
+        ``gradscope.views.dot.to_dot`` for every option."""
+        return self.render("dot", **options).decode("utf-8")
+
     def to_html(self, **options: Any) -> str:
         """A self-contained interactive HTML page of the graph (works offline)."""
-        from ._render_html import to_html
+        return self.render("html", **options).decode("utf-8")
 
-        return to_html(self, **options)
-
-    def to_dot(
-        self,
-        *,
-        saved: bool = True,
-        attrs: bool = False,
-        max_attr_chars: int = 50,
-        clusters: bool = True,
-        **options: Any,
-    ) -> str:
-        """DOT text: torchviz's colours, saved tensors as orange boxes when ``saved``, nodes
-        grouped in nested clusters by module path when ``clusters`` and modules are known."""
-        from ._render_dot import to_dot
-
-        return to_dot(
-            self,
-            saved=saved,
-            attrs=attrs,
-            max_attr_chars=max_attr_chars,
-            clusters=clusters,
-            **options,
-        )
-
-    def to_tree(self, **kwargs: Any) -> Any:
+    def to_tree(self, **options: Any) -> Any:
         """A ``rich`` renderable tree of the graph (see ``gradscope.render_tree``)."""
-        from ._render_tree import render_tree
+        from .formats import renderer
 
-        return render_tree(self, **kwargs)
+        return renderer("tree")(self, **options)
 
     def save(self, path: str | Path, format: str | None = None, **options: Any) -> Path:
-        """Write the graph; ``format`` (dot/svg/png/pdf/json) defaults to the path's suffix."""
-        from ._output import save_graph
+        """Write the graph atomically; ``format`` (see ``gs.FORMATS``) defaults to the suffix.
+
+        Raises:
+            FormatError: unknown format, or an option that format does not take.
+            OutputError: the file could not be written (the previous one is unchanged).
+        """
+        from .formats import save_graph
 
         return save_graph(self, path, format=format, **options)
 
     def render(self, format: str, **options: Any) -> bytes:
-        """The graph rendered as bytes in ``format`` (dot/svg/png/pdf/json)."""
-        from ._output import render_bytes
+        """The graph rendered as bytes in ``format`` (see ``gs.FORMATS``)."""
+        from .formats import render_graph
 
-        return render_bytes(self, format, **options)
+        return render_graph(self, format, **options)
 
     def _repr_svg_(self) -> str | None:
-        from ._output import dot_binary
+        from .formats import renderer
 
-        if dot_binary() is None:
+        if not renderer("graphviz_available")():
             return None
         return self.render("svg").decode("utf-8")
 
@@ -344,15 +298,6 @@ def _same_float(a: float | None, b: float | None) -> bool:
     return a == b or (a != a and b != b)
 
 
-def _float_to_json(x: float) -> float | str:
-    """Strict JSON has no NaN/Infinity: write them as the strings "nan", "inf", "-inf"."""
-    if x != x:
-        return "nan"
-    if x in (float("inf"), float("-inf")):
-        return "inf" if x > 0 else "-inf"
-    return x
-
-
 def format_bytes(n: float) -> str:
     """Human-readable bytes: ``512 B``, ``1.5 KiB``, ``3.2 MiB``."""
     if n < 1024:
@@ -362,85 +307,3 @@ def format_bytes(n: float) -> str:
         if n < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}"
     raise AssertionError("unreachable")
-
-
-def _saved_to_dict(s: SavedTensor) -> dict[str, Any]:
-    return {
-        "name": s.name,
-        "shape": s.shape,
-        "dtype": s.dtype,
-        "device": s.device,
-        "nbytes": s.nbytes,
-        "storage": s.storage,
-        "freed": s.freed,
-    } | ({"storage_nbytes": s.storage_nbytes} if s.storage_nbytes != s.nbytes else {})
-
-
-def _tensor_to_dict(t: TensorInfo | None) -> dict[str, Any] | None:
-    if t is None:
-        return None
-    return {
-        "name": t.name,
-        "shape": t.shape,
-        "dtype": t.dtype,
-        "device": t.device,
-        "storage": t.storage,
-    }
-
-
-def _node_to_dict(n: Node) -> dict[str, Any]:
-    d = {
-        "id": n.id,
-        "name": n.name,
-        "kind": n.kind,
-        "module": n.module,
-        "attrs": n.attrs,
-        "saved": [_saved_to_dict(s) for s in n.saved],
-        "tensor": _tensor_to_dict(n.tensor),
-    }
-    if n.order is not None:  # optional keys appear only on annotated graphs
-        d["order"] = n.order
-    return d
-
-
-def _edge_to_dict(e: Edge) -> dict[str, Any]:
-    d: dict[str, Any] = {"src": e.src, "dst": e.dst, "input_nr": e.input_nr}
-    if e.kind != "grad":
-        d["kind"] = e.kind
-    if e.grad_norm is not None:
-        d["grad_norm"] = _float_to_json(e.grad_norm)
-    if e.count != 1:
-        d["count"] = e.count
-    return d
-
-
-def _node_from_dict(d: dict[str, Any]) -> Node:
-    t = d.get("tensor")
-    tensor = (
-        TensorInfo(t["name"], list(t["shape"]), t["dtype"], t["device"], t.get("storage"))
-        if t is not None
-        else None
-    )
-    saved = [
-        SavedTensor(
-            s["name"],
-            list(s["shape"]) if s["shape"] is not None else None,
-            s["dtype"],
-            s["device"],
-            int(s["nbytes"]),
-            s["storage"],
-            bool(s["freed"]),
-            s.get("storage_nbytes"),
-        )
-        for s in d.get("saved", [])
-    ]
-    return Node(
-        id=d["id"],
-        name=d["name"],
-        kind=d["kind"],
-        module=d.get("module"),
-        attrs={str(k): str(v) for k, v in d.get("attrs", {}).items()},
-        saved=saved,
-        tensor=tensor,
-        order=None if d.get("order") is None else int(d["order"]),
-    )

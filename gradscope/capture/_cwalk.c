@@ -1,6 +1,6 @@
-/* The graph walk of gradscope._capture, compiled.
+/* The graph walk of gradscope.capture.walk, compiled.
  *
- * The Python walker (gradscope/_capture.py, `_Walker.walk`) is the reference; this module does
+ * The Python walker (gradscope/capture/walk.py, `_Walker.walk`) is the reference; this module does
  * the same walk, in the same order, with the same results, for a fraction of the cost: the
  * interpreter overhead of the loop and of building one `Node` per autograd node and one `Edge`
  * per edge is most of what a walk costs in pure Python.
@@ -41,9 +41,9 @@ static int configured = 0;
 
 /* type -> (name, kind, info, is_accumulate, is_custom, reads, unpacked) */
 static PyObject *class_cache;
-static PyObject *class_info_fn; /* gradscope._capture._class_info */
+static PyObject *class_info_fn; /* gradscope.capture.walk._class_info */
 static PyObject *dtype_names;   /* dtype -> "float32" (shared with the Python walker) */
-static PyObject *dtype_name_fn; /* gradscope._capture._dtype_name */
+static PyObject *dtype_name_fn; /* gradscope.capture.walk._dtype_name */
 static PyObject *tensor_type;   /* torch.Tensor */
 static PyObject *storage_key_fn; /* tensor -> its StorageImpl's address (_Storages' key) */
 
@@ -66,7 +66,7 @@ layout_init(Layout *L, PyObject *type, PyObject *names, Py_ssize_t expected)
     if (n != expected) {
         PyErr_Format(PyExc_RuntimeError,
                      "gradscope._cwalk: %s has %zd fields, this build fills %zd; "
-                     "update gradscope/_cwalk.c", ((PyTypeObject *)type)->tp_name, n, expected);
+                     "update gradscope/capture/_cwalk.c", ((PyTypeObject *)type)->tp_name, n, expected);
         Py_DECREF(seq);
         return -1;
     }
@@ -773,8 +773,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "gradscope._cwalk",
-    "The compiled graph walk of gradscope._capture (same results as the Python walker).", -1,
+    PyModuleDef_HEAD_INIT, "gradscope.capture._cwalk",
+    "The compiled graph walk of gradscope.capture.walk (same results as the Python walker).", -1,
     methods,
 };
 

@@ -1,4 +1,6 @@
-"""``gradscope.make_dot``: a drop-in for ``torchviz.make_dot``.
+"""The torchviz-compatible drawing behind ``gradscope.make_dot``, a drop-in for
+``torchviz.make_dot`` (``make_dot`` itself traces, in ``gradscope/__init__.py``, and calls
+``dot_from_graph`` here).
 
 Same node labels and colours as torchviz on every graph torchviz can draw, built from the
 iterative walk, so it also draws what torchviz cannot: graphs deeper than the recursion limit,
@@ -11,50 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._capture import trace
-from ._model import Graph
-from ._render_dot import (
-    BASE_COLOR,
-    LEAF_COLOR,
-    OUTPUT_COLOR,
-    SAVED_COLOR,
-    attr_entries,
-    attr_table,
-    var_label,
-)
-
-
-def make_dot(
-    var: Any,
-    params: Any = None,
-    show_attrs: bool = False,
-    show_saved: bool = False,
-    max_attr_chars: int = 50,
-) -> Any:
-    """Graphviz representation of the autograd graph, as ``torchviz.make_dot`` draws it.
-
-    Args:
-        var: output tensor, or any nest (tuple/list/dict/dataclass) of tensors.
-        params: dict of name -> tensor (or an ``nn.Module``) to name the leaf tensors.
-        show_attrs: show non-tensor attributes of backward nodes.
-        show_saved: draw tensors saved by built-in backward nodes (custom Functions' saved
-            tensors are always drawn, as torchviz does).
-        max_attr_chars: with ``show_attrs``, truncate attribute values to this many characters.
-
-    Returns:
-        A ``graphviz.Digraph``: ``.source`` for DOT text, ``.render()`` / ``.pipe()`` for images.
-
-    Example:
-        >>> import torch, gradscope as gs
-        >>> x = torch.randn(3, requires_grad=True)
-        >>> dot = gs.make_dot((x * 2).sum(), params={"x": x})
-        >>> "MulBackward0" in dot.source
-        True
-    """
-    graph = trace(var, params=params, saved=True)  # custom Functions' tensors are always drawn
-    return dot_from_graph(
-        graph, show_attrs=show_attrs, show_saved=show_saved, max_attr_chars=max_attr_chars
-    )
+from ..model.graph import Graph
+from .dot import attr_entries, attr_table
+from .style import BASE_COLOR, LEAF_COLOR, OUTPUT_COLOR, SAVED_COLOR, var_label
 
 
 def dot_from_graph(

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ._errors import ModelFileError
+from ..errors import ModelFileError
 
 TEMPLATE = """\
     import torch
@@ -237,7 +237,7 @@ class ModelFile:
         module, inputs, outputs = self.build()
         if module is None:
             return Forward(outputs=outputs, model=None, inputs=())
-        from ._scopes import scopes  # imported here: plain output files never need it
+        from .scopes import scopes  # imported here: plain output files never need it
 
         with torch.enable_grad(), scopes(module):
             out = self.run_model(module, inputs)

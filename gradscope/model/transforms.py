@@ -16,74 +16,16 @@ its container's name. A ``leaf`` node belongs to the module of its ``AccumulateG
 from __future__ import annotations
 
 import re
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from ._errors import GradscopeError
-from ._model import Edge, Graph, Node, SavedTensor
+from ..errors import ViewError
+from .graph import Edge, Graph, Node, SavedTensor
+from .paths import inside, levels, module_class, node_paths
 
-_NUMERIC = re.compile(r"^\d+(-\d+)?(#\d+(-\d+)?)?$")
-_CALL = re.compile(r"#\d+(-\d+)?$")
 _INDEXED = re.compile(r"^(?:(.*)\.)?(\d+)(#\d+)?$")
 _REPEAT = re.compile(r"^(.*?)(?:#(\d+))?$")
 
-#: The ``AccumulateGrad`` -> ``leaf`` edge; the leaf follows its accumulator's module.
-_GROUP_KINDS = ("op", "custom", "accumulate", "module")
-
-
-class ViewError(GradscopeError):
-    """A view was asked for with arguments it cannot use (a negative depth)."""
-
-
-def levels(path: str) -> list[str]:
-    """A module path split into depth levels; numeric components stay with their container.
-
-    Example:
-        >>> levels("encoder.layers.3.self_attn")
-        ['encoder', 'layers.3', 'self_attn']
-        >>> levels("")
-        []
-    """
-    out: list[str] = []
-    for part in path.split(".") if path else []:
-        if out and _NUMERIC.match(part):
-            out[-1] = f"{out[-1]}.{part}"
-        else:
-            out.append(part)
-    return out
-
-
-def node_paths(graph: Graph) -> dict[str, str | None]:
-    """Module path of every node: its own, or for a leaf its ``AccumulateGrad``'s."""
-    paths: dict[str, str | None] = {
-        n.id: n.module if n.kind in _GROUP_KINDS else None for n in graph.nodes
-    }
-    kinds = {n.id: n.kind for n in graph.nodes}
-    for e in graph.edges:
-        if kinds.get(e.src) == "accumulate" and kinds.get(e.dst) == "leaf":
-            paths[e.dst] = paths[e.src]
-    return paths
-
-
-def module_class(path: str, members: list[Node]) -> str:
-    """Class name of the module at ``path``, from a node inside it that knows (a box's
-    ``class``, or the ``module_classes`` chain ``gs.scopes`` stamps), else from the paths
-    ``gs.scopes`` recorded in this process, else ""."""
-    want = len(levels(path))
-    for n in members:
-        if n.kind == "module" and n.module == path and n.attrs.get("class"):
-            return n.attrs["class"]
-        chain = n.attrs.get("module_classes")
-        inside = n.module is not None and f"{n.module}.".startswith(f"{path}.")
-        if chain and want and inside:
-            parts = chain.split("/")
-            if len(parts) >= want and parts[want - 1]:
-                return parts[want - 1]
-    scopes = sys.modules.get("gradscope._scopes")
-    known: dict[str, str] = getattr(scopes, "MODULE_CLASSES", {})
-    plain = ".".join(_CALL.sub("", p) for p in path.split("."))
-    return known.get(plain, "")
 
 
 def _count(n: Node) -> int:
@@ -114,10 +56,10 @@ def _chain_prefix(path: str, members: list[Node]) -> str:
     want = len(levels(path))
     for n in members:
         chain = n.attrs.get("module_classes")
-        if chain and n.module is not None and f"{n.module}.".startswith(f"{path}."):
+        if chain and inside(n.module, path):
             parts = chain.split("/")
-            if len(parts) >= want:
-                return "/".join(parts[:want])
+            if len(parts) > want:
+                return "/".join(parts[: want + 1])
     return ""
 
 

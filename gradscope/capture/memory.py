@@ -1,28 +1,13 @@
-"""Memory held by autograd graphs: what a graph holds, what each module saves, and leaks.
+"""Live accounting of the tensors autograd saves, and the detector of graphs kept alive.
 
-Three views of the same thing, the tensors autograd saves for backward:
-
-- ``graph_memory(graph)`` (``Graph.memory()``): from a traced ``Graph``, after the fact. Each
-  storage counts once; it is an *activation* when only the graph holds it, a *leaf* storage
-  when it aliases a leaf (a parameter or an input that requires grad), an *output* storage
-  when it aliases a tensor handed to ``trace``.
-- ``saved_memory(model=None)``: live, during a forward, through
+- ``saved_memory(model=None)``: during a forward, through
   ``torch.autograd.graph.saved_tensors_hooks``: bytes per module and the peak, plus CUDA
   allocator figures before and after the forward (and backward) when tensors are on a GPU.
 - ``leak_check()``: at each training step, the graphs of earlier steps that are still alive
   (a loss kept in a list without ``.detach()``), with the bytes their saved tensors hold.
 
-Attribution: a storage saved by several nodes belongs to the first of them in forward order
-(live: the module running when it was first saved; in a ``Graph``: the first saver in a
-post-order walk from the roots, which is forward order for the usual left-to-right code), so
-per-node and per-module figures add up to the total.
-
-Errors and warnings::
-
-    GradscopeError
-    └── MemoryHooksError   saved-tensor hooks could not be installed or removed in order
-    UserWarning
-    └── GraphLeakWarning   leak_check found the graph of an earlier step still alive
+Both produce the plain records of ``gradscope.model.memory`` (``MemoryReport``, ``Leak``,
+``LeakStep``); what a traced ``Graph`` holds is ``Graph.memory()``, computed from the graph alone.
 """
 
 from __future__ import annotations
@@ -30,294 +15,25 @@ from __future__ import annotations
 import threading
 import warnings
 import weakref
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from rich.console import Group
-from rich.table import Table
-from rich.text import Text
 
-from ._errors import GradscopeError
-from ._model import Graph, format_bytes
-from ._views import levels
-
-ACTIVATION, LEAF, OUTPUT = "activation", "leaf", "output"
-
-#: Key under which ``leak_check`` stamps a node's step token into ``grad_fn.metadata``.
-LEAK_KEY = "gradscope.leak_step"
-
-
-class MemoryHooksError(GradscopeError):
-    """Saved-tensor hooks could not be installed, or were removed out of order."""
-
-
-# ====================================================================== the report
-@dataclass(frozen=True, slots=True)
-class StorageUse:
-    """One storage held by saved tensors.
-
-    Attributes:
-        id: the storage id (``s0``...; for a ``Graph`` the ids of ``SavedTensor.storage``).
-        nbytes: bytes of the storage (of the largest saved view when the size is unknown).
-        kind: ``activation`` (held only by the graph), ``leaf`` or ``output`` (aliases one).
-        owner: id of the node the bytes are attributed to (None for live accounting).
-        module: module path the bytes are attributed to (None: outside every module).
-        savers: how many saved tensors point into the storage.
-    """
-
-    id: str
-    nbytes: int
-    kind: str
-    owner: str | None
-    module: str | None
-    savers: int
-
-
-@dataclass(frozen=True, slots=True)
-class CudaSnapshot:
-    """CUDA caching-allocator figures at one moment (``torch.cuda.memory_*``), in bytes."""
-
-    phase: str
-    device: str
-    allocated: int
-    reserved: int
-    max_allocated: int
-
-
-@dataclass
-class MemoryReport:
-    """Bytes held by saved tensors, counted once per storage.
-
-    Attributes:
-        total: bytes of every distinct storage held (``activation + leaf + output``).
-        activation_bytes: storages only the graph holds: freed when the graph goes.
-        leaf_bytes: storages that alias a leaf (a parameter, or an input requiring grad).
-        output_bytes: storages that alias an output tensor.
-        storages: one ``StorageUse`` per storage, largest first.
-        by_node: bytes attributed to each node id (graph reports only); sums to ``total``.
-        node_names: the name of each node in ``by_node`` (``MulBackward0``).
-        by_module: bytes attributed to each module path (None: outside every module);
-            sums to ``total``.
-        freed: saved tensors already released by backward (they hold nothing).
-        peak: live accounting only: most bytes held at once during the forward.
-        saved_total: live accounting only: bytes of every storage saved during the forward,
-            including those the graph released before it ended.
-        cuda: allocator snapshots (empty on the CPU).
-
-    An input that does not require grad is no node of the graph, so its storage counts as an
-    activation: the graph does keep it alive. Buffers (BatchNorm's running statistics) too.
-
-    Example:
-        >>> import torch, gradscope as gs
-        >>> x = torch.ones(4, requires_grad=True)
-        >>> gs.trace(x.exp().sum()).memory().total      # exp keeps its result: 4 float32
-        16
-    """
-
-    total: int = 0
-    activation_bytes: int = 0
-    leaf_bytes: int = 0
-    output_bytes: int = 0
-    storages: list[StorageUse] = field(default_factory=list)
-    by_node: dict[str, int] = field(default_factory=dict)
-    node_names: dict[str, str] = field(default_factory=dict)
-    by_module: dict[str | None, int] = field(default_factory=dict)
-    freed: int = 0
-    peak: int | None = None
-    saved_total: int | None = None
-    cuda: list[CudaSnapshot] = field(default_factory=list)
-
-    @property
-    def aliased_bytes(self) -> int:
-        """Bytes of storages that alias leaves or outputs (held elsewhere too)."""
-        return self.leaf_bytes + self.output_bytes
-
-    def module_bytes(self, depth: int | None = None) -> dict[str | None, int]:
-        """``by_module`` with paths cut to ``depth`` levels and summed. Levels are those of
-        ``Graph.collapse``: a list index stays with its container, so ``encoder.layers.3`` is
-        at depth 2.
-
-        Example:
-            >>> r = MemoryReport(by_module={"enc.layers.0": 4, "enc.layers.1": 8, None: 2})
-            >>> r.module_bytes(1)
-            {'enc': 12, None: 2}
-        """
-        if depth is None:
-            return dict(self.by_module)
-        out: dict[str | None, int] = {}
-        for path, n in self.by_module.items():
-            key = path if path is None else ".".join(levels(path)[:depth])
-            out[key] = out.get(key, 0) + n
-        return out
-
-    def node_labels(self) -> dict[str, str]:
-        """A short label per node that holds bytes (``1.5 KiB``), for renderers."""
-        return {nid: format_bytes(n) for nid, n in self.by_node.items() if n}
-
-    def summary(self) -> str:
-        """One line: total, and how it splits."""
-        peak = f", peak {format_bytes(self.peak)}" if self.peak is not None else ""
-        return (
-            f"saved tensors hold {format_bytes(self.total)} in {len(self.storages)} storages: "
-            f"{format_bytes(self.activation_bytes)} activations (held only by the graph), "
-            f"{format_bytes(self.leaf_bytes)} alias leaves (parameters, inputs), "
-            f"{format_bytes(self.output_bytes)} alias outputs{peak}"
-        )
-
-    def render(self, *, depth: int | None = None, top: int = 20) -> Group:
-        """A rich renderable: summary, bytes per module cut to ``depth``, CUDA figures."""
-        return render_memory(self, depth=depth, top=top)
-
-    def __rich__(self) -> Group:
-        return render_memory(self)
-
-
-def render_memory(report: MemoryReport, *, depth: int | None = None, top: int = 20) -> Group:
-    """A rich renderable: the summary, bytes per module (or per node), CUDA figures.
-
-    Args:
-        report: what ``Graph.memory()`` or ``saved_memory`` measured.
-        depth: cut module paths to this many components.
-        top: show at most this many rows.
-    """
-    parts: list[Any] = [Text(report.summary())]
-    rows = _rows(report, depth)
-    if rows:
-        title = "module" if report.by_module and set(report.by_module) != {None} else "node"
-        table = Table(title=None, box=None, pad_edge=False, show_edge=False)
-        table.add_column(title)
-        table.add_column("saved", justify="right")
-        table.add_column("share", justify="right")
-        for label, n in rows[:top]:
-            share = f"{100.0 * n / report.total:.1f}%" if report.total else "-"
-            table.add_row(label, format_bytes(n), share)
-        if len(rows) > top:
-            rest = sum(n for _, n in rows[top:])
-            table.add_row(f"… {len(rows) - top} more", format_bytes(rest), "")
-        parts.append(table)
-    for snap in report.cuda:
-        parts.append(
-            Text(
-                f"{snap.device} {snap.phase}: allocated {format_bytes(snap.allocated)}, "
-                f"reserved {format_bytes(snap.reserved)}, "
-                f"max allocated {format_bytes(snap.max_allocated)}"
-            )
-        )
-    return Group(*parts)
-
-
-def _rows(report: MemoryReport, depth: int | None) -> list[tuple[str, int]]:
-    if report.by_module and set(report.by_module) != {None}:
-        items = report.module_bytes(depth).items()
-        rows = [("(outside modules)" if k is None else (k or "(root)"), n) for k, n in items]
-    else:
-        names = report.node_names
-        rows = [(f"{nid} {names.get(nid, '')}".rstrip(), n) for nid, n in report.by_node.items()]
-    return sorted((r for r in rows if r[1]), key=lambda r: -r[1])
-
-
-# ====================================================================== Graph.memory()
-def graph_memory(graph: Graph) -> MemoryReport:
-    """Bytes held by a graph's saved tensors, per storage, node and module.
-
-    Args:
-        graph: a graph from ``gs.trace`` (module paths come from ``gs.scopes``).
-
-    Returns:
-        The ``MemoryReport``; ``Graph.memory()`` returns the same.
-
-    Example:
-        >>> import torch, gradscope as gs
-        >>> lin = torch.nn.Linear(3, 2)
-        >>> with gs.scopes(lin):
-        ...     out = lin(torch.randn(4, 3))
-        >>> rep = gs.trace(out.relu().sum(), model=lin).memory()
-        >>> rep.by_module    # Linear keeps its input; relu, outside the model, its result
-        {'': 48, None: 32}
-    """
-    aliases = _alias_kinds(graph)
-    rank = _forward_rank(graph)
-    sizes: dict[str, int] = {}
-    owner: dict[str, str] = {}
-    savers: dict[str, int] = {}
-    freed = 0
-    for node in sorted((n for n in graph.nodes if n.saved), key=lambda n: rank.get(n.id, -1)):
-        for k, s in enumerate(node.saved):
-            if s.freed:
-                freed += 1
-                continue
-            if s.storage is None and not s.nbytes:
-                continue  # a placeholder packed by hooks (checkpoint): it holds nothing
-            # A saved tensor without a storage id (sparse...) is a storage of its own.
-            sid = s.storage if s.storage is not None else f"{node.id}:{k}"
-            size = getattr(s, "storage_nbytes", None) or s.nbytes
-            sizes[sid] = max(sizes.get(sid, 0), size)
-            owner.setdefault(sid, node.id)
-            savers[sid] = savers.get(sid, 0) + 1
-    report = MemoryReport(freed=freed)
-    for sid, size in sizes.items():
-        node = graph.node(owner[sid])
-        use = StorageUse(sid, size, aliases.get(sid, ACTIVATION), node.id, node.module, savers[sid])
-        _add(report, use)
-        report.by_node[node.id] = report.by_node.get(node.id, 0) + size
-        report.node_names[node.id] = node.name
-    report.storages.sort(key=lambda u: -u.nbytes)
-    return report
-
-
-def _add(report: MemoryReport, use: StorageUse) -> None:
-    report.storages.append(use)
-    report.total += use.nbytes
-    if use.kind == LEAF:
-        report.leaf_bytes += use.nbytes
-    elif use.kind == OUTPUT:
-        report.output_bytes += use.nbytes
-    else:
-        report.activation_bytes += use.nbytes
-    report.by_module[use.module] = report.by_module.get(use.module, 0) + use.nbytes
-
-
-def _alias_kinds(graph: Graph) -> dict[str, str]:
-    """Storage id -> ``leaf``/``output`` for storages of leaf and output tensors (leaf wins)."""
-    kinds: dict[str, str] = {}
-    for n in graph.nodes:
-        if n.kind in (LEAF, OUTPUT) and n.tensor is not None and n.tensor.storage is not None:
-            if kinds.get(n.tensor.storage) != LEAF:
-                kinds[n.tensor.storage] = n.kind
-    return kinds
-
-
-def _forward_rank(graph: Graph) -> dict[str, int]:
-    """Node id -> position in forward order, estimated by an iterative post-order walk.
-
-    A node's inputs (its ``next_functions``) ran before it, so post-order is a valid forward
-    order; among independent inputs, the first one (``input_nr`` 0) is taken to run first, as
-    Python evaluates arguments left to right.
-    """
-    kids: dict[str, list[str]] = {n.id: [] for n in graph.nodes}
-    for e in graph.edges:
-        if e.kind == "grad":
-            kids[e.src].append(e.dst)
-    rank: dict[str, int] = {}
-    seen: set[str] = set()
-    starts = list(graph.roots) + [n.id for n in graph.nodes]
-    for start in starts:
-        if start in seen:
-            continue
-        seen.add(start)
-        stack: list[tuple[str, Iterator[str]]] = [(start, iter(kids.get(start, ())))]
-        while stack:
-            nid, it = stack[-1]
-            nxt = next((k for k in it if k not in seen), None)
-            if nxt is None:
-                stack.pop()
-                rank[nid] = len(rank)
-            else:
-                seen.add(nxt)
-                stack.append((nxt, iter(kids.get(nxt, ()))))
-    return rank
+from ..errors import GradscopeError, GraphLeakWarning, MemoryHooksError
+from ..model.formats import renderer
+from ..model.memory import (
+    ACTIVATION,
+    LEAF,
+    CudaSnapshot,
+    Leak,
+    LeakStep,
+    MemoryReport,
+    StorageUse,
+    add_use,
+)
+from .scopes import ScopeRecorder
+from .stamps import LEAK_KEY
 
 
 # ====================================================================== saved-tensor hooks
@@ -508,11 +224,7 @@ class SavedMemory(_Listener):
 
     # -------------------------------------------------------------- modules
     def _adopt(self, model: torch.nn.Module) -> None:
-        from . import _capture, _scopes
-
-        self._rec = _scopes._Recorder(model)
-        _capture.SCOPES_USED = True  # the recorder stamps nodes: let trace read them
-        _scopes.MODULE_CLASSES.update(self._rec.classes)
+        self._rec = ScopeRecorder(model)
         for p in model.parameters():
             if p.requires_grad:
                 self._leaf_keys.add(_storage_of(p)[0])
@@ -576,7 +288,7 @@ class SavedMemory(_Listener):
             for key, entry in sorted(self._entries.items(), key=lambda kv: self._order[kv[0]]):
                 kind = LEAF if key in self._leaf_keys else ACTIVATION
                 sid = f"s{self._order[key]}"
-                _add(report, StorageUse(sid, entry.nbytes, kind, None, entry.module, entry.refs))
+                add_use(report, StorageUse(sid, entry.nbytes, kind, None, entry.module, entry.refs))
         report.storages.sort(key=lambda u: -u.nbytes)
         report.cuda = list(self._cuda)
         self._report = report
@@ -622,8 +334,8 @@ class SavedMemory(_Listener):
         """
         return _BackwardPhase(self)
 
-    def __rich__(self) -> Group:
-        return render_memory(self.report())
+    def __rich__(self) -> Any:
+        return self.report().render()
 
 
 class _BackwardPhase:
@@ -675,10 +387,6 @@ def saved_memory(model: torch.nn.Module | None = None, *, reset_peak: bool = Tru
 
 
 # ====================================================================== leak detector
-class GraphLeakWarning(UserWarning):
-    """An autograd graph from an earlier training step is still alive."""
-
-
 class _StepToken:
     """Stamped into the metadata of every node a step creates; dies with the last of them."""
 
@@ -686,54 +394,6 @@ class _StepToken:
 
     def __init__(self, step: int) -> None:
         self.step = step
-
-
-@dataclass(frozen=True, slots=True)
-class Leak:
-    """The graph of an earlier step, still alive.
-
-    Attributes:
-        step: the step whose graph is alive (0 is the first step).
-        seen_at: the step at whose end it was found.
-        saved_bytes: bytes its saved tensors still hold (each storage once); 0 when backward
-            freed them but something still holds the graph's nodes.
-        saved_tensors: how many of its saved tensors are still held.
-    """
-
-    step: int
-    seen_at: int
-    saved_bytes: int
-    saved_tensors: int
-
-    def __str__(self) -> str:
-        held = (
-            f"its {self.saved_tensors} saved tensors hold {format_bytes(self.saved_bytes)}"
-            if self.saved_tensors
-            else "backward freed its saved tensors, but its nodes are still held"
-        )
-        return (
-            f"the autograd graph of step {self.step} is still alive at the end of step "
-            f"{self.seen_at}: {held}. Something keeps a tensor of that step with its grad_fn "
-            "(a loss in a list, a hidden state carried over): keep .item() or .detach() instead"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class LeakStep:
-    """What ``LeakCheck.step()`` found at the end of one step.
-
-    Attributes:
-        step: the step that just ended.
-        leaks: the earlier graphs still alive, oldest first.
-        held_bytes: bytes their saved tensors hold together (each storage once).
-    """
-
-    step: int
-    leaks: tuple[Leak, ...]
-    held_bytes: int = 0
-
-    def __bool__(self) -> bool:
-        return bool(self.leaks)
 
 
 class LeakCheck(_Listener):
@@ -849,23 +509,11 @@ class LeakCheck(_Listener):
                 latest[leak.step] = leak
         return [latest[s] for s in sorted(latest)]
 
-    def report(self) -> Text:
+    def report(self) -> Any:
         """A rich renderable: one line per step whose graph leaked, or a clean bill."""
-        if not self.leaks:
-            return Text(f"no autograd graph outlived its step ({len(self.history)} steps checked)")
-        text = Text()
-        last = self.history[-1]
-        text.append(
-            f"{len(self.leaks)} earlier graphs still alive; at step {last.step} they hold "
-            f"{format_bytes(last.held_bytes)} of saved tensors\n",
-            "bold red",
-        )
-        for leak in self.leaks:
-            text.append(f"  step {leak.step}: {format_bytes(leak.saved_bytes)} "
-                        f"({leak.saved_tensors} saved tensors), seen at step {leak.seen_at}\n")
-        return text
+        return renderer("leaks")(self.history, self.leaks)
 
-    def __rich__(self) -> Text:
+    def __rich__(self) -> Any:
         return self.report()
 
 

@@ -10,24 +10,20 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from ._errors import GradscopeError
-
-if TYPE_CHECKING:
-    from ._monitor import MonitorLog, ParamStats
+from ..errors import MissingExtraError
+from ..model.files import atomic_path, write_atomic, write_with
+from ..model.formats import register_renderer
+from ..model.monitor import ALERT_KINDS, MonitorLog, ParamStats
 
 _BARS = "▁▂▃▄▅▆▇█"
 _MAX_ALERT_LINES = 5
 _FIELDS = ("norm", "max_abs", "mean_abs", "nan", "inf", "zero_frac", "update_ratio")
-
-
-class MissingExtraError(GradscopeError):
-    """An optional dependency (an extra of the gradscope package) is not installed."""
 
 
 def sparkline(values: list[float], width: int) -> str:
@@ -51,17 +47,14 @@ def _statuses(log: MonitorLog) -> dict[str, str]:
     """The most severe alert kind of each parameter (an alert concerns all of its names)."""
     out: dict[str, str] = {}
     for a in log.alerts:
-        for name in a.names or (a.name,):
+        for name in a.names:
             if name not in out or _severity(a.kind) < _severity(out[name]):
                 out[name] = a.kind
     return out
 
 
-_SEVERITY = ("nan", "inf", "exploding", "dead", "vanishing", "forward_nonfinite", "leak")
-
-
 def _severity(kind: str) -> int:
-    return _SEVERITY.index(kind) if kind in _SEVERITY else len(_SEVERITY)
+    return ALERT_KINDS.index(kind) if kind in ALERT_KINDS else len(ALERT_KINDS)
 
 
 def _most(counts: list[int | None]) -> str:
@@ -164,36 +157,39 @@ def write_jsonl(log: MonitorLog, path: Path) -> Path:
                 "name": a.name,
                 "message": a.message,
                 "count": a.count,
-                "names": list(a.names or (a.name,)),
+                "names": list(a.names),
             }
         )
-    with path.open("w", encoding="utf-8") as f:
-        for st in log.steps:
-            obj = {
-                "step": st.step,
-                "total_norm": _finite_or_none(st.total_norm),
-                "full": st.full,
-                "skipped": st.skipped,
-                "scope": st.scope,
-                "measured_at": st.measured_at,
-                "params": {n: _stats_dict(ps) for n, ps in st.params.items()},
-                "modules": {n: _stats_dict(ps) for n, ps in st.modules.items()},
-                "alerts": by_step.get(st.step, []),
-            }
-            f.write(json.dumps(obj, allow_nan=False) + "\n")
-    return path
+    lines = []
+    for st in log.steps:
+        obj = {
+            "step": st.step,
+            "total_norm": _finite_or_none(st.total_norm),
+            "full": st.full,
+            "skipped": st.skipped,
+            "scope": st.scope,
+            "measured_at": st.measured_at,
+            "params": {n: _stats_dict(ps) for n, ps in st.params.items()},
+            "modules": {n: _stats_dict(ps) for n, ps in st.modules.items()},
+            "alerts": by_step.get(st.step, []),
+        }
+        lines.append(json.dumps(obj, allow_nan=False) + "\n")
+    return write_atomic(path, "".join(lines))
 
 
 def write_csv(log: MonitorLog, path: Path) -> Path:
-    """Long format: one row per (step, parameter), with the step's total norm on each row."""
-    with path.open("w", encoding="utf-8", newline="") as f:
+    """Long format: one row per (step, parameter), with the step's total norm on each row (an
+    empty cell: not measured at that step)."""
+
+    def write(f: Any) -> None:
         w = csv.writer(f)
         w.writerow(["step", "param", *_FIELDS, "total_norm"])
         for st in log.steps:
             for name, ps in st.params.items():
                 row = ["" if v is None else v for v in (getattr(ps, x) for x in _FIELDS)]
                 w.writerow([st.step, name, *row, st.total_norm])
-    return path
+
+    return write_with(path, write)
 
 
 def write_tensorboard(log: MonitorLog, writer: Any) -> None:
@@ -274,7 +270,8 @@ def plot_png(log: MonitorLog, path: Path) -> Path:
         if series["total"]:
             ax_total.set_yscale("log")
         fig.tight_layout()
-        fig.savefig(path, format="png", dpi=100)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=100)
     finally:
         plt.close(fig)
     return path
@@ -305,3 +302,10 @@ def _flow(ax: Any, log: MonitorLog, names: list[str]) -> None:
 
 def _plottable_key(v: float) -> float:
     return v if math.isfinite(v) else -1.0
+
+
+register_renderer("monitor_report", render_report)
+register_renderer("monitor_jsonl", write_jsonl)
+register_renderer("monitor_csv", write_csv)
+register_renderer("monitor_tensorboard", write_tensorboard)
+register_renderer("monitor_plot", plot_png)

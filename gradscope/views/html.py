@@ -16,10 +16,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ._model import Graph, Node, SavedTensor, format_bytes
-from ._views import auto_depth, levels, module_class, node_paths
+from ..model.formats import OutputFormat, register_format
+from ..model.graph import Graph, Node, SavedTensor, format_bytes
+from ..model.paths import levels, module_class, node_paths
+from ..model.transforms import auto_depth
 
-ASSETS = Path(__file__).resolve().parent / "_assets"
+ASSETS = Path(__file__).resolve().parent / "assets"
 
 
 @cache
@@ -134,3 +136,17 @@ def to_html(
         .replace("/*{{VIEWER}}*/", _asset("viewer.js"))
         .replace("{{DATA}}", data)
     )
+
+
+def _render_html(graph: Graph, **options: Any) -> bytes:
+    return to_html(graph, **options).encode("utf-8")
+
+
+register_format(
+    OutputFormat(
+        "html",
+        _render_html,
+        frozenset({"title", "depth", "max_nodes"}),
+        "interactive page, self-contained and offline",
+    )
+)

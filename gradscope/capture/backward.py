@@ -7,172 +7,28 @@ it raises. The hooks only read gradients and return None, so no gradient changes
 of CPU gradients are read at once; those of accelerator gradients stay on the device while
 backward runs and come to the host in one transfer per device when the block ends.
 
-``record_forward()`` notes where each autograd node was created (file, line, code) while the
-forward runs, so the first non-finite gradient can name the line of the model's code, at a
-fraction of the cost of ``torch.autograd.detect_anomaly``, which formats a full Python stack
-for every node and checks every gradient for NaN with a host sync.
+The forward lines on nodes come from ``gs.record_forward`` (``gradscope.capture.forward``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import linecache
 import math
-import os
 import re
-import sys
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
-from ._capture import _trace_with_ids
-from ._model import Graph, Node
-from ._nest import iter_tensors
+from ..model.backward import BackwardTrace, GradStat, NodeStep, NonFinite
+from ..model.graph import Graph, Node
+from .forward import created_at
+from .nest import iter_tensors
+from .walk import _trace_with_ids
 
-#: Key under which ``record_forward`` stamps ``(filename, lineno)`` into ``grad_fn.metadata``.
-CREATED_KEY = "gradscope.created_at"
 #: Key under which ``torch.autograd.detect_anomaly`` keeps a node's forward stack.
 _ANOMALY_KEY = "traceback_"
-
-#: Set once ``record_forward`` has run: until then the recorder does not read
-#: ``grad_fn.metadata``, which allocates a dict on every node it is read from.
-FORWARD_USED = False
-
-
-# ---------------------------------------------------------------------------- the records
-@dataclass(slots=True)
-class GradStat:
-    """Statistics of one gradient tensor.
-
-    Attributes:
-        shape: the gradient's shape.
-        norm: its 2-norm (``torch.linalg.vector_norm``); NaN when any element is NaN.
-        max_abs: the largest absolute value; NaN when any element is NaN.
-        nan: some element is NaN.
-        inf: some element is +Inf or -Inf.
-    """
-
-    shape: list[int]
-    norm: float
-    max_abs: float
-    nan: bool
-    inf: bool
-
-    @property
-    def finite(self) -> bool:
-        """No element is NaN or Inf."""
-        return not (self.nan or self.inf)
-
-    @property
-    def kind(self) -> str | None:
-        """``nan``, ``inf`` (NaN wins when both occur) or None."""
-        return "nan" if self.nan else "inf" if self.inf else None
-
-
-@dataclass(slots=True)
-class NodeStep:
-    """One node the engine ran, in engine order.
-
-    Attributes:
-        node_id: the node's id in ``BackwardTrace.graph``.
-        name: its class name (``MulBackward0``...).
-        grad_outputs: the gradients the node received, one per forward output (None: none came).
-        grad_inputs: the gradients it returned, one per ``next_functions`` slot (None: not needed).
-            AccumulateGrad returns nothing: its gradient is its ``grad_outputs[0]``.
-    """
-
-    node_id: str
-    name: str
-    grad_outputs: list[GradStat | None]
-    grad_inputs: list[GradStat | None]
-
-
-@dataclass(slots=True)
-class NonFinite:
-    """The first gradient with a NaN or Inf, in engine order.
-
-    Attributes:
-        node_id: id of the node in ``BackwardTrace.graph``.
-        name: its class name, as ``detect_anomaly`` names it (``SqrtBackward0``).
-        slot: ``grad_inputs[i]`` when the node returned it (the usual case), ``grad_outputs[i]``
-            when it arrived from outside the recorded graph (a ``grad_tensors`` argument, a tensor
-            hook) or reached an AccumulateGrad.
-        kind: ``nan`` or ``inf``.
-        traceback: where the node was created: ``file:line: code`` when the forward ran under
-            ``gs.record_forward()``, the forward stack when it ran under ``detect_anomaly``,
-            else None.
-        param: for AccumulateGrad, the name of the parameter that received the gradient.
-    """
-
-    node_id: str
-    name: str
-    slot: str
-    kind: str
-    traceback: str | None
-    param: str | None = None
-
-
-@dataclass
-class BackwardTrace:
-    """What ``record_backward`` saw; filled in when its block ends.
-
-    Attributes:
-        steps: one ``NodeStep`` per node run, in engine order (over every backward call in the
-            block).
-        first_nonfinite: the first NaN/Inf gradient, or None.
-        graph: the traced graph, annotated: ``Node.order`` (first run, 0 first), ``Edge.grad_norm``
-            (norm of the gradient that flowed along the edge), and on nodes whose gradients were
-            not finite ``attrs["nonfinite"]`` (``nan``/``inf``), ``attrs["first_nonfinite"]``
-            and ``attrs["created_at"]`` where known.
-    """
-
-    steps: list[NodeStep] = field(default_factory=list)
-    first_nonfinite: NonFinite | None = None
-    graph: Graph = field(default_factory=Graph)
-
-    def nonfinite_params(self) -> list[str]:
-        """Names of the leaves whose AccumulateGrad received a NaN/Inf gradient, in graph order."""
-        leaf_of = {e.src: e.dst for e in self.graph.edges if e.kind == "grad"}
-        out = []
-        for node in self.graph.nodes:
-            if node.kind == "accumulate" and node.attrs.get("nonfinite"):
-                leaf = self.graph.node(leaf_of[node.id])
-                out.append(leaf.name or leaf.id)
-        return out
-
-    def _slot_target(self, bad: NonFinite) -> str:
-        """`` -> fc.bias`` when the bad slot flows into a parameter's AccumulateGrad."""
-        m = re.fullmatch(r"grad_inputs\[(\d+)\]", bad.slot)
-        if m is None:
-            return ""
-        k = int(m.group(1))
-        dst = next((e.dst for e in self.graph.edges if e.src == bad.node_id and e.input_nr == k
-                    and e.kind == "grad"), None)
-        leaf = next((e.dst for e in self.graph.edges if e.src == dst and e.kind == "grad"), None)
-        if dst is None or self.graph.node(dst).kind != "accumulate" or leaf is None:
-            return ""
-        return f" -> {self.graph.node(leaf).name or leaf}"
-
-    def summary(self) -> str:
-        """One line: nodes run, and the first non-finite gradient if any."""
-        ran = len({s.node_id for s in self.steps})
-        line = f"backward ran {len(self.steps)} node steps ({ran} distinct nodes)"
-        bad = self.first_nonfinite
-        if bad is None:
-            return line + ", all gradients finite"
-        where = f" in {bad.param}" if bad.param else self._slot_target(bad)
-        line += (
-            f"; first non-finite gradient: {bad.kind} from {bad.name} ({bad.node_id}) "
-            f"{bad.slot}{where}"
-        )
-        if bad.traceback and "\n" not in bad.traceback:
-            line += f", created at {bad.traceback}"
-        return line
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -337,28 +193,6 @@ class _Recorder:
 
 
 # ---------------------------------------------------------------------------- annotation
-def _created_at(fn: Any) -> str | None:
-    """``file:line: code`` recorded by ``record_forward`` for ``fn``, or None."""
-    loc = fn.metadata.get(CREATED_KEY)
-    if loc is None:
-        return None
-    return _location_text(*loc)
-
-
-@functools.lru_cache(maxsize=4096)
-def _location_text(filename: str, lineno: int) -> str:
-    code = linecache.getline(filename, lineno).strip()
-    return f"{_short_path(filename)}:{lineno}: {code}"
-
-
-def _short_path(filename: str) -> str:
-    try:
-        rel = os.path.relpath(filename)
-    except ValueError:  # another drive on Windows
-        return filename
-    return filename if rel.startswith("..") else rel
-
-
 def _anomaly_stack(fn: Any) -> str | None:
     stack = fn.metadata.get(_ANOMALY_KEY)
     if not stack:
@@ -438,11 +272,10 @@ def _annotate(
     for e in graph.edges:
         if e.kind == "grad":
             e.grad_norm = _edge_norm(e, graph, first, slots)
-    if FORWARD_USED:
-        for nid, fn in fns.items():
-            where = _created_at(fn)
-            if where:
-                graph.node(nid).attrs["created_at"] = where
+    for nid, fn in fns.items():
+        where = created_at(fn)
+        if where:
+            graph.node(nid).attrs["created_at"] = where
     for step in steps:
         node = graph.node(step.node_id)
         kind = _bad_kind(step, node)
@@ -514,138 +347,3 @@ def record_backward(
         result.first_nonfinite = _annotate(graph, result.steps, fns, outputs)
         recorder.ids = {}
         del ids, fns  # hold no autograd node past the block
-
-
-# ---------------------------------------------------------------------------- forward lines
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_INTERNAL: dict[str, bool] = {}  # by file name: hashing a code object hashes its bytecode
-_APPLY_CODE = torch.autograd.Function.apply.__func__.__code__  # type: ignore[attr-defined]
-_ACCUMULATE_SEQ = 2**64 - 1  # AccumulateGrad nodes carry UINT64_MAX as sequence number
-_CUSTOM_BASE = torch.autograd.function.BackwardCFunction
-_UNSET = object()
-
-
-def _internal(filename: str) -> bool:
-    hit = _INTERNAL.get(filename)
-    if hit is None:
-        hit = filename.startswith((_TORCH_DIR, "<frozen"))
-        _INTERNAL[filename] = hit
-    return hit
-
-
-def _user_frame(frame: Any) -> Any:
-    """The innermost frame outside torch: the user's line. None when torch code was called by
-    gradscope itself (the CLI running an ``nn.Linear`` from a model file): no line of the
-    user's made that node, and the line that called gradscope would only mislead."""
-    while frame is not None and _internal(frame.f_code.co_filename):
-        frame = frame.f_back
-    if frame is not None and frame.f_code.co_filename.startswith(_OWN_DIR):
-        return None
-    return frame
-
-
-def _next_sequence_nr() -> int:
-    """The sequence number the next autograd node created on this thread will get."""
-    with torch.enable_grad():
-        probe = torch.empty(0, requires_grad=True).view(0)
-    return probe.grad_fn._sequence_nr() + 1  # type: ignore[union-attr]
-
-
-class _ForwardMode(TorchFunctionMode):
-    """Stamps each autograd node created by a torch call with the user's file and line.
-
-    Nodes are numbered (``_sequence_nr``) in creation order per thread: a call whose output node
-    is numbered right after the last one stamped created just that node, so only calls that
-    skipped numbers (composite ops, custom Functions) need a look at the nodes below.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.start = _next_sequence_nr()
-        self.last = self.start - 1
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if torch.is_grad_enabled():
-            self._stamp_outputs(out)
-        else:
-            self._stamp_custom()  # custom Function forwards run with grad disabled
-        return out
-
-    def _stamp_outputs(self, out: Any) -> None:
-        if isinstance(out, torch.Tensor):
-            fns = [out.grad_fn]
-        elif isinstance(out, (tuple, list)):
-            fns = [t.grad_fn for t in out if isinstance(t, torch.Tensor)]
-        else:
-            return
-        loc: Any = _UNSET
-        for fn in fns:
-            if fn is None:
-                continue
-            seq = fn._sequence_nr()
-            if seq <= self.last or seq == _ACCUMULATE_SEQ:
-                continue  # made before this call (or a leaf's AccumulateGrad): not this line's
-            if loc is _UNSET:
-                # frame 2 is the caller of __torch_function__; None (no user line) is stamped
-                # too, so that the next call does not take these nodes for its own
-                frame = _user_frame(sys._getframe(2))
-                loc = None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
-            fn.metadata[CREATED_KEY] = loc
-            if seq > self.last + 1:
-                self._stamp_below(fn, loc, seq - self.last - 1)
-            self.last = max(self.last, seq)
-
-    def _stamp_below(self, top: Any, loc: tuple[str, int] | None, missing: int) -> None:
-        """Stamp the ``missing`` nodes numbered between the last stamped one and ``top``: nodes
-        created since the block began, not yet stamped, below ``top``."""
-        stack = [nxt for nxt, _ in top.next_functions]
-        while stack and missing > 0:
-            fn = stack.pop()
-            if fn is None or not self.start <= fn._sequence_nr() < _ACCUMULATE_SEQ:
-                continue
-            meta = fn.metadata
-            if CREATED_KEY in meta:
-                continue
-            meta[CREATED_KEY] = loc
-            missing -= 1
-            stack.extend(nxt for nxt, _ in fn.next_functions)
-
-    def _stamp_custom(self) -> None:
-        """Inside a custom Function's forward, stamp its node (``ctx``) with the line that
-        called ``.apply``."""
-        frame = _user_frame(sys._getframe(2))
-        caller = frame.f_back if frame is not None else None
-        if caller is None or caller.f_code is not _APPLY_CODE or not frame.f_code.co_varnames:
-            return
-        ctx = frame.f_locals.get(frame.f_code.co_varnames[0])
-        if not isinstance(ctx, _CUSTOM_BASE) or CREATED_KEY in ctx.metadata:
-            return
-        site = _user_frame(caller)
-        if site is not None:
-            ctx.metadata[CREATED_KEY] = (site.f_code.co_filename, site.f_lineno)
-
-
-@contextlib.contextmanager
-def record_forward() -> Iterator[None]:
-    """Record where each autograd node created in the block comes from (file, line, code).
-
-    ``record_backward`` then puts ``file:line: code`` on ``NonFinite.traceback`` and on
-    ``node.attrs["created_at"]``. Only the innermost frame outside torch is kept, so it costs
-    far less than ``torch.autograd.detect_anomaly`` (see ``benchmarks/backward.py``).
-
-    Example:
-        >>> import torch, gradscope as gs
-        >>> x = torch.tensor([-1.0], requires_grad=True)
-        >>> with gs.record_forward():
-        ...     y = torch.where(x > 0, x.sqrt(), 0.0).sum()
-        >>> with gs.record_backward(y) as rec:
-        ...     y.backward()
-        >>> rec.first_nonfinite.name
-        'SqrtBackward0'
-    """
-    global FORWARD_USED
-    FORWARD_USED = True
-    with _ForwardMode():
-        yield

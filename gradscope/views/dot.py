@@ -12,20 +12,25 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ._model import Edge, Graph, Node, SavedTensor, format_bytes
-from ._views import levels, module_class, node_paths
-
-# torchviz's legend, so its users feel at home.
-LEAF_COLOR = "lightblue"
-SAVED_COLOR = "orange"
-OUTPUT_COLOR = "darkolivegreen1"
-BASE_COLOR = "darkolivegreen3"
-CUSTOM_COLOR = "plum1"
-FREED_COLOR = "gray90"
-BAD_COLOR = "red"
-MODULE_COLOR = "lightyellow"
-FOLDED_COLOR = "lightgoldenrod1"
-CLUSTER_ATTR = 'style="rounded,dashed" color=gray50 fontsize=10 fontname=monospace labeljust=l'
+from ..model.formats import OutputFormat, register_format
+from ..model.graph import Edge, Graph, Node, SavedTensor, format_bytes
+from .style import (
+    BAD_COLOR,
+    BASE_COLOR,
+    CLUSTER_ATTR,
+    CUSTOM_COLOR,
+    FOLDED_COLOR,
+    FREED_COLOR,
+    LEAF_COLOR,
+    MODULE_COLOR,
+    OUTPUT_COLOR,
+    SAVED_COLOR,
+    format_norm,
+    norm_color,
+    size_to_str,
+    var_label,
+)
+from ..model.transforms import levels, module_class, node_paths
 
 #: attrs keys written by gradscope's own recorders, not by torch: never listed as saved attributes
 _ANNOTATION_KEYS = frozenset(
@@ -42,18 +47,6 @@ def quote(s: str) -> str:
     if "\\" in s or '"' in s or "\n" in s:
         s = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return '"' + s + '"'
-
-
-def size_to_str(shape: list[int] | None) -> str:
-    """``(3, 4)`` as torchviz writes sizes."""
-    if shape is None:
-        return "(?)"
-    return "(" + ", ".join(str(int(v)) for v in shape) + ")"
-
-
-def var_label(name: str | None, shape: list[int] | None) -> str:
-    """torchviz's tensor label: name, newline, space, size."""
-    return f"{name or ''}\n {size_to_str(shape)}"
 
 
 def attr_entries(node: Node) -> dict[str, str]:
@@ -87,26 +80,6 @@ def attr_table(name: str, entries: dict[str, str], max_attr_chars: int) -> str:
 
     rows = "\n".join(fmt % (k, truncate(v)) for k, v in entries.items())
     return name + "\n" + sep + "\n" + rows
-
-
-def norm_color(norm: float) -> str:
-    """Edge colour for a gradient norm on a log scale: vanishing blue (1e-8) to exploding
-    red (1e4), as an HSV string Graphviz understands; non-finite norms are plain red."""
-    if not math.isfinite(norm):
-        return BAD_COLOR
-    if norm <= 0:
-        return "0.667 1.0 0.8"
-    t = (math.log10(norm) + 8.0) / 12.0
-    t = min(max(t, 0.0), 1.0)
-    return f"{0.667 * (1.0 - t):.3f} 1.0 0.85"
-
-
-def format_norm(norm: float) -> str:
-    if math.isnan(norm):
-        return "nan"
-    if math.isinf(norm):
-        return "inf"
-    return f"{norm:.2e}"
 
 
 def annotate(node: Node, label: str, extra: dict[str, str]) -> str:
@@ -347,3 +320,14 @@ def to_dot(
             out.append(f"\t{e.dst} -> {e.src}")
     out.append("}")
     return "\n".join(out) + "\n"
+
+
+#: The options of ``to_dot``, which every Graphviz-based format takes.
+DOT_OPTIONS = frozenset({"saved", "attrs", "max_attr_chars", "clusters", "notes"})
+
+
+def _render_dot(graph: Graph, **options: object) -> bytes:
+    return to_dot(graph, **options).encode("utf-8")  # type: ignore[arg-type]
+
+
+register_format(OutputFormat("dot", _render_dot, DOT_OPTIONS, "DOT text (no Graphviz needed)"))

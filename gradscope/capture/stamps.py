@@ -1,0 +1,59 @@
+"""What gradscope writes into live autograd nodes, and the one way it follows them.
+
+Recorders that run during a forward (``gs.scopes``, ``gs.record_forward``, ``gs.leak_check``)
+stamp each new node's ``grad_fn.metadata`` dict under the keys below; ``gs.trace`` and
+``gs.record_backward`` read them back into typed fields of the model. The keys are namespaced
+(``gradscope.*``) so they never collide with torch's own (``traceback_`` of anomaly mode).
+
+``walk_nodes`` is the iterative walk over ``next_functions`` that every place outside the hot
+``trace`` walk uses (scopes stamping, forward-line stamping, shared-slot detection): no
+recursion, each node once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+#: The module path (``encoder.layers.3.self_attn``) whose forward created the node.
+MODULE_KEY = "gradscope.module"
+#: The class names along that path, one per depth level, joined by "/".
+MODULE_CLASSES_KEY = "gradscope.module_classes"
+#: ``(filename, lineno)`` of the user's line that created the node, or None.
+CREATED_KEY = "gradscope.created_at"
+#: The step token of ``leak_check`` (dies with the last node of its step).
+LEAK_KEY = "gradscope.leak_step"
+
+#: ``_sequence_nr()`` of AccumulateGrad nodes (not created by a forward): UINT64_MAX.
+NO_SEQUENCE_NR = 2**64 - 1
+
+
+def walk_nodes(
+    starts: Iterable[Any], *, enter: Callable[[Any], bool] | None = None
+) -> Iterator[Any]:
+    """Every autograd node reachable from ``starts`` over ``next_functions``, once each.
+
+    Iterative (an explicit stack), depth first. ``enter(fn)`` decides whether the walk goes on
+    below ``fn`` (it is still yielded); by default it always does. ``None`` entries (inputs that
+    need no gradient) are skipped.
+
+    Example:
+        >>> import torch
+        >>> x = torch.ones(2, requires_grad=True)
+        >>> [type(fn).__name__ for fn in walk_nodes([(x * 2).sum().grad_fn])]
+        ['SumBackward0', 'MulBackward0', 'AccumulateGrad']
+    """
+    seen: set[Any] = set()
+    stack = [fn for fn in starts if fn is not None]
+    stack.reverse()
+    while stack:
+        fn = stack.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        yield fn
+        if enter is not None and not enter(fn):
+            continue
+        nxt = [n for n, _ in fn.next_functions if n is not None and n not in seen]
+        nxt.reverse()
+        stack.extend(nxt)

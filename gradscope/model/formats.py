@@ -1,0 +1,143 @@
+"""The registry of output formats, and of renderers for the plain records.
+
+The model owns the registry; the views fill it when ``gradscope`` is imported (each file in
+``gradscope/views/`` registers what it draws), so the model never imports a view
+(dependency inversion, as Pillow's ``Image.register_save``). ``Graph.save``, ``Graph.render``,
+``Graph.to_dot``, ``_repr_svg_`` and the CLI's ``--format`` all go through it.
+
+Adding an output format is one file in ``views/`` that calls ``register_format`` with
+``OutputFormat(name, render, options=...)`` and one import line in ``views/__init__.py``;
+``gs.FORMATS`` and ``gradscope render --format`` pick it up from here.
+
+Records (``MemoryReport``, ``CheckResult``...) reach their rich renderings the same way:
+``register_renderer(kind, fn)`` by a view, ``renderer(kind)`` by the record's method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import FormatError
+from .files import write_atomic
+
+if TYPE_CHECKING:
+    from .graph import Graph
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """One way of writing a ``Graph``.
+
+    Attributes:
+        name: the format's name and file suffix (``svg``).
+        render: ``render(graph, **options) -> bytes``.
+        options: the keyword options ``render`` takes; any other option is refused.
+        description: one line for ``--help``.
+        binary: the bytes are not text (PNG, PDF).
+    """
+
+    name: str
+    render: Callable[..., bytes]
+    options: frozenset[str] = field(default_factory=frozenset)
+    description: str = ""
+    binary: bool = False
+
+
+_FORMATS: dict[str, OutputFormat] = {}
+_RENDERERS: dict[str, Callable[..., Any]] = {}
+
+
+def register_format(fmt: OutputFormat) -> None:
+    """Make ``fmt`` available to ``Graph.save``/``render`` and the CLI (a later one replaces
+    an earlier one of the same name)."""
+    _FORMATS[fmt.name] = fmt
+
+
+def format_names() -> tuple[str, ...]:
+    """The names of the registered formats, in registration order."""
+    return tuple(_FORMATS)
+
+
+def get_format(name: str) -> OutputFormat:
+    """The format called ``name`` (case and a leading dot ignored).
+
+    Raises:
+        FormatError: no such format is registered.
+    """
+    key = name.lower().lstrip(".")
+    fmt = _FORMATS.get(key)
+    if fmt is None:
+        known = ", ".join(_FORMATS) or "none (import gradscope to register them)"
+        raise FormatError(
+            f"unknown output format {key!r}; use one of {known} "
+            "(given by --format or by the output file's suffix)"
+        )
+    return fmt
+
+
+def format_for(path: str | Path | None, fmt: str | None) -> str:
+    """The format asked for, else the one the path's suffix names.
+
+    Raises:
+        FormatError: the format (or the suffix) is not a registered one.
+    """
+    if fmt:
+        return get_format(fmt).name
+    names = ", ".join(_FORMATS)
+    if path is None:
+        raise FormatError(f"no output format given; pass one of {names}")
+    suffix = Path(path).suffix
+    if not suffix:
+        raise FormatError(
+            f"cannot tell the output format of {str(path)!r}: it has no suffix; "
+            f"name it e.g. graph.svg, or pass a format ({names})"
+        )
+    return get_format(suffix).name
+
+
+def check_options(fmt: OutputFormat, options: Iterable[str]) -> None:
+    """Refuse options that ``fmt`` does not take (a DOT option is no JSON option)."""
+    extra = sorted(set(options) - fmt.options)
+    if extra:
+        takes = ", ".join(sorted(fmt.options)) or "no options"
+        raise FormatError(
+            f"the {fmt.name} format does not take {', '.join(extra)}; it takes {takes}"
+        )
+
+
+def render_graph(graph: Graph, fmt: str, **options: Any) -> bytes:
+    """``graph`` rendered in ``fmt`` with ``options`` (checked against what it takes)."""
+    spec = get_format(fmt)
+    check_options(spec, options)
+    return spec.render(graph, **options)
+
+
+def save_graph(graph: Graph, path: str | Path, format: str | None = None, **options: Any) -> Path:
+    """Write ``graph`` to ``path`` in ``format`` (default: from the suffix), atomically: the
+    bytes go to a temporary file in the same folder, renamed over ``path`` once complete."""
+    path = Path(path)
+    data = render_graph(graph, format_for(path, format), **options)
+    return write_atomic(path, data)
+
+
+def register_renderer(kind: str, fn: Callable[..., Any]) -> None:
+    """Register the view that draws records of ``kind`` (``memory``, ``check``...)."""
+    _RENDERERS[kind] = fn
+
+
+def renderer(kind: str) -> Callable[..., Any]:
+    """The view registered for ``kind``.
+
+    Raises:
+        FormatError: none is registered (the views were not imported).
+    """
+    fn = _RENDERERS.get(kind)
+    if fn is None:
+        raise FormatError(
+            f"no renderer for {kind} records is registered; import gradscope (which registers "
+            "its views) before rendering"
+        )
+    return fn

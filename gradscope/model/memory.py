@@ -1,0 +1,294 @@
+"""Memory held by autograd graphs, as plain data: what a traced ``Graph`` holds (``graph_memory``,
+``Graph.memory()``), and the records of the live accounting (``gs.saved_memory``) and the leak
+detector (``gs.leak_check``) in ``gradscope.capture.memory``.
+
+Each storage counts once; it is an *activation* when only the graph holds it, a *leaf* storage
+when it aliases a leaf (a parameter or an input that requires grad), an *output* storage when it
+aliases a tensor handed to ``trace``. A storage saved by several nodes belongs to the first of
+them in forward order (in a ``Graph``: the first saver in a post-order walk from the roots,
+which is forward order for the usual left-to-right code), so per-node and per-module figures
+add up to the total.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .graph import Graph, format_bytes
+from .paths import levels
+
+ACTIVATION, LEAF, OUTPUT = "activation", "leaf", "output"
+
+
+@dataclass(frozen=True, slots=True)
+class StorageUse:
+    """One storage held by saved tensors.
+
+    Attributes:
+        id: the storage id (``s0``...; for a ``Graph`` the ids of ``SavedTensor.storage``).
+        nbytes: bytes of the storage (of the largest saved view when the size is unknown).
+        kind: ``activation`` (held only by the graph), ``leaf`` or ``output`` (aliases one).
+        owner: id of the node the bytes are attributed to (None for live accounting).
+        module: module path the bytes are attributed to (None: outside every module).
+        savers: how many saved tensors point into the storage.
+    """
+
+    id: str
+    nbytes: int
+    kind: str
+    owner: str | None
+    module: str | None
+    savers: int
+
+
+@dataclass(frozen=True, slots=True)
+class CudaSnapshot:
+    """CUDA caching-allocator figures at one moment (``torch.cuda.memory_*``), in bytes."""
+
+    phase: str
+    device: str
+    allocated: int
+    reserved: int
+    max_allocated: int
+
+
+@dataclass
+class MemoryReport:
+    """Bytes held by saved tensors, counted once per storage.
+
+    Attributes:
+        total: bytes of every distinct storage held (``activation + leaf + output``).
+        activation_bytes: storages only the graph holds: freed when the graph goes.
+        leaf_bytes: storages that alias a leaf (a parameter, or an input requiring grad).
+        output_bytes: storages that alias an output tensor.
+        storages: one ``StorageUse`` per storage, largest first.
+        by_node: bytes attributed to each node id (graph reports only); sums to ``total``.
+        node_names: the name of each node in ``by_node`` (``MulBackward0``).
+        by_module: bytes attributed to each module path (None: outside every module);
+            sums to ``total``.
+        freed: saved tensors already released by backward (they hold nothing).
+        peak: live accounting only: most bytes held at once during the forward.
+        saved_total: live accounting only: bytes of every storage saved during the forward,
+            including those the graph released before it ended.
+        cuda: allocator snapshots (empty on the CPU).
+
+    An input that does not require grad is no node of the graph, so its storage counts as an
+    activation: the graph does keep it alive. Buffers (BatchNorm's running statistics) too.
+
+    Example:
+        >>> import torch, gradscope as gs
+        >>> x = torch.ones(4, requires_grad=True)
+        >>> gs.trace(x.exp().sum()).memory().total      # exp keeps its result: 4 float32
+        16
+    """
+
+    total: int = 0
+    activation_bytes: int = 0
+    leaf_bytes: int = 0
+    output_bytes: int = 0
+    storages: list[StorageUse] = field(default_factory=list)
+    by_node: dict[str, int] = field(default_factory=dict)
+    node_names: dict[str, str] = field(default_factory=dict)
+    by_module: dict[str | None, int] = field(default_factory=dict)
+    freed: int = 0
+    peak: int | None = None
+    saved_total: int | None = None
+    cuda: list[CudaSnapshot] = field(default_factory=list)
+
+    @property
+    def aliased_bytes(self) -> int:
+        """Bytes of storages that alias leaves or outputs (held elsewhere too)."""
+        return self.leaf_bytes + self.output_bytes
+
+    def module_bytes(self, depth: int | None = None) -> dict[str | None, int]:
+        """``by_module`` with paths cut to ``depth`` levels and summed. Levels are those of
+        ``Graph.collapse``: a list index stays with its container, so ``encoder.layers.3`` is
+        at depth 2.
+
+        Example:
+            >>> r = MemoryReport(by_module={"enc.layers.0": 4, "enc.layers.1": 8, None: 2})
+            >>> r.module_bytes(1)
+            {'enc': 12, None: 2}
+        """
+        if depth is None:
+            return dict(self.by_module)
+        out: dict[str | None, int] = {}
+        for path, n in self.by_module.items():
+            key = path if path is None else ".".join(levels(path)[:depth])
+            out[key] = out.get(key, 0) + n
+        return out
+
+    def node_labels(self) -> dict[str, str]:
+        """A short label per node that holds bytes (``1.5 KiB``), for renderers."""
+        return {nid: format_bytes(n) for nid, n in self.by_node.items() if n}
+
+    def summary(self) -> str:
+        """One line: total, and how it splits."""
+        peak = f", peak {format_bytes(self.peak)}" if self.peak is not None else ""
+        return (
+            f"saved tensors hold {format_bytes(self.total)} in {len(self.storages)} storages: "
+            f"{format_bytes(self.activation_bytes)} activations (held only by the graph), "
+            f"{format_bytes(self.leaf_bytes)} alias leaves (parameters, inputs), "
+            f"{format_bytes(self.output_bytes)} alias outputs{peak}"
+        )
+
+    def render(self, *, depth: int | None = None, top: int = 20) -> Any:
+        """A rich renderable: summary, bytes per module cut to ``depth``, CUDA figures."""
+        from .formats import renderer
+
+        return renderer("memory")(self, depth=depth, top=top)
+
+    def __rich__(self) -> Any:
+        return self.render()
+
+
+def graph_memory(graph: Graph) -> MemoryReport:
+    """Bytes held by a graph's saved tensors, per storage, node and module.
+
+    Args:
+        graph: a graph from ``gs.trace`` (module paths come from ``gs.scopes``).
+
+    Returns:
+        The ``MemoryReport``; ``Graph.memory()`` returns the same.
+
+    Example:
+        >>> import torch, gradscope as gs
+        >>> lin = torch.nn.Linear(3, 2)
+        >>> with gs.scopes(lin):
+        ...     out = lin(torch.randn(4, 3))
+        >>> rep = gs.trace(out.relu().sum(), model=lin).memory()
+        >>> rep.by_module    # Linear keeps its input; relu, outside the model, its result
+        {'': 48, None: 32}
+    """
+    aliases = _alias_kinds(graph)
+    rank = _forward_rank(graph)
+    sizes: dict[str, int] = {}
+    owner: dict[str, str] = {}
+    savers: dict[str, int] = {}
+    freed = 0
+    for node in sorted((n for n in graph.nodes if n.saved), key=lambda n: rank.get(n.id, -1)):
+        for k, s in enumerate(node.saved):
+            if s.freed:
+                freed += 1
+                continue
+            if s.storage is None and not s.nbytes:
+                continue  # a placeholder packed by hooks (checkpoint): it holds nothing
+            # A saved tensor without a storage id (sparse...) is a storage of its own.
+            sid = s.storage if s.storage is not None else f"{node.id}:{k}"
+            size = getattr(s, "storage_nbytes", None) or s.nbytes
+            sizes[sid] = max(sizes.get(sid, 0), size)
+            owner.setdefault(sid, node.id)
+            savers[sid] = savers.get(sid, 0) + 1
+    report = MemoryReport(freed=freed)
+    for sid, size in sizes.items():
+        node = graph.node(owner[sid])
+        use = StorageUse(sid, size, aliases.get(sid, ACTIVATION), node.id, node.module, savers[sid])
+        add_use(report, use)
+        report.by_node[node.id] = report.by_node.get(node.id, 0) + size
+        report.node_names[node.id] = node.name
+    report.storages.sort(key=lambda u: -u.nbytes)
+    return report
+
+
+def add_use(report: MemoryReport, use: StorageUse) -> None:
+    """Count ``use`` in ``report`` (total, its kind's bytes, its module's bytes)."""
+    report.storages.append(use)
+    report.total += use.nbytes
+    if use.kind == LEAF:
+        report.leaf_bytes += use.nbytes
+    elif use.kind == OUTPUT:
+        report.output_bytes += use.nbytes
+    else:
+        report.activation_bytes += use.nbytes
+    report.by_module[use.module] = report.by_module.get(use.module, 0) + use.nbytes
+
+
+def _alias_kinds(graph: Graph) -> dict[str, str]:
+    """Storage id -> ``leaf``/``output`` for storages of leaf and output tensors (leaf wins)."""
+    kinds: dict[str, str] = {}
+    for n in graph.nodes:
+        if n.kind in (LEAF, OUTPUT) and n.tensor is not None and n.tensor.storage is not None:
+            if kinds.get(n.tensor.storage) != LEAF:
+                kinds[n.tensor.storage] = n.kind
+    return kinds
+
+
+def _forward_rank(graph: Graph) -> dict[str, int]:
+    """Node id -> position in forward order, estimated by an iterative post-order walk.
+
+    A node's inputs (its ``next_functions``) ran before it, so post-order is a valid forward
+    order; among independent inputs, the first one (``input_nr`` 0) is taken to run first, as
+    Python evaluates arguments left to right.
+    """
+    kids: dict[str, list[str]] = {n.id: [] for n in graph.nodes}
+    for e in graph.edges:
+        if e.kind == "grad":
+            kids[e.src].append(e.dst)
+    rank: dict[str, int] = {}
+    seen: set[str] = set()
+    starts = list(graph.roots) + [n.id for n in graph.nodes]
+    for start in starts:
+        if start in seen:
+            continue
+        seen.add(start)
+        stack: list[tuple[str, Iterator[str]]] = [(start, iter(kids.get(start, ())))]
+        while stack:
+            nid, it = stack[-1]
+            nxt = next((k for k in it if k not in seen), None)
+            if nxt is None:
+                stack.pop()
+                rank[nid] = len(rank)
+            else:
+                seen.add(nxt)
+                stack.append((nxt, iter(kids.get(nxt, ()))))
+    return rank
+
+
+@dataclass(frozen=True, slots=True)
+class Leak:
+    """The graph of an earlier step, still alive.
+
+    Attributes:
+        step: the step whose graph is alive (0 is the first step).
+        seen_at: the step at whose end it was found.
+        saved_bytes: bytes its saved tensors still hold (each storage once); 0 when backward
+            freed them but something still holds the graph's nodes.
+        saved_tensors: how many of its saved tensors are still held.
+    """
+
+    step: int
+    seen_at: int
+    saved_bytes: int
+    saved_tensors: int
+
+    def __str__(self) -> str:
+        held = (
+            f"its {self.saved_tensors} saved tensors hold {format_bytes(self.saved_bytes)}"
+            if self.saved_tensors
+            else "backward freed its saved tensors, but its nodes are still held"
+        )
+        return (
+            f"the autograd graph of step {self.step} is still alive at the end of step "
+            f"{self.seen_at}: {held}. Something keeps a tensor of that step with its grad_fn "
+            "(a loss in a list, a hidden state carried over): keep .item() or .detach() instead"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LeakStep:
+    """What ``LeakCheck.step()`` found at the end of one step.
+
+    Attributes:
+        step: the step that just ended.
+        leaks: the earlier graphs still alive, oldest first.
+        held_bytes: bytes their saved tensors hold together (each storage once).
+    """
+
+    step: int
+    leaks: tuple[Leak, ...]
+    held_bytes: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.leaks)

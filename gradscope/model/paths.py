@@ -1,0 +1,89 @@
+"""Module paths as ``gs.scopes`` records them, and the helpers every layer shares.
+
+A path is the dotted name of ``named_modules()`` (``encoder.layers.3.self_attn``), with ``#k`` on
+a component for the k-th repeated call of that module within one call of its parent
+(``blocks.0#2.attn``). Depth counts module levels below the model: a numeric component (an item
+of a ``ModuleList``/``Sequential``) counts with its container, so ``encoder.layers.3`` is at
+depth 2 (see ``levels``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from .graph import Graph, Node
+
+_NUMERIC = re.compile(r"^\d+(-\d+)?(#\d+(-\d+)?)?$")
+_CALL_PART = re.compile(r"#\d+$")
+
+#: Node kinds that belong to a module group; a ``leaf`` follows its ``AccumulateGrad``.
+GROUP_KINDS = ("op", "custom", "accumulate", "module")
+
+
+def strip_calls(path: str) -> str:
+    """``blocks.0#2.attn#1`` -> ``blocks.0.attn``: the ``named_modules()`` name of a call path.
+
+    Example:
+        >>> strip_calls("blocks.0#2.attn")
+        'blocks.0.attn'
+    """
+    return ".".join(_CALL_PART.sub("", part) for part in path.split(".")) if "#" in path else path
+
+
+def levels(path: str) -> list[str]:
+    """A module path split into depth levels; numeric components stay with their container.
+
+    Example:
+        >>> levels("encoder.layers.3.self_attn")
+        ['encoder', 'layers.3', 'self_attn']
+        >>> levels("")
+        []
+    """
+    out: list[str] = []
+    for part in path.split(".") if path else []:
+        if out and _NUMERIC.match(part):
+            out[-1] = f"{out[-1]}.{part}"
+        else:
+            out.append(part)
+    return out
+
+
+def node_paths(graph: Graph) -> dict[str, str | None]:
+    """Module path of every node: its own, or for a leaf its ``AccumulateGrad``'s."""
+    paths: dict[str, str | None] = {
+        n.id: n.module if n.kind in GROUP_KINDS else None for n in graph.nodes
+    }
+    kinds = {n.id: n.kind for n in graph.nodes}
+    for e in graph.edges:
+        if kinds.get(e.src) == "accumulate" and kinds.get(e.dst) == "leaf":
+            paths[e.dst] = paths[e.src]
+    return paths
+
+
+def module_class(path: str, members: list[Node]) -> str:
+    """Class name of the module at ``path``, from a node inside it that knows (a box's
+    ``class``, or the ``module_classes`` chain ``gs.scopes`` stamps: the model's class first,
+    then one per depth level), else ""."""
+    want = len(levels(path))
+    for n in members:
+        if n.kind == "module" and n.module == path and n.attrs.get("class"):
+            return n.attrs["class"]
+        chain = n.attrs.get("module_classes")
+        if chain and inside(n.module, path):
+            parts = chain.split("/")
+            if len(parts) > want and parts[want]:
+                return parts[want]
+    return ""
+
+
+def inside(module: str | None, path: str) -> bool:
+    """Whether the module path ``module`` is ``path`` or lies below it (every path is inside
+    the model's own, ``""``).
+
+    Example:
+        >>> inside("enc.layers.3", "enc"), inside("encoder", "enc"), inside("enc", "")
+        (True, False, True)
+    """
+    if module is None:
+        return False
+    return not path or module == path or module.startswith(path + ".")

@@ -1,0 +1,11 @@
+"""Views: everything that draws the plain-data model (no torch here).
+
+Importing this package registers every output format and record renderer with the model's
+registry (``gradscope.model.formats``), in the order ``gs.FORMATS`` lists them: DOT, JSON, the
+HTML page, then the Graphviz images.
+"""
+
+from __future__ import annotations
+
+from . import dot, json_text, html, graphviz  # noqa: F401  (formats, in gs.FORMATS order)
+from . import check, explain, memory, monitor, tree  # noqa: F401  (record renderers)

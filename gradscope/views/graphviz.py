@@ -1,0 +1,73 @@
+"""Images through the Graphviz binary: SVG, PNG and PDF from the DOT text of ``views/dot.py``.
+
+``dot`` runs as a subprocess with the DOT text on stdin and a time limit, so a layout that
+cannot finish never hangs the caller: it raises ``LayoutError`` instead.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from typing import Any
+
+from ..errors import GraphvizNotFoundError, LayoutError
+from ..model.formats import OutputFormat, register_format, register_renderer
+from ..model.graph import Graph
+from .dot import DOT_OPTIONS, to_dot
+
+#: Seconds a Graphviz layout may take unless the caller gives a limit.
+DEFAULT_TIMEOUT = 120.0
+
+
+def dot_binary() -> str | None:
+    """Path of the Graphviz ``dot`` binary, or None when it is not installed."""
+    return shutil.which("dot")
+
+
+def run_dot(dot_source: str, fmt: str, timeout: float | None = DEFAULT_TIMEOUT) -> bytes:
+    """Lay out ``dot_source`` with the Graphviz binary and return the image bytes.
+
+    Raises:
+        GraphvizNotFoundError: ``dot`` is not installed.
+        LayoutError: Graphviz failed, or took more than ``timeout`` seconds.
+    """
+    binary = dot_binary()
+    if binary is None:
+        raise GraphvizNotFoundError(fmt)
+    try:
+        proc = subprocess.run(
+            [binary, f"-T{fmt}"],
+            input=dot_source.encode("utf-8"),
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise LayoutError(
+            f"Graphviz took more than {timeout:.0f} s to lay out the graph and was stopped; "
+            "draw a smaller view (--depth N, or drop --full), raise --timeout, or write "
+            "-o graph.html (the page lays out one module at a time) or -o graph.dot"
+        ) from None
+    if proc.returncode != 0:
+        msg = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise LayoutError(f"Graphviz failed: {msg[-1] if msg else 'no message'}")
+    return proc.stdout
+
+
+def _image(fmt: str) -> Any:
+    def render(graph: Graph, *, timeout: float | None = DEFAULT_TIMEOUT, **options: Any) -> bytes:
+        return run_dot(to_dot(graph, **options), fmt, timeout=timeout)
+
+    return render
+
+
+for _fmt, _what, _binary in (
+    ("svg", "SVG image (needs the Graphviz binary)", False),
+    ("png", "PNG image (needs the Graphviz binary)", True),
+    ("pdf", "PDF document (needs the Graphviz binary)", True),
+):
+    register_format(
+        OutputFormat(_fmt, _image(_fmt), DOT_OPTIONS | {"timeout"}, _what, binary=_binary)
+    )
+
+register_renderer("graphviz_available", lambda: dot_binary() is not None)

@@ -1,0 +1,13 @@
+"""JSON output (schema of ``gradscope.model.schema``) registered as a format."""
+
+from __future__ import annotations
+
+from ..model.formats import OutputFormat, register_format
+from ..model.graph import Graph
+
+
+def _render_json(graph: Graph) -> bytes:
+    return graph.to_json().encode("utf-8")
+
+
+register_format(OutputFormat("json", _render_json, frozenset(), "the graph as JSON data"))

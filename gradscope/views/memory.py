@@ -1,0 +1,81 @@
+"""Rich renderings of memory records: a ``MemoryReport`` (summary, bytes per module or node,
+CUDA figures) and the leak detector's findings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from ..model.formats import register_renderer
+from ..model.graph import format_bytes
+from ..model.memory import Leak, LeakStep, MemoryReport
+
+
+def render_memory(report: MemoryReport, *, depth: int | None = None, top: int = 20) -> Group:
+    """A rich renderable: the summary, bytes per module (or per node), CUDA figures.
+
+    Args:
+        report: what ``Graph.memory()`` or ``saved_memory`` measured.
+        depth: cut module paths to this many components.
+        top: show at most this many rows.
+    """
+    parts: list[Any] = [Text(report.summary())]
+    rows = _rows(report, depth)
+    if rows:
+        title = "module" if report.by_module and set(report.by_module) != {None} else "node"
+        table = Table(title=None, box=None, pad_edge=False, show_edge=False)
+        table.add_column(title)
+        table.add_column("saved", justify="right")
+        table.add_column("share", justify="right")
+        for label, n in rows[:top]:
+            share = f"{100.0 * n / report.total:.1f}%" if report.total else "-"
+            table.add_row(label, format_bytes(n), share)
+        if len(rows) > top:
+            rest = sum(n for _, n in rows[top:])
+            table.add_row(f"… {len(rows) - top} more", format_bytes(rest), "")
+        parts.append(table)
+    for snap in report.cuda:
+        parts.append(
+            Text(
+                f"{snap.device} {snap.phase}: allocated {format_bytes(snap.allocated)}, "
+                f"reserved {format_bytes(snap.reserved)}, "
+                f"max allocated {format_bytes(snap.max_allocated)}"
+            )
+        )
+    return Group(*parts)
+
+
+def _rows(report: MemoryReport, depth: int | None) -> list[tuple[str, int]]:
+    if report.by_module and set(report.by_module) != {None}:
+        items = report.module_bytes(depth).items()
+        rows = [("(outside modules)" if k is None else (k or "(root)"), n) for k, n in items]
+    else:
+        names = report.node_names
+        rows = [(f"{nid} {names.get(nid, '')}".rstrip(), n) for nid, n in report.by_node.items()]
+    return sorted((r for r in rows if r[1]), key=lambda r: -r[1])
+
+
+
+
+def render_leaks(history: list[LeakStep], leaks: list[Leak]) -> Text:
+    """One line per step whose graph leaked, or a clean bill (``LeakCheck.report``)."""
+    if not leaks:
+        return Text(f"no autograd graph outlived its step ({len(history)} steps checked)")
+    text = Text()
+    last = history[-1]
+    text.append(
+        f"{len(leaks)} earlier graphs still alive; at step {last.step} they hold "
+        f"{format_bytes(last.held_bytes)} of saved tensors\n",
+        "bold red",
+    )
+    for leak in leaks:
+        text.append(f"  step {leak.step}: {format_bytes(leak.saved_bytes)} "
+                    f"({leak.saved_tensors} saved tensors), seen at step {leak.seen_at}\n")
+    return text
+
+
+register_renderer("memory", render_memory)
+register_renderer("leaks", render_leaks)
