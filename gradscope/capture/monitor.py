@@ -1168,8 +1168,9 @@ def _dead_alert(step: int, dead: list[str]) -> Alert:
         )
     else:
         msg = (
-            f"step {step}: {len(dead)} parameters have exactly-zero gradients for "
-            f"{VANISH_PATIENCE} logged steps in a row, first {dead[0]}"
+            f"step {step}: the gradients of {len(dead)} parameters are exactly zero for "
+            f"{VANISH_PATIENCE} logged steps in a row (dead units or parameters cut off from "
+            f"the loss), first {dead[0]}"
         )
     return Alert("dead", step, dead[0], msg, len(dead), tuple(dead))
 

@@ -42,8 +42,8 @@ FULL_ROWS = 4
 # rows of the update matrix: norm of the sampled change, norm of the sampled old weights
 UPD, WGT = range(2)
 
-#: |g| is summed through a scratch buffer of this many elements (4 MB in float32)
-_ABS_CHUNK = 1 << 20
+#: |g| is summed through a scratch buffer of this many elements (256 KB in float32)
+_ABS_CHUNK = 1 << 16
 
 #: elements per tensor in the update-ratio sample (a smaller tensor is taken whole)
 UPDATE_SAMPLE = 4096
