@@ -6,8 +6,8 @@ Two models of the sizes people train (built from code, nothing downloaded):
 
   mlp19m   Linear(1024,2048), 4 x Linear(2048,2048), Linear(2048,10), ReLUs (18.9M parameters);
            batch 64, cross-entropy, AdamW
-  gpt2     transformers GPT2LMHeadModel from a small GPT2Config (6 layers, 384 wide, vocab 16384,
-           tied embeddings: 17.3M parameters); batch 8 x 128 tokens, AdamW
+  gpt2     transformers GPT2LMHeadModel from a small GPT2Config (8 layers, 384 wide, vocab 8192,
+           tied embeddings: 17.4M parameters); batch 4 x 64 tokens, AdamW
 
 and, as before, the two samples (samples/mlp.py, samples/transformer.py), whose steps are too
 small to show the cost of reading the gradients. Each variant trains its own copy of the model
@@ -94,11 +94,11 @@ def gpt2() -> Task:
 
     torch.manual_seed(0)
     config = GPT2Config(
-        vocab_size=16384, n_positions=128, n_embd=384, n_layer=6, n_head=6,
+        vocab_size=8192, n_positions=64, n_embd=384, n_layer=8, n_head=6,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
     )
     model = GPT2LMHeadModel(config)
-    ids = torch.randint(0, config.vocab_size, (8, 128), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, config.vocab_size, (4, 64), generator=torch.Generator().manual_seed(0))
     return Task("gpt2", model, ids, lambda m, b: m(input_ids=b, labels=b).loss)
 
 
@@ -270,6 +270,40 @@ def peak_bytes(task: Task, kind: str, steps: int = 3) -> int:
     return tracker.peak
 
 
+def own_ms(task: Task, kind: str, steps: int = 6) -> float:
+    """Median milliseconds per step spent in the monitor's own hook bodies (the norms, the
+    transfer, the records; for "foreach_norm" the baseline's call), steps after the first.
+    Less disturbed by other processes than the step ratios, since it times only that work."""
+    runner = Runner(task, kind)
+    per_step: list[float] = []
+    spent = [0.0]
+
+    def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*a: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a)
+            finally:
+                spent[0] += time.perf_counter() - t0
+
+        return run
+
+    mon = runner.monitor
+    if mon is not None:
+        for name in ("_measure_after_backward", "_measure_before_step", "_finish_step"):
+            setattr(mon, name, timed(getattr(mon, name)))
+    else:
+        runner.after_backward = timed(runner.after_backward)
+    for i in range(steps + 1):
+        spent[0] = 0.0
+        runner.step()
+        if i:  # the first logged step is a full-statistics step
+            per_step.append(spent[0])
+    if mon is not None:
+        mon.remove()
+    return statistics.median(per_step) * 1e3
+
+
 # ---------------------------------------------------------------- the run
 def bench(task: Task, args: argparse.Namespace) -> dict[str, Any]:
     runners = {k: Runner(task, k) for k in ("plain", *VARIANTS)}
@@ -301,6 +335,7 @@ def bench(task: Task, args: argparse.Namespace) -> dict[str, Any]:
         "retained": retained,
         "peak": peak_bytes(task, "gradscope"),
         "peak_full": peak_bytes(task, "gradscope full"),
+        "own": {k: own_ms(task, k) for k in ("gradscope", "gradscope full", "foreach_norm")},
     }
 
 
@@ -342,6 +377,14 @@ def main() -> None:
             f"peak {r['peak']:,} B at defaults ({100 * mem / task.nbytes():.2f}% of the "
             f"{task.nbytes():,} B of parameters), {r['peak_full']:,} B with full statistics "
             f"({100 * r['peak_full'] / task.nbytes():.2f}%); {', '.join(verdict)}",
+            flush=True,
+        )
+        own = r["own"]
+        print(
+            f"    own work per step (median): gradscope {own['gradscope']:.2f} ms, gradscope "
+            f"full {own['gradscope full']:.2f} ms, foreach_norm + .tolist() "
+            f"{own['foreach_norm']:.2f} ms; as a share of the plain step: "
+            + ", ".join(f"{k} {1 + v / r['plain_ms']:.3f}x" for k, v in own.items()),
             flush=True,
         )
 

@@ -263,7 +263,7 @@ class GradMonitor:
         full_every: full statistics (max/mean abs, zero fraction, update ratios) on one logged
             step in ``full_every`` (the first included); 1 for every logged step.
         update_sample: weights sampled per tensor for the update ratios (tensors up to this
-            size exactly).
+            size exactly); lowered when the sample would exceed 0.4% of the parameters.
         scaler: the ``torch.amp.GradScaler`` of a mixed-precision loop: norms are unscaled and
             steps it skips are recorded as skipped.
         replicated: declare whether every rank holds the same gradients (None: detect).
@@ -327,6 +327,8 @@ class GradMonitor:
         chosen = _select(model, params)
         self.names = [n for n, _ in chosen]
         self._params = [p for _, p in chosen]
+        # per tensor, lowered on a large model with many tensors (the sample's memory bound)
+        self._sample_k = S.sample_size([p.numel() for p in self._params], update_sample)
         self._sharding = self._sharding_of(chosen)
         self._replicated = replicated
         # the step's gradients are measured when the last backward ends, or at the step
@@ -543,7 +545,7 @@ class GradMonitor:
             elif self._dp_probe and _distributed() and self._needs_check() and closure is None:
                 self._probe = self._measure("optimizer")
             if self.optimizer is not None and self._full_due():
-                self._sample = S.UpdateSample(self._params, self.update_sample, self._seeds)
+                self._sample = S.UpdateSample(self._params, self._sample_k, self._seeds)
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._stepped = True

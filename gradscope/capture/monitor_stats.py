@@ -17,9 +17,10 @@ The cost model (what a logged step pays, by setting):
   the sample walks across rows and columns alike. A tensor of at most ``k`` elements is
   sampled whole (exact ratio). Only the sampled elements are copied before the step (a
   transient buffer of ``sum(min(numel, k))`` elements, freed after it), so no weight is copied
-  whole. With Gaussian-like weights and updates the relative error of the estimate is about
-  ``1 / sqrt(k)`` (1.6% at the default ``k = 4096``; ``tests/test_monitor.py`` checks it against
-  the exact ratio).
+  whole; ``k`` (default 4096) is lowered when needed so that buffer stays under 0.4% of the
+  parameters' elements (``sample_size``). With Gaussian-like weights and updates the relative
+  error of the estimate is about ``1 / sqrt(k)`` (1.6% at ``k = 4096``, 3% at 1024;
+  ``tests/test_monitor.py`` checks it against the exact ratio).
 
 Everything here queues device work and returns device tensors; nothing synchronises with the
 device. The caller moves one packed vector to the host per logged step. The statistics are
@@ -47,6 +48,9 @@ _ABS_CHUNK = 1 << 16
 
 #: elements per tensor in the update-ratio sample (a smaller tensor is taken whole)
 UPDATE_SAMPLE = 4096
+#: the whole sample stays under this fraction of the parameters' elements (or SAMPLE_FLOOR)
+SAMPLE_FRACTION = 0.004
+SAMPLE_FLOOR = 1 << 16
 
 _HALF = (torch.float16, torch.bfloat16)
 _F64 = torch.float64
@@ -183,6 +187,23 @@ def _lattice(numel: int, last: int, k: int, seed: int) -> tuple[int, int, int]:
     span = stride * (k - 1) + 1
     offset = seed % (numel - span + 1)
     return offset, stride, k
+
+
+def sample_size(numels: Sequence[int], k: int) -> int:
+    """The per-tensor sample size: ``k``, lowered until the whole sample, sum(min(numel, k)),
+    is at most SAMPLE_FRACTION of all the elements (or SAMPLE_FLOOR elements, so a small model
+    is sampled whole)."""
+    budget = max(SAMPLE_FLOOR, int(SAMPLE_FRACTION * sum(numels)))
+    if sum(min(n, k) for n in numels) <= budget:
+        return k
+    lo, hi = 1, k  # the largest size that fits the budget
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sum(min(n, mid) for n in numels) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def sample_views(params: Sequence[torch.Tensor], k: int, seeds: Sequence[int]) -> list[torch.Tensor]:
