@@ -44,6 +44,7 @@ import statistics
 import sys
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -192,9 +193,8 @@ class Runner:
 
 # ---------------------------------------------------------------- memory
 def retained_bytes(monitor: gs.GradMonitor, model: nn.Module, opt: torch.optim.Optimizer) -> int:
-    """Bytes of the tensor storages reachable from the monitor's own objects, not counting the
-    model's parameters and gradients or the optimizer's state (walked with gc.get_referents,
-    without entering the model, the optimizer or torch's modules)."""
+    """Bytes of the tensor storages reachable through the monitor's own objects and containers,
+    not counting the model's parameters and gradients or the optimizer's state."""
     skip = {id(model), id(opt), id(opt.state), id(opt.param_groups)}
     owned = set()
     for p in model.parameters():
@@ -208,17 +208,20 @@ def retained_bytes(monitor: gs.GradMonitor, model: nn.Module, opt: torch.optim.O
     seen, stack, storages = set(), [monitor], {}
     while stack:
         obj = stack.pop()
-        if id(obj) in seen or id(obj) in skip or isinstance(obj, (nn.Module, type)):
+        if id(obj) in seen or id(obj) in skip:
             continue
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
             st = obj.untyped_storage()
             if st.data_ptr() not in owned:
                 storages[st.data_ptr()] = st.nbytes()
-            continue
-        if type(obj).__module__.startswith("torch") and not isinstance(obj, torch.Tensor):
-            continue
-        stack.extend(gc.get_referents(obj))
+        elif isinstance(obj, (list, tuple, set, frozenset, dict, deque)):
+            stack.extend(obj.values() if isinstance(obj, dict) else obj)
+        elif type(obj).__module__.startswith("gradscope"):  # the monitor's own objects
+            if hasattr(obj, "__dict__"):
+                stack.extend(vars(obj).values())
+            for cls in type(obj).__mro__:
+                stack.extend(getattr(obj, n) for n in getattr(cls, "__slots__", ()) if hasattr(obj, n))
     return sum(storages.values())
 
 

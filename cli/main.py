@@ -133,18 +133,22 @@ def render(
     rec = record_graph(mf, saved=saved or attrs) if backward else None
     graph = rec.graph if rec else load_graph(mf, loss=loss, saved=saved or attrs)
     note = None
-    if fmt == "html":  # the page expands and collapses modules itself
-        graph.save(output, format=fmt, title=mf.path.name, depth=10**9 if full else depth)
-    elif fmt == "json":  # data: every node unless a depth is asked for
-        (graph if depth is None else graph.collapse(depth)).save(output, format=fmt)
-    else:
+    takes = gs.format_options(fmt)  # each format declares its options: pass only those
+    if "max_nodes" in takes:  # the page expands and collapses modules itself
+        view = graph
+        candidates: dict[str, Any] = {"title": mf.path.name, "depth": 10**9 if full else depth}
+    elif not takes:  # data: every node unless a depth is asked for
+        view = graph if depth is None else graph.collapse(depth)
+        candidates = {}
+    else:  # a picture laid out by Graphviz: a readable, bounded view
         view, note = gs.readable_view(
             graph, depth=depth, fold_repeats=fold, max_nodes=max_nodes, full=full
         )
         notes = graph.memory().node_labels() if memory else None
         if notes:
             notes = {nid: f"holds {size}" for nid, size in notes.items()}
-        view.save(output, format=fmt, saved=saved, attrs=attrs, notes=notes)
+        candidates = {"saved": saved, "attrs": attrs, "notes": notes}
+    view.save(output, format=fmt, **{k: v for k, v in candidates.items() if k in takes})
     if note:
         stderr().print(note, markup=False)
     stderr().print(f"wrote {output}: {graph.summary()}", markup=False)

@@ -51,9 +51,10 @@ from .errors import (
     UnsupportedSetupError,
     ViewError,
 )
+from .model.formats import OutputFormat, format_options
 from .model.formats import format_for as output_format
 from .model.formats import format_names as _format_names
-from .model.graph import Edge, Graph, Node, SavedTensor, TensorInfo, format_bytes
+from .model.graph import Box, Edge, Graph, Node, SavedTensor, TensorInfo, format_bytes
 from .views.graphviz import dot_binary
 from .views.tree import render_tree
 
@@ -152,6 +153,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "Alert",
     "BackwardTrace",
+    "Box",
     "CheckFailure",
     "CheckInputError",
     "CheckResult",
@@ -182,6 +184,7 @@ __all__ = [
     "Node",
     "NodeStep",
     "NonFinite",
+    "OutputFormat",
     "OutputError",
     "ParamStats",
     "ReportError",
@@ -201,6 +204,7 @@ __all__ = [
     "explain",
     "fold",
     "format_bytes",
+    "format_options",
     "iter_tensors",
     "leak_check",
     "load_model_file",

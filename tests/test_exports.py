@@ -39,3 +39,26 @@ def test_unknown_attribute():
 
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         gs.nope  # noqa: B018
+
+
+#: ``gradscope.__all__`` before the package was split into capture/model/views (issue 11):
+#: every one of these names must stay importable from ``gradscope``.
+BEFORE_THE_LAYOUT = [
+    "Alert", "BackwardTrace", "CheckFailure", "CheckInputError", "CheckResult", "Edge",
+    "ExplainInputError", "Explanation", "FORMATS", "FormatError", "GradMonitor", "GradStat",
+    "GradscopeError", "Graph", "GraphLeakWarning", "GraphvizNotFoundError", "Leak", "LeakCheck",
+    "LeakStep", "MemoryHooksError", "MemoryReport", "ModelFile", "ModelFileError", "NoGradError",
+    "Node", "NodeStep", "NonFinite", "ParamStats", "SavedMemory", "SavedTensor", "StepStats",
+    "TensorInfo", "__version__", "auto_depth", "check", "collapse", "dot_binary", "explain",
+    "fold", "format_bytes", "iter_tensors", "leak_check", "load_model_file", "make_dot",
+    "output_format", "readable_view", "record_backward", "record_forward", "render_tree",
+    "saved_memory", "scopes", "trace",
+]
+
+
+def test_every_name_exported_before_the_layout_still_is():
+    missing = [n for n in BEFORE_THE_LAYOUT if n not in gs.__all__]
+    assert not missing
+    for name in BEFORE_THE_LAYOUT:
+        assert getattr(gs, name) is not None
+    assert gs.FORMATS == ("dot", "json", "html", "svg", "png", "pdf")

@@ -9,7 +9,8 @@
  * Python wrappers (`next_functions`, `variable`, ...), exactly as the Python walker reaches them.
  * `Node`, `Edge` and `TensorInfo` are slotted dataclasses; their instances are allocated here
  * and their slots filled directly, which gives the object `__init__` would have built (every
- * field is set; `attrs` and `saved` get a fresh dict and list, as their default factories do).
+ * field is set; `attrs` and `saved` get a fresh dict and list, as their default factories do;
+ * `Node`'s fields after `order` get the defaults `configure` was given).
  * `configure` checks the slot layout once, so a field added to a dataclass without updating
  * this file fails loudly at import rather than producing half-built objects.
  *
@@ -22,11 +23,16 @@
 #include <Python.h>
 #include <structmember.h>
 
-#define MAX_FIELDS 8
+#define MAX_FIELDS 24
 
+/* A slotted dataclass: its type, the offsets of its slots in field order, and for the fields
+ * past the ones this file fills (`n_fixed`), their defaults (immutable values: None, False...),
+ * so that a field added at the end of `Node` needs no change here. */
 typedef struct {
     PyTypeObject *type;
     Py_ssize_t n;
+    Py_ssize_t n_fixed;
+    PyObject *defaults; /* tuple of n - n_fixed values, or NULL when n == n_fixed */
     Py_ssize_t off[MAX_FIELDS];
 } Layout;
 
@@ -53,7 +59,7 @@ static PyObject *s_custom, *s_reads, *s_unpacked, *s_data, *s_nbytes, *s_untyped
 static PyObject *i_one, *i_zero;
 
 static int
-layout_init(Layout *L, PyObject *type, PyObject *names, Py_ssize_t expected)
+layout_init(Layout *L, PyObject *type, PyObject *names, Py_ssize_t expected, PyObject *defaults)
 {
     if (!PyType_Check(type)) {
         PyErr_SetString(PyExc_TypeError, "configure: expected a class");
@@ -63,10 +69,12 @@ layout_init(Layout *L, PyObject *type, PyObject *names, Py_ssize_t expected)
     if (seq == NULL)
         return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n != expected) {
+    Py_ssize_t n_defaults = defaults == NULL ? 0 : PyTuple_GET_SIZE(defaults);
+    if (n != expected + n_defaults || n > MAX_FIELDS) {
         PyErr_Format(PyExc_RuntimeError,
-                     "gradscope._cwalk: %s has %zd fields, this build fills %zd; "
-                     "update gradscope/capture/_cwalk.c", ((PyTypeObject *)type)->tp_name, n, expected);
+                     "gradscope._cwalk: %s has %zd fields, this build fills %zd and has %zd "
+                     "defaults; update gradscope/capture/_cwalk.c",
+                     ((PyTypeObject *)type)->tp_name, n, expected, n_defaults);
         Py_DECREF(seq);
         return -1;
     }
@@ -91,7 +99,18 @@ layout_init(Layout *L, PyObject *type, PyObject *names, Py_ssize_t expected)
     Py_DECREF(seq);
     L->type = (PyTypeObject *)Py_NewRef(type);
     L->n = n;
+    L->n_fixed = expected;
+    L->defaults = n_defaults ? Py_NewRef(defaults) : NULL;
     return 0;
+}
+
+static void
+layout_clear(Layout *L)
+{
+    Py_XDECREF(L->type);
+    Py_XDECREF(L->defaults);
+    L->type = NULL;
+    L->defaults = NULL;
 }
 
 /* A new instance with every slot set to vals[i] (borrowed references; new ones are taken). */
@@ -101,8 +120,11 @@ new_instance(Layout *L, PyObject **vals)
     PyObject *obj = L->type->tp_alloc(L->type, 0);
     if (obj == NULL)
         return NULL;
-    for (Py_ssize_t i = 0; i < L->n; i++)
+    for (Py_ssize_t i = 0; i < L->n_fixed; i++)
         *(PyObject **)((char *)obj + L->off[i]) = Py_NewRef(vals[i]);
+    for (Py_ssize_t i = L->n_fixed; i < L->n; i++)
+        *(PyObject **)((char *)obj + L->off[i]) =
+            Py_NewRef(PyTuple_GET_ITEM(L->defaults, i - L->n_fixed));
     return obj;
 }
 
@@ -134,32 +156,32 @@ new_edge(PyObject *src, PyObject *dst, PyObject *input_nr)
 static PyObject *
 configure(PyObject *self, PyObject *args)
 {
-    PyObject *node_t, *node_f, *edge_t, *edge_f, *ti_t, *ti_f, *saved_t, *saved_f;
+    PyObject *node_t, *node_f, *node_d, *edge_t, *edge_f, *ti_t, *ti_f, *saved_t, *saved_f;
     PyObject *info_fn, *dnames, *dname_fn, *tensor_t, *key_fn;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOO!OOO", &node_t, &node_f, &edge_t, &edge_f, &ti_t,
-                          &ti_f, &saved_t, &saved_f, &info_fn, &PyDict_Type, &dnames, &dname_fn,
-                          &tensor_t, &key_fn))
+    if (!PyArg_ParseTuple(args, "OOO!OOOOOOOO!OOO", &node_t, &node_f, &PyTuple_Type, &node_d,
+                          &edge_t, &edge_f, &ti_t, &ti_f, &saved_t, &saved_f, &info_fn,
+                          &PyDict_Type, &dnames, &dname_fn, &tensor_t, &key_fn))
         return NULL;
     /* all or nothing: a rejected layout leaves the previous configuration in place */
-    Layout node = {NULL, 0, {0}}, edge = {NULL, 0, {0}}, tinfo = {NULL, 0, {0}};
-    Layout saved = {NULL, 0, {0}};
-    if (layout_init(&node, node_t, node_f, N_FIELDS) < 0
-        || layout_init(&edge, edge_t, edge_f, E_FIELDS) < 0
-        || layout_init(&tinfo, ti_t, ti_f, T_FIELDS) < 0
-        || layout_init(&saved, saved_t, saved_f, S_FIELDS) < 0) {
-        Py_XDECREF(node.type);
-        Py_XDECREF(edge.type);
-        Py_XDECREF(tinfo.type);
-        Py_XDECREF(saved.type);
+    Layout node = {NULL, 0, 0, NULL, {0}}, edge = {NULL, 0, 0, NULL, {0}};
+    Layout tinfo = {NULL, 0, 0, NULL, {0}}, saved = {NULL, 0, 0, NULL, {0}};
+    if (layout_init(&node, node_t, node_f, N_FIELDS, node_d) < 0
+        || layout_init(&edge, edge_t, edge_f, E_FIELDS, NULL) < 0
+        || layout_init(&tinfo, ti_t, ti_f, T_FIELDS, NULL) < 0
+        || layout_init(&saved, saved_t, saved_f, S_FIELDS, NULL) < 0) {
+        layout_clear(&node);
+        layout_clear(&edge);
+        layout_clear(&tinfo);
+        layout_clear(&saved);
         return NULL;
     }
     PyObject *cache = PyDict_New();
     if (cache == NULL)
         return NULL;
-    Py_XDECREF(NODE.type);
-    Py_XDECREF(EDGE.type);
-    Py_XDECREF(TINFO.type);
-    Py_XDECREF(SAVED.type);
+    layout_clear(&NODE);
+    layout_clear(&EDGE);
+    layout_clear(&TINFO);
+    layout_clear(&SAVED);
     NODE = node;
     EDGE = edge;
     TINFO = tinfo;
@@ -764,7 +786,7 @@ make_edges(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
-     "configure(Node, fields, Edge, fields, TensorInfo, fields, SavedTensor, fields, "
+     "configure(Node, fields, defaults, Edge, fields, TensorInfo, fields, SavedTensor, fields, "
      "class_info, dtype_names, dtype_name, Tensor, storage_key): check the dataclasses' slot "
      "layouts and keep the helpers the walk needs."},
     {"walk", walk, METH_VARARGS, walk_doc},

@@ -24,6 +24,7 @@ import torch
 from ..model.backward import BackwardTrace, GradStat, NodeStep, NonFinite
 from ..model.graph import Graph, Node
 from .forward import created_at
+from .handles import HookHandle
 from .nest import iter_tensors
 from .walk import _trace_with_ids
 
@@ -126,7 +127,7 @@ class _Recorder:
 
     def __init__(self, ids: dict[Any, str], roots: list[tuple[Any, int]]) -> None:
         self.ids = ids
-        self.handles: list[Any] = []
+        self.handles = HookHandle()
         self.steps: list[list[Any]] = []  # [node_id, name, grad_outputs, grad_inputs]
         self.returned: dict[int, tuple[Any, Any]] = {}  # id(grad) -> (weakref, stat)
         self.shared = self._shared_slots(ids, roots)
@@ -151,15 +152,13 @@ class _Recorder:
         try:
             for fn, nid in self.ids.items():
                 hook = self._hook(nid, type(fn).__name__, self.shared.get(fn, set()))
-                self.handles.append(fn.register_hook(hook))
+                self.handles.add(fn.register_hook(hook))
         except BaseException:
             self.remove()
             raise
 
     def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
+        self.handles.remove()
         self.returned.clear()
 
     def _hook(self, nid: str, name: str, shared: set[int]) -> Any:
@@ -275,12 +274,12 @@ def _annotate(
     for nid, fn in fns.items():
         where = created_at(fn)
         if where:
-            graph.node(nid).attrs["created_at"] = where
+            graph.node(nid).created_at = where
     for step in steps:
         node = graph.node(step.node_id)
         kind = _bad_kind(step, node)
-        if kind and node.attrs.get("nonfinite") != "nan":
-            node.attrs["nonfinite"] = kind
+        if kind and node.nonfinite != "nan":
+            node.nonfinite = kind
     return _first_record(graph, steps, fns)
 
 
@@ -290,13 +289,14 @@ def _first_record(graph: Graph, steps: list[NodeStep], fns: dict[str, Any]) -> N
         return None
     step, slot, kind = found
     node = graph.node(step.node_id)
-    node.attrs.setdefault("nonfinite", kind)
-    node.attrs["first_nonfinite"] = "true"
+    if node.nonfinite is None:
+        node.nonfinite = kind
+    node.first_nonfinite = True
     param = None
     if node.kind == "accumulate":
         leaf = next(graph.node(e.dst) for e in graph.edges if e.src == node.id)
         param = leaf.name or None
-    where = node.attrs.get("created_at") or _anomaly_stack(fns[node.id])
+    where = node.created_at or _anomaly_stack(fns[node.id])
     return NonFinite(node.id, node.name, slot, kind, where, param)
 
 

@@ -8,17 +8,16 @@ full Python stack for every node and checks every gradient for NaN with a host s
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import linecache
 import os
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .handles import HookHandle
 from .stamps import CREATED_KEY
 
 
@@ -156,12 +155,28 @@ class _ForwardMode(TorchFunctionMode):
             ctx.metadata[CREATED_KEY] = (site.f_code.co_filename, site.f_lineno)
 
 
-@contextlib.contextmanager
-def record_forward() -> Iterator[None]:
+class RecordForward:
+    """An open-able ``record_forward`` block: enters the stamping ``TorchFunctionMode`` on
+    ``__enter__`` and leaves it on ``__exit__`` (also when the forward raises)."""
+
+    def __init__(self) -> None:
+        self.handle = HookHandle()
+
+    def __enter__(self) -> RecordForward:
+        mode = _ForwardMode()
+        mode.__enter__()
+        self.handle.add(lambda: mode.__exit__(None, None, None))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.remove()
+
+
+def record_forward() -> RecordForward:
     """Record where each autograd node created in the block comes from (file, line, code).
 
     ``record_backward`` then puts ``file:line: code`` on ``NonFinite.traceback`` and on
-    ``node.attrs["created_at"]``. Only the innermost frame outside torch is kept, so it costs
+    ``Node.created_at``. Only the innermost frame outside torch is kept, so it costs
     far less than ``torch.autograd.detect_anomaly`` (see ``benchmarks/backward.py``).
 
     Example:
@@ -174,5 +189,4 @@ def record_forward() -> Iterator[None]:
         >>> rec.first_nonfinite.name
         'SqrtBackward0'
     """
-    with _ForwardMode():
-        yield
+    return RecordForward()

@@ -32,6 +32,7 @@ from ..model.memory import (
     StorageUse,
     add_use,
 )
+from .handles import HookHandle
 from .scopes import ScopeRecorder
 from .stamps import LEAK_KEY
 
@@ -171,7 +172,7 @@ class SavedMemory(_Listener):
         self._peak = 0
         self._saved_total = 0
         self._rec: Any = None
-        self._handles: list[Any] = []
+        self._handles = HookHandle()
         self._guard = _HooksGuard(self)
         self._cuda: list[CudaSnapshot] = []
         self._device: torch.device | None = None
@@ -197,14 +198,14 @@ class SavedMemory(_Listener):
             if self.reset_peak:
                 torch.cuda.reset_peak_memory_stats(self._device)
             self._cuda.append(cuda_snapshot("before forward", self._device))
-        self._handles = [
-            register_module_forward_pre_hook(self._pre),
-            register_module_forward_hook(self._post, always_call=True),
-        ]
+        handles = self._handles
         try:
+            handles.add(register_module_forward_pre_hook(self._pre))
+            handles.add(register_module_forward_hook(self._post, always_call=True))
             self._guard.push()
+            handles.add(self._guard.pop)  # removed first: the newest hook goes first
         except BaseException:
-            self._remove_module_hooks()
+            handles.remove()
             raise
         self._open = True
         return self
@@ -212,15 +213,9 @@ class SavedMemory(_Listener):
     def __exit__(self, *exc: object) -> None:
         self._open = False
         try:
-            self._guard.pop()
+            self._handles.remove()
         finally:
-            self._remove_module_hooks()
             self._finish()
-
-    def _remove_module_hooks(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
 
     # -------------------------------------------------------------- modules
     def _adopt(self, model: torch.nn.Module) -> None:
@@ -424,17 +419,19 @@ class LeakCheck(_Listener):
         self._saved: dict[int, list[tuple[weakref.ref[torch.Tensor], Any, int]]] = {}
         self._warned: set[int] = set()
         self._guard = _HooksGuard(self)
+        self._handle = HookHandle()
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> LeakCheck:
         """Install the saved-tensor hooks; calling it again does nothing."""
         if not self._guard.pushed:
             self._guard.push()
+            self._handle.add(self._guard.pop)
         return self
 
     def remove(self) -> None:
         """Remove the hooks; safe to call twice. ``history`` stays readable."""
-        self._guard.pop()
+        self._handle.remove()
 
     def __enter__(self) -> LeakCheck:
         return self.start()

@@ -54,12 +54,12 @@ from typing import Any
 
 import torch
 import torch.distributed
-from torch.utils.hooks import RemovableHandle
 
 from ..errors import GradscopeError, MonitorError, MonitorWarning, UnsupportedSetupError
 from ..model.formats import renderer
 from ..model.monitor import Alert, MonitorLog, ParamStats, StepStats
 from . import monitor_stats as S
+from .handles import HookHandle
 from .nest import iter_tensors
 
 #: a parameter is "vanishing" or "dead" after this many consecutive logged steps
@@ -347,7 +347,7 @@ class GradMonitor:
         self._logged_steps = 0
         self.history: list[StepStats] = []
         self.alerts: list[Alert] = []
-        self._handles: list[RemovableHandle] = []
+        self._handles = HookHandle()
         self._queued = -1
         self._pending: _Measure | None = None
         self._probe: _Measure | None = None
@@ -357,7 +357,6 @@ class GradMonitor:
         self._alert_state = _AlertState()
         self._leak_check: Any = None
         self._leak_alerted: set[int] = set()
-        self._scaler_update: Any = None
         self.distributed: str | None = None
         if leaks:
             from .memory import LeakCheck  # saved-tensor hooks: only when asked for
@@ -384,26 +383,27 @@ class GradMonitor:
 
     # ------------------------------------------------------------------ hooks
     def _attach(self, model: torch.nn.Module, activations: bool) -> None:
-        h = self._handles
+        add = self._handles.add
         if self._point == "backward":
-            h.extend(
-                p.register_post_accumulate_grad_hook(self._on_accumulate) for p in self._params
-            )
+            for p in self._params:
+                add(p.register_post_accumulate_grad_hook(self._on_accumulate))
         if self.optimizer is not None:
-            h.append(self.optimizer.register_step_pre_hook(self._before_step))
-            h.append(self.optimizer.register_step_post_hook(self._after_step))
+            add(self.optimizer.register_step_pre_hook(self._before_step))
+            add(self.optimizer.register_step_post_hook(self._after_step))
             if self._scaler is not None:
-                self._wrap_scaler_update()
+                add(self._wrap_scaler_update())
         # prepended: it must see the parameters before another pre-hook (FSDP2 unsharding) swaps
         # them for the forward
-        h.append(model.register_forward_pre_hook(self._first_forward, prepend=True))
+        add(model.register_forward_pre_hook(self._first_forward, prepend=True))
         for i, (_, mod) in enumerate(self._modules):
-            h.append(mod.register_forward_hook(partial(self._module_forward, i)))
+            add(mod.register_forward_hook(partial(self._module_forward, i)))
         if activations:
             for i, (_, mod) in enumerate(model.named_modules()):
-                h.append(mod.register_forward_hook(partial(self._activation_check, i)))
+                add(mod.register_forward_hook(partial(self._activation_check, i)))
 
-    def _wrap_scaler_update(self) -> None:
+    def _wrap_scaler_update(self) -> Any:
+        """Shadow the scaler instance's ``update`` (the end of a step it may have skipped);
+        returns what undoes it."""
         scaler, original = self._scaler, self._scaler.update
 
         def update(new_scale: Any = None) -> None:
@@ -411,17 +411,16 @@ class GradMonitor:
             original(new_scale)
 
         scaler.update = update
-        self._scaler_update = update
+
+        def unwrap() -> None:
+            if scaler.__dict__.get("update") is update:
+                del scaler.__dict__["update"]
+
+        return unwrap
 
     def remove(self) -> None:
         """Remove every hook gradscope added (safe to call twice); history and alerts stay."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        if self._scaler_update is not None:
-            if self._scaler.__dict__.get("update") is self._scaler_update:
-                del self._scaler.__dict__["update"]
-            self._scaler_update = None
+        self._handles.remove()
         if self._leak_check is not None:
             self._leak_check.remove()
         self._pending = self._probe = self._sample = None

@@ -27,8 +27,6 @@ forward raises. Single-threaded forwards only: sequence numbers are per thread.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +38,7 @@ from torch.nn.modules.module import (
 
 from ..errors import ScopesError
 from ..model.paths import levels, strip_calls
+from .handles import HookHandle
 from .nest import iter_tensors
 from .stamps import MODULE_CLASSES_KEY, MODULE_KEY, NO_SEQUENCE_NR, walk_nodes
 
@@ -163,11 +162,48 @@ class ScopeRecorder:
         fn.metadata[MODULE_CLASSES_KEY] = self.class_chain(path)
 
 
-_ACTIVE: set[int] = set()
+_ACTIVE: set[int] = set()  # ids of the models with an open block (one block per model)
 
 
-@contextlib.contextmanager
-def scopes(model: torch.nn.Module) -> Iterator[None]:
+class Scopes:
+    """An open-able ``scopes`` block: ``with gs.scopes(model) as rec:`` installs the global
+    module hooks, yields the ``ScopeRecorder`` (which owns what the block records), and removes
+    them when the block ends, even when the forward raises."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.recorder: ScopeRecorder | None = None
+        self.handle = HookHandle()
+
+    def __enter__(self) -> ScopeRecorder:
+        model = self.model
+        if id(model) in _ACTIVE:
+            raise ScopesError(
+                "a gs.scopes block on this model is already open; nest the forward inside one "
+                "block"
+            )
+        rec = self.recorder = ScopeRecorder(model)
+        _ACTIVE.add(id(model))
+        handle = self.handle
+        handle.add(lambda: _ACTIVE.discard(id(model)))
+        handle.add(rec.stamped_acc.clear)
+        try:
+            handle.add(register_module_forward_pre_hook(rec.pre))
+            handle.add(register_module_forward_hook(rec.post, always_call=True))
+        except BaseException:
+            handle.remove()
+            raise
+        return rec
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.remove()
+
+    def remove(self) -> None:
+        """Remove the hooks now (safe twice); the block's ``__exit__`` does it too."""
+        self.handle.remove()
+
+
+def scopes(model: torch.nn.Module) -> Scopes:
     """Record which module of ``model`` created each autograd node during the block.
 
     Each node created inside a module's forward is stamped with the innermost module's path
@@ -195,18 +231,4 @@ def scopes(model: torch.nn.Module) -> Iterator[None]:
             f"scopes() needs the nn.Module whose forward runs, got {type(model).__name__}; "
             "use: with gs.scopes(model): out = model(x)"
         )
-    if id(model) in _ACTIVE:
-        raise ScopesError(
-            "a gs.scopes block on this model is already open; nest the forward inside one block"
-        )
-    rec = ScopeRecorder(model)
-    _ACTIVE.add(id(model))
-    pre = register_module_forward_pre_hook(rec.pre)
-    post = register_module_forward_hook(rec.post, always_call=True)
-    try:
-        yield
-    finally:
-        pre.remove()
-        post.remove()
-        _ACTIVE.discard(id(model))
-        rec.stamped_acc.clear()
+    return Scopes(model)

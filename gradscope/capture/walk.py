@@ -16,7 +16,7 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 import torch
@@ -86,6 +86,24 @@ def _storage_key_fallback(t: torch.Tensor) -> int:
 _storage_key = getattr(torch._C, "_storage_address", None) or _storage_key_fallback
 
 
+#: The ``Node`` fields the compiled walk fills itself; the fields after them get their defaults.
+_NODE_FILLED = ("id", "name", "kind", "module", "attrs", "saved", "tensor", "order")
+
+
+def _node_defaults() -> tuple[Any, ...]:
+    """The defaults of ``Node``'s fields past ``_NODE_FILLED``: immutable values the compiled
+    walk may share between nodes (a field with a default factory needs C code of its own)."""
+    out = []
+    for f in fields(Node)[len(_NODE_FILLED):]:
+        if f.default is MISSING or not isinstance(f.default, (type(None), bool, int, float, str)):
+            raise RuntimeError(
+                f"Node.{f.name} needs an immutable default for the compiled walk "
+                "(gradscope/capture/_cwalk.c fills only the first fields)"
+            )
+        out.append(f.default)
+    return tuple(out)
+
+
 def _load_cwalk() -> Any:
     """The compiled walk (``gradscope/capture/_cwalk.c``), configured; None when the build skipped it
     (no C compiler) or ``GRADSCOPE_PURE_PYTHON=1`` asks for the Python walker."""
@@ -95,9 +113,11 @@ def _load_cwalk() -> Any:
         from . import _cwalk
     except ImportError:
         return None
-    layouts = []
+    layouts: list[Any] = []
     for cls in (Node, Edge, TensorInfo, SavedTensor):
         layouts += [cls, tuple(f.name for f in fields(cls))]
+        if cls is Node:
+            layouts.append(_node_defaults())
     # raises if a dataclass's fields no longer match what the C code fills
     _cwalk.configure(
         *layouts, _class_info, _DTYPE_NAMES, _dtype_name, torch.Tensor, _storage_key
@@ -235,7 +255,7 @@ class _Walker:
             label = self.names.get(id(tensor), name)
             node = Node(nid, label, "output", tensor=self.tensor_info(tensor, label))
             if is_base:
-                node.attrs["view_base"] = "true"
+                node.view_base = True
             self.nodes.append(node)
             self.tensor_ids[id(tensor)] = nid
             self.keep.append(tensor)
@@ -262,7 +282,7 @@ class _Walker:
         node.module = meta.get(MODULE_KEY)
         classes = meta.get(MODULE_CLASSES_KEY)
         if classes is not None:
-            node.attrs["module_classes"] = classes
+            node.module_classes = tuple(classes.split("/"))
 
     def walk_py(self, start: Any) -> None:
         """The pure-Python walk (the reference the compiled one is tested against)."""

@@ -91,8 +91,8 @@ class BackwardTrace:
         first_nonfinite: the first NaN/Inf gradient, or None.
         graph: the traced graph, annotated: ``Node.order`` (first run, 0 first), ``Edge.grad_norm``
             (norm of the gradient that flowed along the edge), and on nodes whose gradients were
-            not finite ``attrs["nonfinite"]`` (``nan``/``inf``), ``attrs["first_nonfinite"]``
-            and ``attrs["created_at"]`` where known.
+            not finite ``Node.nonfinite`` (``nan``/``inf``), ``Node.first_nonfinite`` and
+            ``Node.created_at`` where known.
     """
 
     steps: list[NodeStep] = field(default_factory=list)
@@ -104,7 +104,7 @@ class BackwardTrace:
         leaf_of = {e.src: e.dst for e in self.graph.edges if e.kind == "grad"}
         out = []
         for node in self.graph.nodes:
-            if node.kind == "accumulate" and node.attrs.get("nonfinite"):
+            if node.kind == "accumulate" and node.nonfinite:
                 leaf = self.graph.node(leaf_of[node.id])
                 out.append(leaf.name or leaf.id)
         return out

@@ -18,13 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import FormatError
 from .files import write_atomic
-
-if TYPE_CHECKING:
-    from .graph import Graph
+from .nodes import GraphLike
 
 
 @dataclass(frozen=True)
@@ -98,6 +96,15 @@ def format_for(path: str | Path | None, fmt: str | None) -> str:
     return get_format(suffix).name
 
 
+def format_options(name: str) -> frozenset[str]:
+    """The options the format called ``name`` takes (``gs.format_options("json")`` is empty).
+
+    Raises:
+        FormatError: no such format.
+    """
+    return get_format(name).options
+
+
 def check_options(fmt: OutputFormat, options: Iterable[str]) -> None:
     """Refuse options that ``fmt`` does not take (a DOT option is no JSON option)."""
     extra = sorted(set(options) - fmt.options)
@@ -108,14 +115,14 @@ def check_options(fmt: OutputFormat, options: Iterable[str]) -> None:
         )
 
 
-def render_graph(graph: Graph, fmt: str, **options: Any) -> bytes:
+def render_graph(graph: GraphLike, fmt: str, **options: Any) -> bytes:
     """``graph`` rendered in ``fmt`` with ``options`` (checked against what it takes)."""
     spec = get_format(fmt)
     check_options(spec, options)
     return spec.render(graph, **options)
 
 
-def save_graph(graph: Graph, path: str | Path, format: str | None = None, **options: Any) -> Path:
+def save_graph(graph: GraphLike, path: str | Path, format: str | None = None, **options: Any) -> Path:
     """Write ``graph`` to ``path`` in ``format`` (default: from the suffix), atomically: the
     bytes go to a temporary file in the same folder, renamed over ``path`` once complete."""
     path = Path(path)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .graph import Graph, format_bytes
+from .nodes import GraphLike, format_bytes
 from .paths import levels
 
 ACTIVATION, LEAF, OUTPUT = "activation", "leaf", "output"
@@ -144,7 +144,7 @@ class MemoryReport:
         return self.render()
 
 
-def graph_memory(graph: Graph) -> MemoryReport:
+def graph_memory(graph: GraphLike) -> MemoryReport:
     """Bytes held by a graph's saved tensors, per storage, node and module.
 
     Args:
@@ -205,7 +205,7 @@ def add_use(report: MemoryReport, use: StorageUse) -> None:
     report.by_module[use.module] = report.by_module.get(use.module, 0) + use.nbytes
 
 
-def _alias_kinds(graph: Graph) -> dict[str, str]:
+def _alias_kinds(graph: GraphLike) -> dict[str, str]:
     """Storage id -> ``leaf``/``output`` for storages of leaf and output tensors (leaf wins)."""
     kinds: dict[str, str] = {}
     for n in graph.nodes:
@@ -215,7 +215,7 @@ def _alias_kinds(graph: Graph) -> dict[str, str]:
     return kinds
 
 
-def _forward_rank(graph: Graph) -> dict[str, int]:
+def _forward_rank(graph: GraphLike) -> dict[str, int]:
     """Node id -> position in forward order, estimated by an iterative post-order walk.
 
     A node's inputs (its ``next_functions``) ran before it, so post-order is a valid forward

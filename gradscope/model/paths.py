@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from .graph import Graph, Node
+from .nodes import GraphLike, Node
 
 _NUMERIC = re.compile(r"^\d+(-\d+)?(#\d+(-\d+)?)?$")
 _CALL_PART = re.compile(r"#\d+$")
@@ -48,7 +48,7 @@ def levels(path: str) -> list[str]:
     return out
 
 
-def node_paths(graph: Graph) -> dict[str, str | None]:
+def node_paths(graph: GraphLike) -> dict[str, str | None]:
     """Module path of every node: its own, or for a leaf its ``AccumulateGrad``'s."""
     paths: dict[str, str | None] = {
         n.id: n.module if n.kind in GROUP_KINDS else None for n in graph.nodes
@@ -62,17 +62,15 @@ def node_paths(graph: Graph) -> dict[str, str | None]:
 
 def module_class(path: str, members: list[Node]) -> str:
     """Class name of the module at ``path``, from a node inside it that knows (a box's
-    ``class``, or the ``module_classes`` chain ``gs.scopes`` stamps: the model's class first,
-    then one per depth level), else ""."""
+    ``Box.cls``, or the ``Node.module_classes`` chain ``gs.scopes`` records: the model's class
+    first, then one per depth level), else ""."""
     want = len(levels(path))
     for n in members:
-        if n.kind == "module" and n.module == path and n.attrs.get("class"):
-            return n.attrs["class"]
-        chain = n.attrs.get("module_classes")
-        if chain and inside(n.module, path):
-            parts = chain.split("/")
-            if len(parts) > want and parts[want]:
-                return parts[want]
+        if n.box is not None and n.module == path and n.box.cls:
+            return n.box.cls
+        chain = n.module_classes
+        if chain and inside(n.module, path) and len(chain) > want and chain[want]:
+            return chain[want]
     return ""
 
 

@@ -1,19 +1,57 @@
-"""The JSON form of a ``Graph`` (schema version 1), written by ``Graph.to_json`` and read back
-by ``Graph.from_json``: ``Graph.from_json(g.to_json()) == g`` for every graph."""
+"""The JSON form of a ``Graph``, written by ``Graph.to_json`` and read back, validated, by
+``Graph.from_json``: ``Graph.from_json(g.to_json()) == g`` for every graph.
+
+Schema version 2 (written now)::
+
+    {"gradscope": 2,
+     "roots": ["n0"],
+     "nodes": [{"id": "n0", "name": "MeanBackward0", "kind": "op", "module": null,
+                "attrs": {"self_sym_numel": "15"},
+                "saved": [{"name": "self", "shape": [3, 5], "dtype": "float32",
+                           "device": "cpu", "nbytes": 60, "storage": "s0", "freed": false}],
+                "tensor": null,
+                ...optional keys, present only when set:
+                "order": 0, "module_classes": ["Net", "Linear"],
+                "created_at": "model.py:7: y = x.log()", "nonfinite": "nan",
+                "first_nonfinite": true, "view_base": true,
+                "box": {"cls": "Linear", "nodes": 5, "saved_bytes": 64, "repeat": 4}}],
+     "edges": [{"src": "n0", "dst": "n1", "input_nr": 0,
+                ...optional: "kind": "view", "grad_norm": 0.5 (or "nan"/"inf"/"-inf"),
+                "count": 3}]}
+
+Shapes are lists of integers; a dimension that has no single size (the ragged dimension of a
+jagged nested tensor) is ``null``. Version 1 (before gradscope's annotations were typed) kept
+them as strings in ``attrs`` (``nonfinite``, ``first_nonfinite``, ``created_at``,
+``view_base``, ``module_classes``, and ``class``/``nodes``/``saved_bytes``/``repeat`` on module
+boxes); it still loads, and those keys become the typed fields.
+
+Reading validates structure and types and raises ``SchemaError`` naming the JSON path of the
+first problem (``nodes[3].saved[0].freed: expected true or false, got "false"``).
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from ..errors import SchemaError
-from .graph import Edge, Graph, Node, SavedTensor, TensorInfo
+from .nodes import KINDS, Box, Edge, GraphLike, Node, SavedTensor, TensorInfo
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Versions ``graph_from_dict`` reads.
+READABLE_VERSIONS = (1, 2)
+#: The deepest nesting a valid document has is 5 (a saved tensor's shape); anything much
+#: deeper is refused before it is parsed further.
+MAX_DEPTH = 32
+EDGE_KINDS = ("grad", "view")
+NONFINITE_KINDS = ("nan", "inf")
+_V1_BOX = ("class", "nodes", "saved_bytes", "repeat")
 
 
-def graph_to_dict(g: Graph) -> dict[str, Any]:
-    """The JSON-ready dict of schema version 1."""
+# ---------------------------------------------------------------------------- writing
+def graph_to_dict(g: GraphLike) -> dict[str, Any]:
+    """The JSON-ready dict of the current schema version."""
     return {
         "gradscope": SCHEMA_VERSION,
         "roots": list(g.roots),
@@ -22,8 +60,8 @@ def graph_to_dict(g: Graph) -> dict[str, Any]:
     }
 
 
-def graph_to_json(g: Graph) -> str:
-    """JSON text (schema version 1), one node or edge per line for readable diffs."""
+def graph_to_json(g: GraphLike) -> str:
+    """JSON text, one node or edge per line for readable diffs; strict JSON (no NaN)."""
     d = graph_to_dict(g)
     dumps = json.dumps
     lines = ['{"gradscope": %d,' % SCHEMA_VERSION, ' "roots": %s,' % dumps(d["roots"])]
@@ -33,56 +71,18 @@ def graph_to_json(g: Graph) -> str:
             lines.append(f' "{key}": []{end}')
             continue
         lines.append(f' "{key}": [')
-        body = [f"  {dumps(item, ensure_ascii=False)}" for item in items]
+        body = [f"  {dumps(item, ensure_ascii=False, allow_nan=False)}" for item in items]
         lines.append(",\n".join(body) + "]" + end)
     return "\n".join(lines) + "\n"
-
-
-def graph_from_dict(d: Any) -> Graph:
-    """Inverse of ``graph_to_dict``."""
-    if not isinstance(d, dict) or d.get("gradscope") != SCHEMA_VERSION:
-        raise SchemaError(
-            'not a gradscope graph: expected a JSON object with "gradscope": 1 '
-            "(write one with Graph.to_json() or gradscope render -o graph.json)"
-        )
-    try:
-        nodes = [_node_from_dict(n) for n in d["nodes"]]
-        edges = [
-            Edge(
-                e["src"],
-                e["dst"],
-                int(e.get("input_nr", 0)),
-                e.get("kind", "grad"),
-                None if e.get("grad_norm") is None else float(e["grad_norm"]),
-                int(e.get("count", 1)),
-            )
-            for e in d["edges"]
-        ]
-        roots = list(d["roots"])
-    except (KeyError, TypeError) as exc:
-        raise SchemaError(f"malformed gradscope graph JSON: missing or bad field {exc}") from None
-    return Graph(nodes=nodes, edges=edges, roots=roots)
-
-
-def graph_from_json(s: str | bytes) -> Graph:
-    """Parse JSON written by ``graph_to_json``."""
-    try:
-        data = json.loads(s)
-    except json.JSONDecodeError as exc:
-        raise SchemaError(
-            f"not valid JSON ({exc}); expected the output of Graph.to_json()"
-        ) from None
-    return graph_from_dict(data)
 
 
 def _float_to_json(x: float) -> float | str:
     """Strict JSON has no NaN/Infinity: write them as the strings "nan", "inf", "-inf"."""
     if x != x:
         return "nan"
-    if x in (float("inf"), float("-inf")):
+    if x in (math.inf, -math.inf):
         return "inf" if x > 0 else "-inf"
     return x
-
 
 
 def _saved_to_dict(s: SavedTensor) -> dict[str, Any]:
@@ -110,7 +110,7 @@ def _tensor_to_dict(t: TensorInfo | None) -> dict[str, Any] | None:
 
 
 def _node_to_dict(n: Node) -> dict[str, Any]:
-    d = {
+    d: dict[str, Any] = {
         "id": n.id,
         "name": n.name,
         "kind": n.kind,
@@ -119,8 +119,25 @@ def _node_to_dict(n: Node) -> dict[str, Any]:
         "saved": [_saved_to_dict(s) for s in n.saved],
         "tensor": _tensor_to_dict(n.tensor),
     }
-    if n.order is not None:  # optional keys appear only on annotated graphs
+    # optional keys appear only when set, so plain graphs keep short lines
+    if n.order is not None:
         d["order"] = n.order
+    if n.module_classes is not None:
+        d["module_classes"] = list(n.module_classes)
+    if n.created_at is not None:
+        d["created_at"] = n.created_at
+    if n.nonfinite is not None:
+        d["nonfinite"] = n.nonfinite
+    if n.first_nonfinite:
+        d["first_nonfinite"] = True
+    if n.view_base:
+        d["view_base"] = True
+    if n.box is not None:
+        box: dict[str, Any] = {"cls": n.box.cls, "nodes": n.box.nodes,
+                               "saved_bytes": n.box.saved_bytes}
+        if n.box.repeat is not None:
+            box["repeat"] = n.box.repeat
+        d["box"] = box
     return d
 
 
@@ -135,33 +152,313 @@ def _edge_to_dict(e: Edge) -> dict[str, Any]:
     return d
 
 
-def _node_from_dict(d: dict[str, Any]) -> Node:
-    t = d.get("tensor")
-    tensor = (
-        TensorInfo(t["name"], list(t["shape"]), t["dtype"], t["device"], t.get("storage"))
-        if t is not None
-        else None
-    )
-    saved = [
-        SavedTensor(
-            s["name"],
-            list(s["shape"]) if s["shape"] is not None else None,
-            s["dtype"],
-            s["device"],
-            int(s["nbytes"]),
-            s["storage"],
-            bool(s["freed"]),
-            s.get("storage_nbytes"),
+# ---------------------------------------------------------------------------- reading
+#: What a document holds: the nodes, edges and roots of a ``Graph``.
+Parts = tuple[list[Node], list[Edge], list[str]]
+
+
+def read_json(s: str | bytes) -> Parts:
+    """Parse and validate JSON written by ``graph_to_json`` (any readable version).
+
+    Raises:
+        SchemaError: not JSON, nested too deeply, or not a valid gradscope graph.
+    """
+    if isinstance(s, (bytes, bytearray)):
+        try:
+            s = s.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SchemaError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if not isinstance(s, str):
+        raise SchemaError(f"expected JSON text (str or bytes), got {type(s).__name__}")
+    if _nesting(s) > MAX_DEPTH:
+        raise SchemaError(
+            f"the JSON nests deeper than {MAX_DEPTH} levels; a gradscope graph nests at most 5 "
+            "(expected the output of Graph.to_json())"
         )
-        for s in d.get("saved", [])
-    ]
-    return Node(
-        id=d["id"],
-        name=d["name"],
-        kind=d["kind"],
-        module=d.get("module"),
-        attrs={str(k): str(v) for k, v in d.get("attrs", {}).items()},
-        saved=saved,
-        tensor=tensor,
-        order=None if d.get("order") is None else int(d["order"]),
-    )
+    try:
+        data = json.loads(s)
+    except json.JSONDecodeError as exc:
+        raise SchemaError(
+            f"not valid JSON ({exc}); expected the output of Graph.to_json()"
+        ) from None
+    except (RecursionError, ValueError, OverflowError) as exc:
+        raise SchemaError(f"not valid JSON ({type(exc).__name__}: {exc})") from None
+    return read_dict(data)
+
+
+def _nesting(s: str) -> int:
+    """The deepest bracket nesting in ``s`` (strings skipped): cheap, and never recursive."""
+    depth = deepest = 0
+    in_str = escaped = False
+    for ch in s:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def read_dict(d: Any) -> Parts:
+    """The nodes, edges and roots in the dict of any readable schema version, validated.
+
+    Raises:
+        SchemaError: the first problem found, with its JSON path.
+    """
+    if not isinstance(d, dict) or "gradscope" not in d:
+        raise SchemaError(
+            'not a gradscope graph: expected a JSON object with "gradscope": '
+            f"{SCHEMA_VERSION} (write one with Graph.to_json() or gradscope render -o graph.json)"
+        )
+    version = d["gradscope"]
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        raise SchemaError(
+            f"gradscope: unsupported schema version {json.dumps(version)}; this gradscope "
+            f"reads versions {', '.join(map(str, READABLE_VERSIONS))} (a newer gradscope wrote "
+            "it? upgrade gradscope)"
+        )
+    r = _Reader(version)
+    nodes_raw = r.list_of(d, "nodes", "")
+    nodes = [r.node(n, f"nodes[{i}]") for i, n in enumerate(nodes_raw)]
+    ids: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        if n.id in ids:
+            raise SchemaError(f"nodes[{i}].id: {json.dumps(n.id)} is used by nodes[{ids[n.id]}] too")
+        ids[n.id] = i
+    edges_raw = r.list_of(d, "edges", "")
+    edges = [r.edge(e, f"edges[{i}]", ids) for i, e in enumerate(edges_raw)]
+    roots_raw = r.list_of(d, "roots", "")
+    roots = []
+    for i, root in enumerate(roots_raw):
+        at = f"roots[{i}]"
+        r.expect_str(root, at)
+        if root not in ids:
+            raise SchemaError(f"{at}: {json.dumps(root)} names no node")
+        roots.append(root)
+    return nodes, edges, roots
+
+
+def _show(v: Any) -> str:
+    text = json.dumps(v) if isinstance(v, (str, int, float, bool, type(None))) else type(v).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class _Reader:
+    """Reads one document; every method names the JSON path of what it rejects."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+
+    # ------------------------------------------------------------------ primitives
+    @staticmethod
+    def fail(at: str, want: str, got: Any) -> SchemaError:
+        return SchemaError(f"{at}: expected {want}, got {_show(got)}")
+
+    def field(self, d: dict[str, Any], key: str, at: str) -> Any:
+        if key not in d:
+            raise SchemaError(f"{at}: missing key {json.dumps(key)}")
+        return d[key]
+
+    def obj(self, v: Any, at: str) -> dict[str, Any]:
+        if not isinstance(v, dict):
+            raise self.fail(at, "an object", v)
+        return v
+
+    def list_of(self, d: dict[str, Any], key: str, at: str) -> list[Any]:
+        path = f"{at}.{key}" if at else key
+        v = self.field(d, key, at or "(document)")
+        if not isinstance(v, list):
+            raise self.fail(path, "a list", v)
+        return v
+
+    def expect_str(self, v: Any, at: str) -> str:
+        if not isinstance(v, str):
+            raise self.fail(at, "a string", v)
+        return v
+
+    def opt_str(self, v: Any, at: str) -> str | None:
+        return None if v is None else self.expect_str(v, at)
+
+    def expect_int(self, v: Any, at: str, *, low: int = 0) -> int:
+        if type(v) is not int:  # bool is an int subclass: refused
+            raise self.fail(at, "an integer", v)
+        if v < low:
+            raise self.fail(at, f"an integer >= {low}", v)
+        return v
+
+    def expect_bool(self, v: Any, at: str) -> bool:
+        if type(v) is not bool:
+            raise self.fail(at, "true or false", v)
+        return v
+
+    def shape(self, v: Any, at: str, *, optional: bool) -> list[int | None] | None:
+        if v is None and optional:
+            return None
+        if not isinstance(v, list):
+            raise self.fail(at, "a list of integers" + (" or null" if optional else ""), v)
+        out: list[int | None] = []
+        for i, dim in enumerate(v):
+            out.append(None if dim is None else self.expect_int(dim, f"{at}[{i}]"))
+        return out
+
+    def norm(self, v: Any, at: str) -> float | None:
+        if v is None:
+            return None
+        if isinstance(v, str):
+            if v in ("nan", "inf", "-inf"):
+                return float(v)
+            raise self.fail(at, 'a number, "nan", "inf" or "-inf"', v)
+        if type(v) not in (int, float):
+            raise self.fail(at, "a number", v)
+        try:
+            return float(v)
+        except OverflowError:
+            raise self.fail(at, "a number a float can hold", v) from None
+
+    # ------------------------------------------------------------------ records
+    def saved(self, v: Any, at: str) -> SavedTensor:
+        d = self.obj(v, at)
+        nbytes = self.expect_int(self.field(d, "nbytes", at), f"{at}.nbytes")
+        size = d.get("storage_nbytes")
+        return SavedTensor(
+            self.expect_str(self.field(d, "name", at), f"{at}.name"),
+            self.shape(self.field(d, "shape", at), f"{at}.shape", optional=True),  # type: ignore[arg-type]
+            self.opt_str(self.field(d, "dtype", at), f"{at}.dtype"),
+            self.opt_str(self.field(d, "device", at), f"{at}.device"),
+            nbytes,
+            self.opt_str(self.field(d, "storage", at), f"{at}.storage"),
+            self.expect_bool(self.field(d, "freed", at), f"{at}.freed"),
+            None if size is None else self.expect_int(size, f"{at}.storage_nbytes"),
+        )
+
+    def tensor(self, v: Any, at: str) -> TensorInfo | None:
+        if v is None:
+            return None
+        d = self.obj(v, at)
+        return TensorInfo(
+            self.opt_str(self.field(d, "name", at), f"{at}.name"),
+            self.shape(self.field(d, "shape", at), f"{at}.shape", optional=False),  # type: ignore[arg-type]
+            self.expect_str(self.field(d, "dtype", at), f"{at}.dtype"),
+            self.expect_str(self.field(d, "device", at), f"{at}.device"),
+            self.opt_str(d.get("storage"), f"{at}.storage"),
+        )
+
+    def attrs(self, v: Any, at: str) -> dict[str, str]:
+        d = self.obj(v, at)
+        for k, val in d.items():
+            if not isinstance(val, str):
+                raise self.fail(f"{at}[{json.dumps(k)}]", "a string", val)
+        return dict(d)
+
+    def box(self, v: Any, at: str) -> Box | None:
+        if v is None:
+            return None
+        d = self.obj(v, at)
+        repeat = d.get("repeat")
+        return Box(
+            self.expect_str(self.field(d, "cls", at), f"{at}.cls"),
+            self.expect_int(self.field(d, "nodes", at), f"{at}.nodes"),
+            self.expect_int(self.field(d, "saved_bytes", at), f"{at}.saved_bytes"),
+            None if repeat is None else self.expect_int(repeat, f"{at}.repeat", low=1),
+        )
+
+    def node(self, v: Any, at: str) -> Node:
+        d = self.obj(v, at)
+        kind = self.expect_str(self.field(d, "kind", at), f"{at}.kind")
+        if kind not in KINDS:
+            raise self.fail(f"{at}.kind", f"one of {', '.join(KINDS)}", kind)
+        saved_raw = d.get("saved", [])
+        if not isinstance(saved_raw, list):
+            raise self.fail(f"{at}.saved", "a list", saved_raw)
+        attrs = self.attrs(d.get("attrs", {}), f"{at}.attrs")
+        order = d.get("order")
+        node = Node(
+            id=self.expect_str(self.field(d, "id", at), f"{at}.id"),
+            name=self.expect_str(self.field(d, "name", at), f"{at}.name"),
+            kind=kind,
+            module=self.opt_str(d.get("module"), f"{at}.module"),
+            attrs=attrs,
+            saved=[self.saved(s, f"{at}.saved[{i}]") for i, s in enumerate(saved_raw)],
+            tensor=self.tensor(d.get("tensor"), f"{at}.tensor"),
+            order=None if order is None else self.expect_int(order, f"{at}.order"),
+        )
+        if self.version == 1:
+            _upgrade_v1(node, at)
+            return node
+        classes = d.get("module_classes")
+        if classes is not None:
+            if not isinstance(classes, list):
+                raise self.fail(f"{at}.module_classes", "a list of strings", classes)
+            node.module_classes = tuple(
+                self.expect_str(c, f"{at}.module_classes[{i}]") for i, c in enumerate(classes)
+            )
+        node.created_at = self.opt_str(d.get("created_at"), f"{at}.created_at")
+        bad = d.get("nonfinite")
+        if bad is not None and bad not in NONFINITE_KINDS:
+            raise self.fail(f"{at}.nonfinite", '"nan", "inf" or null', bad)
+        node.nonfinite = bad
+        node.first_nonfinite = self.expect_bool(
+            d.get("first_nonfinite", False), f"{at}.first_nonfinite"
+        )
+        node.view_base = self.expect_bool(d.get("view_base", False), f"{at}.view_base")
+        node.box = self.box(d.get("box"), f"{at}.box")
+        return node
+
+    def edge(self, v: Any, at: str, ids: dict[str, int]) -> Edge:
+        d = self.obj(v, at)
+        ends = []
+        for key in ("src", "dst"):
+            end = self.expect_str(self.field(d, key, at), f"{at}.{key}")
+            if end not in ids:
+                raise SchemaError(f"{at}.{key}: {json.dumps(end)} names no node")
+            ends.append(end)
+        kind = d.get("kind", "grad")
+        if kind not in EDGE_KINDS:
+            raise self.fail(f"{at}.kind", '"grad" or "view"', kind)
+        return Edge(
+            ends[0],
+            ends[1],
+            self.expect_int(d.get("input_nr", 0), f"{at}.input_nr"),
+            kind,
+            self.norm(d.get("grad_norm"), f"{at}.grad_norm"),
+            self.expect_int(d.get("count", 1), f"{at}.count", low=1),
+        )
+
+
+def _upgrade_v1(node: Node, at: str) -> None:
+    """Move version 1's annotation strings out of ``attrs`` into the typed fields."""
+    attrs = node.attrs
+    bad = attrs.pop("nonfinite", None)
+    if bad is not None and bad not in NONFINITE_KINDS:
+        raise SchemaError(f'{at}.attrs["nonfinite"]: expected "nan" or "inf", got {_show(bad)}')
+    node.nonfinite = bad
+    node.first_nonfinite = attrs.pop("first_nonfinite", "") == "true"
+    node.created_at = attrs.pop("created_at", None)
+    node.view_base = bool(attrs.pop("view_base", ""))
+    chain = attrs.pop("module_classes", None)
+    if chain is not None:
+        # version 1 chains had one class per depth level, without the model's own class
+        node.module_classes = ("", *chain.split("/"))
+    if node.kind == "module":
+        box = {k: attrs.pop(k) for k in _V1_BOX if k in attrs}
+        try:
+            node.box = Box(
+                box.get("class", ""),
+                int(box.get("nodes", "1")),
+                int(box.get("saved_bytes", "0") or 0),
+                int(box["repeat"]) if "repeat" in box else None,
+            )
+        except ValueError:
+            raise SchemaError(
+                f"{at}.attrs: a module box's nodes, saved_bytes and repeat must be integers, "
+                f"got {_show(box)}"
+            ) from None

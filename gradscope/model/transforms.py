@@ -2,9 +2,8 @@
 
 Both take a ``Graph`` whose nodes carry module paths (``gs.scopes``) and return a new, smaller
 ``Graph`` in which a group of nodes is one node of kind ``module``: ``name`` is its label,
-``module`` its path, ``attrs`` hold ``class`` (the module's class name), ``nodes`` (how many
-original nodes it stands for) and ``saved_bytes`` (bytes of its saved tensors, each storage
-counted once), and ``saved`` keeps the members' saved-tensor records, so ``Graph.saved_bytes()``
+``module`` its path, ``box`` a ``Box`` with the module's class name, how many original nodes
+it stands for and the bytes of its saved tensors (each storage counted once), and ``saved`` keeps the members' saved-tensor records, so ``Graph.saved_bytes()``
 and the total node count are the same before and after. Edges between groups are merged into one
 ``Edge`` whose ``count`` says how many it stands for.
 
@@ -18,54 +17,51 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from ..errors import ViewError
-from .graph import Edge, Graph, Node, SavedTensor
+from .nodes import Box, Edge, GraphLike, Node, SavedTensor, saved_bytes_of
 from .paths import inside, levels, module_class, node_paths
+
+#: A graph type: the views return graphs of the class they were given (``Graph``).
+G = TypeVar("G", bound=GraphLike)
 
 _INDEXED = re.compile(r"^(?:(.*)\.)?(\d+)(#\d+)?$")
 _REPEAT = re.compile(r"^(.*?)(?:#(\d+))?$")
 
 
-
-def _count(n: Node) -> int:
-    return int(n.attrs.get("nodes", "1")) if n.kind == "module" else 1
-
-
-def _box(nid: str, name: str, path: str, members: list[Node], extra: dict[str, str]) -> Node:
+def _box(nid: str, name: str, path: str, members: list[Node], repeat: int | None = None) -> Node:
     saved = [
         SavedTensor(f"{m.name}.{s.name}" if m.kind != "module" else s.name, s.shape, s.dtype,
                     s.device, s.nbytes, s.storage, s.freed)
         for m in members
         for s in m.saved
     ]
-    attrs = {
-        "class": module_class(path, members),
-        "nodes": str(sum(_count(m) for m in members)),
-        "saved_bytes": str(Graph(nodes=[Node("", "", "op", saved=saved)]).saved_bytes()),
-    }
-    chain = _chain_prefix(path, members)
-    if chain:
-        attrs["module_classes"] = chain
-    attrs.update(extra)
-    return Node(nid, name, "module", module=path, attrs=attrs, saved=saved)
+    box = Box(
+        module_class(path, members),
+        sum(m.count for m in members),
+        saved_bytes_of([Node("", "", "op", saved=saved)]),
+        repeat,
+    )
+    return Node(
+        nid, name, "module", module=path, saved=saved, module_classes=_chain_prefix(path, members),
+        box=box,
+    )
 
 
-def _chain_prefix(path: str, members: list[Node]) -> str:
+def _chain_prefix(path: str, members: list[Node]) -> tuple[str, ...] | None:
     """The ``module_classes`` chain of ``path`` itself, cut from a member's longer chain."""
     want = len(levels(path))
     for n in members:
-        chain = n.attrs.get("module_classes")
-        if chain and inside(n.module, path):
-            parts = chain.split("/")
-            if len(parts) > want:
-                return "/".join(parts[: want + 1])
-    return ""
+        chain = n.module_classes
+        if chain and inside(n.module, path) and len(chain) > want:
+            return chain[: want + 1]
+    return None
 
 
 def _regroup(
-    graph: Graph, key_of: dict[str, str], make: Callable[[str, str, list[Node]], Node]
-) -> Graph:
+    graph: G, key_of: dict[str, str], make: Callable[[str, str, list[Node]], Node]
+) -> G:
     """Replace each set of nodes sharing a key by ``make(id, key, members)``; merge edges."""
     members: dict[str, list[Node]] = {}
     for n in graph.nodes:
@@ -90,7 +86,8 @@ def _regroup(
             nodes.append(box)
         new_id[n.id] = boxes[key]
     edges = _merge_edges(graph.edges, new_id)
-    return Graph(nodes=nodes, edges=edges, roots=_dedup(new_id[r] for r in graph.roots))
+    # the input's own class (a Graph): this module never imports Graph, which imports it
+    return type(graph)(nodes=nodes, edges=edges, roots=_dedup(new_id[r] for r in graph.roots))
 
 
 def _merge_edges(edges: list[Edge], new_id: dict[str, str]) -> list[Edge]:
@@ -115,7 +112,7 @@ def _dedup(ids: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
-def collapse(graph: Graph, depth: int) -> Graph:
+def collapse(graph: G, depth: int) -> G:
     """A new graph where each module at ``depth`` is one node standing for all nodes inside it.
 
     Nodes of shallower modules, and nodes with no module (outputs, inputs), stay as they are.
@@ -148,12 +145,12 @@ def collapse(graph: Graph, depth: int) -> Graph:
             key_of[nid] = ".".join(lv[:depth])
 
     def make(nid: str, key: str, group: list[Node]) -> Node:
-        return _box(nid, key or "(model)", key, group, {})
+        return _box(nid, key or "(model)", key, group)
 
     return _regroup(graph, key_of, make)
 
 
-def collapsed_size(graph: Graph, depth: int, paths: dict[str, str | None] | None = None) -> int:
+def collapsed_size(graph: GraphLike, depth: int, paths: dict[str, str | None] | None = None) -> int:
     """Number of nodes ``collapse(graph, depth)`` would have, without building it."""
     paths = node_paths(graph) if paths is None else paths
     keys: set[str] = set()
@@ -167,7 +164,7 @@ def collapsed_size(graph: Graph, depth: int, paths: dict[str, str | None] | None
     return kept + len(keys)
 
 
-def auto_depth(graph: Graph, max_nodes: int = 1500) -> int | None:
+def auto_depth(graph: GraphLike, max_nodes: int = 1500) -> int | None:
     """The deepest depth whose collapsed graph has at most ``max_nodes`` nodes.
 
     Returns:
@@ -199,7 +196,7 @@ def _signature(key: str, group: list[Node], edges: list[Edge], ids: set[str]) ->
     def sig(n: Node) -> tuple[object, ...]:
         rel = (n.module or "")[prefix:]
         shapes = tuple(tuple(s.shape or ()) for s in n.saved)
-        label = n.attrs.get("nodes", "") if n.kind == "module" else n.name
+        label = n.count if n.kind == "module" else n.name
         return (n.kind, label, rel, shapes)
 
     by_id = {n.id: sig(n) for n in group if n.kind not in ("accumulate", "leaf")}
@@ -260,13 +257,13 @@ def _fold_label(run: list[str]) -> tuple[str, str]:
     return f"{path} x{len(run)}", path
 
 
-def fold(graph: Graph) -> Graph:
+def fold(graph: G) -> G:
     """A new graph where each run of identical consecutive sibling modules is one box.
 
     Siblings are ``layers.0``, ``layers.1``, ... (or repeated calls ``block``, ``block#1``, ...)
     of one class whose subgraphs have the same nodes, relative module paths, saved shapes and
     internal edges. A run of 64 becomes one ``module`` node named ``layers.0-63 x64`` with
-    ``attrs["repeat"] == "64"``. Runs are found from the top down: a folded run's insides are
+    ``box.repeat == 64``. Runs are found from the top down: a folded run's insides are
     not folded again.
 
     Example:
@@ -291,6 +288,7 @@ def fold(graph: Graph) -> Graph:
             children.setdefault(".".join(lv[: d - 1]), set()).add(key)
     key_of: dict[str, str] = {}
     extra: dict[str, dict[str, str]] = {}
+    repeats: dict[str, int] = {}
     todo = [""]
     while todo:
         parent = todo.pop()
@@ -302,7 +300,8 @@ def fold(graph: Graph) -> Graph:
         folded: set[str] = set()
         for run in _runs(kids, sigs):
             name, path = _fold_label(run)
-            extra[path] = {"repeat": str(len(run)), "name": name, "first": run[0], "last": run[-1]}
+            extra[path] = {"name": name, "first": run[0], "last": run[-1]}
+            repeats[path] = len(run)
             for k in run:
                 folded.add(k)
                 for n in groups[k]:
@@ -311,22 +310,23 @@ def fold(graph: Graph) -> Graph:
 
     def make(nid: str, key: str, group: list[Node]) -> Node:
         info = extra[key]
-        box = _box(nid, info["name"], key, group, {"repeat": info["repeat"]})
-        if not box.attrs["class"]:
-            box.attrs["class"] = module_class(info["first"], group)
-        return box
+        node = _box(nid, info["name"], key, group, repeats[key])
+        assert node.box is not None
+        if not node.box.cls:
+            node.box.cls = module_class(info["first"], group)
+        return node
 
     return _regroup(graph, key_of, make)
 
 
 def readable_view(
-    graph: Graph,
+    graph: G,
     *,
     depth: int | None = None,
     fold_repeats: bool | None = None,
     max_nodes: int = 1500,
     full: bool = False,
-) -> tuple[Graph, str | None]:
+) -> tuple[G, str | None]:
     """The view ``gradscope render`` draws, and a one-line note when it hid nodes on its own.
 
     ``full`` draws every node. Otherwise: collapse to ``depth`` when given; fold runs of
@@ -348,7 +348,7 @@ def readable_view(
         folded = fold(view)
         had = {n.name for n in view.nodes if n.kind == "module"}
         runs = [n.name for n in folded.nodes
-                if n.kind == "module" and "repeat" in n.attrs and n.name not in had]
+                if n.box is not None and n.box.repeat and n.name not in had]
         if runs:
             shown = ", ".join(runs[:3]) + (", ..." if len(runs) > 3 else "")
             notes.append(f"folded repeated layers ({shown}); use --no-fold to expand")

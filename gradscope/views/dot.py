@@ -32,11 +32,6 @@ from .style import (
 )
 from ..model.transforms import levels, module_class, node_paths
 
-#: attrs keys written by gradscope's own recorders, not by torch: never listed as saved attributes
-_ANNOTATION_KEYS = frozenset(
-    {"nonfinite", "first_nonfinite", "created_at", "view_base", "module_classes"}
-)
-
 NODE_ATTR = (
     'style=filled shape=box align=left fontsize=10 ranksep=0.1 height=0.2 fontname=monospace'
 )
@@ -60,7 +55,7 @@ def attr_entries(node: Node) -> dict[str, str]:
         else:
             entries[base] = "[saved tensors]" if index else "[saved tensor]"
     for k, v in node.attrs.items():
-        if not k.endswith(".packed") and k not in _ANNOTATION_KEYS:
+        if not k.endswith(".packed"):
             entries[k] = v
     return dict(sorted(entries.items()))
 
@@ -86,12 +81,12 @@ def annotate(node: Node, label: str, extra: dict[str, str]) -> str:
     """Backward annotations (``gs.record_backward``): execution order, non-finite marks."""
     if node.order is not None:
         label = f"#{node.order} {label}"
-    bad = node.attrs.get("nonfinite")
+    bad = node.nonfinite
     if bad:
-        first = node.attrs.get("first_nonfinite") == "true"
+        first = node.first_nonfinite
         extra["fillcolor"] = BAD_COLOR if first else "lightcoral"
         label += f"\n{'first ' if first else ''}{bad} gradient"
-        where = node.attrs.get("created_at")
+        where = node.created_at
         if where:
             label += f"\n{where}"
     return label
@@ -111,23 +106,21 @@ def _base_style(node: Node, attrs: bool, max_attr_chars: int) -> tuple[str, dict
         if node.kind == "leaf":
             extra["fillcolor"] = LEAF_COLOR
         else:
-            extra["fillcolor"] = BASE_COLOR if node.attrs.get("view_base") else OUTPUT_COLOR
+            extra["fillcolor"] = BASE_COLOR if node.view_base else OUTPUT_COLOR
         if t is not None:
             extra["tooltip"] = f"{t.dtype} on {t.device}, storage {t.storage}"
         return label, extra
     if node.kind == "module":  # a collapsed group (Graph.collapse) or folded run (Graph.fold)
-        cls = node.attrs.get("class", "")
-        count = node.attrs.get("nodes", "?")
-        nbytes = int(node.attrs.get("saved_bytes", "0") or 0)
+        box = node.box
+        cls, count = (box.cls, box.nodes) if box is not None else ("", "?")
+        nbytes = box.saved_bytes if box is not None else node.saved_bytes
         label = f"{node.name}\n{cls} · {count} nodes\nsaved {format_bytes(nbytes)}"
-        extra["fillcolor"] = FOLDED_COLOR if node.attrs.get("repeat") else MODULE_COLOR
+        extra["fillcolor"] = FOLDED_COLOR if box is not None and box.repeat else MODULE_COLOR
         extra["shape"] = "box3d"
         extra["tooltip"] = f"{node.module}: expand with --depth or --no-fold"
         return label, extra
     if node.kind == "custom":
-        entries = (
-            {k: v for k, v in node.attrs.items() if k not in _ANNOTATION_KEYS} if attrs else {}
-        )
+        entries = dict(node.attrs) if attrs else {}
         label = attr_table(node.name, entries, max_attr_chars) + "\n(custom Function)"
         extra["fillcolor"] = CUSTOM_COLOR
         extra["peripheries"] = "2"
@@ -183,7 +176,7 @@ def _op_key(node: Node) -> tuple[object, ...] | None:
     if node.kind not in ("op", "accumulate", "custom") or node.order is not None:
         return None
     attrs = node.attrs
-    if "nonfinite" in attrs:
+    if node.nonfinite:
         return None
     saved = tuple((s.name, s.freed) for s in node.saved)
     return (node.name, node.kind, node.module, tuple(attrs.items()) if attrs else (), saved)
@@ -240,7 +233,7 @@ def _cluster_lines(graph: Graph, keys: dict[str, list[str]], opt: _Options) -> l
         lv = keys[node.id]
         path = ".".join(lv)
         members.setdefault(path, []).append(node)
-        if node.kind == "module" or "module_classes" in node.attrs:
+        if node.kind == "module" or node.module_classes:
             for d in range(1, len(lv) + 1):
                 knows.setdefault(".".join(lv[:d]), node)
         for d in range(len(lv), 0, -1):

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..model.formats import OutputFormat, register_format
 from ..model.graph import Graph, Node, SavedTensor, format_bytes
+from ..model.nodes import saved_bytes_of
 from ..model.paths import levels, module_class, node_paths
 from ..model.transforms import auto_depth
 
@@ -58,6 +59,15 @@ def _node_data(node: Node, key: str) -> dict[str, Any]:
         "tensor": None if t is None else {"name": t.name, "shape": t.shape, "dtype": t.dtype,
                                           "device": t.device},
         "bytes": node.saved_bytes,
+        "order": node.order,
+        "created_at": node.created_at,
+        "nonfinite": node.nonfinite,
+        "first_nonfinite": node.first_nonfinite,
+        "view_base": node.view_base,
+        "box": None if node.box is None else {
+            "cls": node.box.cls, "nodes": node.box.nodes, "saved_bytes": node.box.saved_bytes,
+            "repeat": node.box.repeat,
+        },
     }
 
 
@@ -76,9 +86,8 @@ def _modules(graph: Graph, keys: dict[str, list[str]]) -> dict[str, dict[str, An
             "cls": module_class(key, group),
             "parent": ".".join(lv[:-1]),
             "depth": len(lv),
-            "nodes": sum(int(n.attrs.get("nodes", "1")) if n.kind == "module" else 1
-                         for n in group),
-            "bytes": Graph(nodes=group).saved_bytes(),
+            "nodes": sum(n.count for n in group),
+            "bytes": saved_bytes_of(group),
         }
     return out
 

@@ -88,10 +88,10 @@ def format_norm(norm: float) -> str:
 
 
 def size_to_str(shape: list[int] | None) -> str:
-    """``(3, 4)`` as torchviz writes sizes."""
+    """``(3, 4)`` as torchviz writes sizes; a ragged dimension (nested tensors) is ``*``."""
     if shape is None:
         return "(?)"
-    return "(" + ", ".join(str(int(v)) for v in shape) + ")"
+    return "(" + ", ".join("*" if v is None else str(int(v)) for v in shape) + ")"
 
 
 def var_label(name: str | None, shape: list[int] | None) -> str:

@@ -37,7 +37,7 @@ def dot_from_graph(
     for node in graph.nodes:
         nid = node.id
         if node.kind == "output":
-            color = BASE_COLOR if node.attrs.get("view_base") else OUTPUT_COLOR
+            color = BASE_COLOR if node.view_base else OUTPUT_COLOR
             dot.node(
                 nid, var_label("", node.tensor.shape if node.tensor else None), fillcolor=color
             )

@@ -43,11 +43,12 @@ def _grad_text(edge: Edge | None) -> Text:
 def _module_text(node: Node) -> Text:
     """A collapsed module box (``Graph.collapse``): path, class, node count, saved bytes."""
     text = Text(node.name or node.module or "", STYLES["module"])
-    cls = node.attrs.get("class")
+    box = node.box
+    cls = box.cls if box is not None else ""
     if cls:
         text.append(f" ({cls})", "yellow")
-    text.append(f" · {node.attrs.get('nodes', '?')} nodes", "dim")
-    nbytes = int(node.attrs.get("saved_bytes", "0") or 0)
+    text.append(f" · {box.nodes if box is not None else '?'} nodes", "dim")
+    nbytes = box.saved_bytes if box is not None else node.saved_bytes
     if nbytes:
         text.append(f"  saved {format_bytes(nbytes)}", "dim")
     return text
@@ -91,11 +92,11 @@ def _label(node: Node, leaf: Node | None, ref: bool, edge: Edge | None = None) -
         text.append("↺ ", "dim")
     if node.order is not None:
         text.append(f"#{node.order} ", "cyan")
-    bad = node.attrs.get("nonfinite")
+    bad = node.nonfinite
     if node.kind == "module":
         text.append_text(_module_text(node))
     elif node.kind in ("output", "leaf"):
-        kind = "view base" if node.attrs.get("view_base") else node.kind
+        kind = "view base" if node.view_base else node.kind
         text.append(f"{kind} ", STYLES[node.kind])
         text.append_text(_tensor_text(node.name if node.name not in ("", "output") else None, node))
     else:
@@ -111,7 +112,7 @@ def _label(node: Node, leaf: Node | None, ref: bool, edge: Edge | None = None) -
         text.append(" (shown above)", "dim")
         return text
     if bad:
-        first = node.attrs.get("first_nonfinite") == "true"
+        first = node.first_nonfinite
         text.append(f"  ✗ {'first ' if first else ''}{bad} gradient", BAD)
     if node.kind == "module":
         return text
@@ -167,8 +168,8 @@ def tree_lines(graph: Graph, *, max_lines: int | None = None) -> list[Text]:
         if ref:
             continue
         shown.add(nid)
-        if node.attrs.get("first_nonfinite") == "true" and node.attrs.get("created_at"):
-            where = node.attrs["created_at"]
+        if node.first_nonfinite and node.created_at:
+            where = node.created_at
             lines.append(Text.assemble((col + "  ↳ created at ", "dim"), (where, BAD)))
         children = kid_edges[nid]
         fresh = [e.dst for e in children if e.dst not in shown]
@@ -194,11 +195,11 @@ def _backward_header(graph: Graph) -> Text | None:
         f"backward: {len(ran)} nodes ran (#0 first); ‖∇‖ = norm of the gradient along each edge",
         "dim",
     )
-    first = next((n for n in graph.nodes if n.attrs.get("first_nonfinite") == "true"), None)
+    first = next((n for n in graph.nodes if n.first_nonfinite), None)
     if first is not None:
         text.append("\nfirst non-finite gradient: ", BAD)
-        text.append(f"{first.attrs.get('nonfinite', 'nan')} from {first.name} ({first.id})", BAD)
-        where = first.attrs.get("created_at")
+        text.append(f"{first.nonfinite or 'nan'} from {first.name} ({first.id})", BAD)
+        where = first.created_at
         if where:
             text.append(f", created at {where}", BAD)
     return text

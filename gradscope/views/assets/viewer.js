@@ -51,16 +51,16 @@
     const n = v.node;
     if (n.kind === "leaf" || n.kind === "output") return [n.name || n.kind, n.tensor ? shape(n.tensor.shape) : ""];
     if (n.kind === "module") {
-      return [n.name, (n.attrs.class ? n.attrs.class + " · " : "") + n.attrs.nodes + " nodes",
-              "saved " + fmtBytes(Number(n.attrs.saved_bytes || 0))];
+      return [n.name, (n.box.cls ? n.box.cls + " · " : "") + n.box.nodes + " nodes",
+              "saved " + fmtBytes(Number(n.box.saved_bytes || 0))];
     }
     return n.kind === "custom" ? [n.name, "(custom Function)"] : [n.name];
   }
   function colorOf(v) {
     if (v.key) return COLORS.module;
     const n = v.node;
-    if (n.kind === "module") return n.attrs.repeat ? COLORS.folded : COLORS.module;
-    if (n.kind === "output" && n.attrs.view_base) return COLORS.base;
+    if (n.kind === "module") return n.box && n.box.repeat ? COLORS.folded : COLORS.module;
+    if (n.kind === "output" && n.view_base) return COLORS.base;
     return COLORS[n.kind] || COLORS.op;
   }
 
@@ -218,7 +218,7 @@
         details.appendChild(p);
       }
     }
-    const keys = Object.keys(n.attrs).filter((k) => k !== "module_classes");
+    const keys = Object.keys(n.attrs);
     if (keys.length) {
       const t = section("attributes");
       for (const k of keys.sort()) row(t, k, n.attrs[k]);

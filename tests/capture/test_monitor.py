@@ -980,26 +980,29 @@ def test_sampled_update_ratio_is_close_to_the_exact_one() -> None:
 
 
 def _reachable_tensor_bytes(monitor: gs.GradMonitor, model: nn.Module, opt) -> int:
-    """Bytes of tensor storages reachable from the monitor, other than the model's parameters,
-    gradients and the optimizer's state (an outside measurement: gc referents)."""
-    import gc
+    """Bytes of tensor storages reachable through the monitor's own objects and containers,
+    other than the model's parameters, gradients and the optimizer's state."""
+    from collections import deque
 
     owned = {p.untyped_storage().data_ptr() for p in model.parameters()}
     owned |= {p.grad.untyped_storage().data_ptr() for p in model.parameters() if p.grad is not None}
     for state in opt.state.values():
         owned |= {v.untyped_storage().data_ptr() for v in state.values() if torch.is_tensor(v)}
-    skip = {id(model), id(opt)}
     seen, stack, found = set(), [monitor], {}
     while stack:
         obj = stack.pop()
-        if id(obj) in seen or id(obj) in skip or isinstance(obj, (nn.Module, type)):
+        if id(obj) in seen or obj is model or obj is opt:
             continue
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
             if obj.untyped_storage().data_ptr() not in owned:
                 found[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
-            continue
-        stack.extend(gc.get_referents(obj))
+        elif isinstance(obj, (list, tuple, set, frozenset, dict, deque)):
+            stack.extend(obj.values() if isinstance(obj, dict) else obj)
+        elif type(obj).__module__.startswith("gradscope") and hasattr(obj, "__dict__"):
+            stack.extend(vars(obj).values())  # the monitor's own objects, not torch's
+        elif type(obj).__module__.startswith("gradscope"):
+            stack.extend(getattr(obj, s) for s in type(obj).__slots__ if hasattr(obj, s))
     return sum(found.values())
 
 

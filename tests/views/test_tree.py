@@ -36,8 +36,7 @@ def strip_annotations(graph: gs.Graph) -> gs.Graph:
     plain = gs.Graph.from_json(graph.to_json())
     for n in plain.nodes:
         n.order = None
-        for key in ("nonfinite", "first_nonfinite", "created_at"):
-            n.attrs.pop(key, None)
+        n.nonfinite, n.first_nonfinite, n.created_at = None, False, None
     for e in plain.edges:
         e.grad_norm = None
     return plain
@@ -81,7 +80,7 @@ def test_module_boxes_show_class_count_and_bytes():
         nodes=[
             gs.Node("n0", "output", "output", tensor=gs.TensorInfo("output", [], "float32", "cpu")),
             gs.Node("m0", "encoder.layers", "module", module="encoder.layers",
-                    attrs={"class": "ModuleList", "nodes": "12", "saved_bytes": "3072"}, order=0),
+                    box=gs.Box("ModuleList", 12, 3072), order=0),
         ],
         edges=[gs.Edge("n0", "m0", 0, grad_norm=2.5)],
         roots=["n0"],

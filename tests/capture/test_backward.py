@@ -233,7 +233,7 @@ def test_first_nan_is_the_node_detect_anomaly_names(build):
     assert bad.name == expected
     assert bad.slot == "grad_inputs[0]"
     node = rec.graph.node(bad.node_id)
-    assert node.attrs["first_nonfinite"] == "true" and node.attrs["nonfinite"] == "nan"
+    assert node.first_nonfinite and node.nonfinite == "nan" and "nonfinite" not in node.attrs
     # which parameters received NaN: exactly those whose .grad has NaN
     truth = [n for n, p in params.items() if p.grad is not None and p.grad.isnan().any()]
     assert sorted(rec.nonfinite_params()) == sorted(truth)
@@ -296,7 +296,7 @@ def test_finite_backward_reports_nothing():
     with gs.record_backward(loss, model=model) as rec:
         loss.backward()
     assert rec.first_nonfinite is None and rec.nonfinite_params() == []
-    assert not any("nonfinite" in n.attrs for n in rec.graph.nodes)
+    assert not any(n.nonfinite for n in rec.graph.nodes)
     assert "all gradients finite" in rec.summary()
 
 
@@ -380,7 +380,7 @@ def test_record_forward_names_the_line_of_each_node():
         loss, x = forward_with_lines()
     with gs.record_backward(loss, params={"x": x}) as rec:
         loss.backward()
-    where = {n.name: n.attrs.get("created_at", "") for n in rec.graph.nodes}
+    where = {n.name: n.created_at or "" for n in rec.graph.nodes}
     for node, marker in [("MulBackward0", "# line: mul"), ("SqrtBackward0", "# line: sqrt"),
                          ("BadBackward", "# line: custom")]:
         line = line_of(forward_with_lines, marker)
@@ -415,7 +415,7 @@ def test_torch_modules_run_by_gradscope_get_no_line(tmp_path):
         loss = out.pow(2).sum()  # line: loss
     with gs.record_backward(loss) as rec:
         loss.backward()
-    where = {n.name: n.attrs.get("created_at") for n in rec.graph.nodes}
+    where = {n.name: n.created_at for n in rec.graph.nodes}
     assert where["AddmmBackward0"] is None
     assert "# line: loss" in where["PowBackward0"] and "# line: loss" in where["SumBackward0"]
 

@@ -202,6 +202,8 @@ def test_layout_check_rejects_a_changed_dataclass():
         layouts = []
         for cls in (node_cls, gs.Edge, ti_cls, gs.SavedTensor):
             layouts += [cls, tuple(f.name for f in fields(cls))]
+            if cls is node_cls:
+                layouts.append(_capture._node_defaults() if cls is gs.Node else ())
         _cwalk.configure(
             *layouts, _capture._class_info, _capture._DTYPE_NAMES, _capture._dtype_name,
             torch.Tensor, _capture._storage_key,

@@ -25,7 +25,7 @@ def deep() -> tuple[gs.Graph, nn.Module]:
 
 
 def total_nodes(graph: gs.Graph) -> int:
-    return sum(int(n.attrs["nodes"]) if n.kind == "module" else 1 for n in graph.nodes)
+    return sum(n.count for n in graph.nodes)
 
 
 def test_levels_keep_list_items_with_their_container() -> None:
@@ -47,14 +47,14 @@ def test_collapse_preserves_totals_and_matches_named_modules(sample: str) -> Non
         assert len(view.nodes) == collapsed_size(graph, depth)
         for box in (n for n in view.nodes if n.kind == "module"):
             assert box.module in modules, f"{box.module} is not in named_modules()"
-            assert box.attrs["class"] == type(modules[box.module]).__name__
+            assert box.box.cls == type(modules[box.module]).__name__
             assert len(levels(box.module)) == depth
             ops_inside = sum(
                 1 for n in graph.nodes
                 if n.kind in ("op", "custom") and n.module is not None
                 and (not box.module or f"{n.module}.".startswith(f"{box.module}."))
             )
-            assert ops_inside <= int(box.attrs["nodes"])
+            assert ops_inside <= box.box.nodes
         assert gs.Graph.from_json(view.to_json()) == view
 
 
@@ -88,8 +88,8 @@ def test_fold_finds_the_64_layers(deep: tuple[gs.Graph, nn.Module]) -> None:
     view = fold(graph)
     boxes = [n for n in view.nodes if n.kind == "module"]
     assert [b.name for b in boxes] == [f"encoder.layers.0-{len(layers) - 1} x{len(layers)}"]
-    assert boxes[0].attrs["repeat"] == "64" and len(layers) == 64
-    assert boxes[0].attrs["class"] == type(layers[0]).__name__
+    assert boxes[0].box.repeat == 64 and len(layers) == 64
+    assert boxes[0].box.cls == type(layers[0]).__name__
     assert total_nodes(view) == len(graph.nodes)
     assert view.saved_bytes() == graph.saved_bytes()
     # everything outside the layers is left alone
@@ -133,7 +133,7 @@ def test_fold_repeated_calls() -> None:
     assert [b.name for b in boxes] == ["block#0-4 x5"]
     # the parameters (owned by the first call) fold into the box too; left: output and input x
     assert [n.kind for n in view.nodes] == ["output", "module", "accumulate", "leaf"]
-    assert boxes[0].attrs["class"] == "Linear"
+    assert boxes[0].box.cls == "Linear"
 
 
 def test_auto_depth(deep: tuple[gs.Graph, nn.Module]) -> None:
@@ -150,4 +150,4 @@ def test_class_names_survive_json() -> None:
     again = gs.Graph.from_json(graph.to_json())
     modules = dict(model.named_modules())
     boxes = [n for n in again.collapse(2).nodes if n.kind == "module"]
-    assert boxes and all(b.attrs["class"] == type(modules[b.module]).__name__ for b in boxes)
+    assert boxes and all(b.box.cls == type(modules[b.module]).__name__ for b in boxes)

@@ -79,7 +79,7 @@ def test_module_boxes_in_dot() -> None:
     dot = view.to_dot()
     box = next(n for n in view.nodes if n.module == "encoder.layers.0")
     line = next(ln for ln in dot.splitlines() if ln.strip().startswith(f"{box.id} ["))
-    assert f"TransformerEncoderLayer · {box.attrs['nodes']} nodes" in line and "box3d" in line
+    assert f"TransformerEncoderLayer · {box.box.nodes} nodes" in line and "box3d" in line
     assert f"{box.id}_s0" not in dot  # a box stands for many nodes: no saved-tensor boxes
     assert re.search(r'-> m\d+ \[label="x2"', dot)  # merged edges carry their count
 

@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+from golden_models import scoped_net
 from graphs import ALL, custom_saved_none
 from rich.console import Console
 
@@ -118,3 +119,26 @@ def test_save_text_formats_and_errors(tmp_path, monkeypatch):
     with pytest.raises(gs.GraphvizNotFoundError, match="apt-get install graphviz.*-o graph.dot"):
         g.save(tmp_path / "g.svg")
     assert g._repr_svg_() is None
+
+
+# ---------------------------------------------------------------------------- structured goldens
+def test_structured_dot_goldens(golden, monkeypatch):
+    monkeypatch.chdir(gs.__file__.rsplit("/gradscope/", 1)[0])  # forward lines relative to ROOT
+    graph, loss, net = scoped_net()
+    golden("net_clusters.dot", graph.to_dot())
+    golden("net_depth1.dot", graph.collapse(1).to_dot())
+    golden("net_folded.dot", graph.fold().to_dot())
+    with gs.record_backward(loss, model=net) as rec:
+        loss.backward()
+    golden("net_backward.dot", rec.graph.to_dot(saved=False))
+    golden("net_backward.tree.txt", tree_text(rec.graph))
+
+
+def test_html_data_block_golden(golden):
+    from gradscope.views.html import graph_data
+
+    graph, _, _ = scoped_net()
+    data = graph_data(graph.fold())
+    import json
+
+    golden("net_folded.html-data.json", json.dumps(data, indent=1, sort_keys=True) + "\n")

@@ -19,8 +19,13 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch):
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     assert len(blocks) >= 2
     monkeypatch.chdir(tmp_path)
+    from gradscope.model import formats
+
+    # the "adding an output format" example registers one: keep the registry as it was
+    monkeypatch.setattr(formats, "_FORMATS", dict(formats._FORMATS))
     for i, block in enumerate(blocks):
         path = tmp_path / f"readme_{i}.py"
         path.write_text(block, encoding="utf-8")
         runpy.run_path(str(path), run_name="__main__")
     assert (tmp_path / "mlp.svg").exists() or "graph.save" not in text
+    assert "mermaid" in formats._FORMATS  # the example ran

@@ -1,0 +1,201 @@
+"""The JSON schema: version 2 round trips, version-1 files written by the previous code, and
+validation of hostile documents (each refused with a SchemaError naming the JSON path)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from pathlib import Path
+
+import pytest
+from graphs import ALL
+
+import gradscope as gs
+from gradscope.model.schema import MAX_DEPTH, SCHEMA_VERSION
+
+V1 = Path(__file__).resolve().parent.parent / "golden" / "v1"
+#: what version 1 kept in attrs, now typed fields
+V1_KEYS = {"nonfinite", "first_nonfinite", "created_at", "view_base", "module_classes",
+           "class", "nodes", "saved_bytes", "repeat"}
+
+
+def v1(name: str) -> gs.Graph:
+    return gs.Graph.from_json((V1 / name).read_text(encoding="utf-8"))
+
+
+# ---------------------------------------------------------------------------- version 1
+@pytest.mark.parametrize("name", sorted(p.name for p in V1.glob("*.json")))
+def test_version_1_files_load_and_move_annotations_to_typed_fields(name):
+    g = v1(name)
+    assert g.nodes
+    for n in g.nodes:
+        assert not (set(n.attrs) & V1_KEYS), (n.id, n.attrs)
+        assert (n.box is not None) == (n.kind == "module")
+    again = gs.Graph.from_json(g.to_json())  # now written as version 2
+    assert again == g
+    assert json.loads(g.to_json())["gradscope"] == SCHEMA_VERSION
+
+
+def test_version_1_backward_annotations():
+    g = v1("nan_backward.json")
+    first = [n for n in g.nodes if n.first_nonfinite]
+    assert [n.name for n in first] == ["SqrtBackward0"]
+    assert first[0].nonfinite == "nan"
+    assert "nan_backward.py:" in (first[0].created_at or "")
+    assert any(n.order is not None for n in g.nodes)
+    assert any(e.grad_norm is not None for e in g.edges)
+
+
+def test_version_1_boxes_and_class_chains():
+    folded = v1("folded.json")
+    box = next(n for n in folded.nodes if n.kind == "module")
+    assert box.box is not None and box.box.repeat == 5 and box.box.cls == "Block"
+    assert box.box.nodes > 5 and box.name.endswith("x5")
+    collapsed = v1("transformer_depth2.json")
+    boxes = [n for n in collapsed.nodes if n.kind == "module"]
+    assert boxes and all(b.box and b.box.cls == "TransformerEncoderLayer" for b in boxes)
+    chains = [n.module_classes for n in collapsed.nodes if n.module_classes]
+    # version 1 chains had no class for the model itself: it reads as unknown
+    assert chains and all(c[0] == "" for c in chains)
+    assert v1("view_base.json").nodes[-1].view_base or any(
+        n.view_base for n in v1("view_base.json").nodes
+    )
+
+
+# ---------------------------------------------------------------------------- version 2
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_round_trip(name):
+    g = gs.trace(*ALL[name]())
+    assert gs.Graph.from_json(g.to_json()) == g
+
+
+def test_round_trip_of_every_typed_field():
+    g = gs.Graph(
+        nodes=[
+            gs.Node("n0", "output", "output", tensor=gs.TensorInfo("out", [2], "float32", "cpu"),
+                    view_base=True),
+            gs.Node("n1", "LogBackward0", "op", module="enc", attrs={"self": "x"}, order=3,
+                    module_classes=("Net", "Enc"), created_at="m.py:3: y = x.log()",
+                    nonfinite="nan", first_nonfinite=True),
+            gs.Node("m0", "enc x4", "module", module="enc",
+                    box=gs.Box("Enc", 12, 4096, repeat=4)),
+        ],
+        edges=[gs.Edge("n0", "n1", 0, grad_norm=float("inf")), gs.Edge("n1", "m0", 1, count=3)],
+        roots=["n0"],
+    )
+    back = gs.Graph.from_json(g.to_json())
+    assert back == g
+    assert back.nodes[2].box == gs.Box("Enc", 12, 4096, 4)
+
+
+def test_bytes_and_paths_load_too(tmp_path):
+    g = gs.trace(*ALL["mlp"]())
+    assert gs.Graph.from_json(g.to_json().encode()) == g
+
+
+# ---------------------------------------------------------------------------- validation
+def _doc() -> dict:
+    return json.loads(gs.trace(*ALL["mlp"]()).to_json())
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["nodes"][3]["saved"][0].update(freed="false"),
+         'nodes[3].saved[0].freed: expected true or false, got "false"'),
+        (lambda d: d["nodes"][1].update(id=d["nodes"][0]["id"]),
+         'nodes[1].id: "n0" is used by nodes[0] too'),
+        (lambda d: d["edges"][2].update(dst="n999"), 'edges[2].dst: "n999" names no node'),
+        (lambda d: d["roots"].append("nope"), 'roots[1]: "nope" names no node'),
+        (lambda d: d["nodes"][3]["saved"][0].update(shape=[3, "4"]),
+         'nodes[3].saved[0].shape[1]: expected an integer, got "4"'),
+        (lambda d: d["nodes"][3]["saved"][0].update(shape=[3, True]),
+         "nodes[3].saved[0].shape[1]: expected an integer, got true"),
+        (lambda d: d["nodes"][2].update(kind="weird"), 'nodes[2].kind: expected one of'),
+        (lambda d: d["edges"][0].update(input_nr=-1), "edges[0].input_nr: expected an integer >= 0"),
+        (lambda d: d["edges"][0].update(count=0), "edges[0].count: expected an integer >= 1"),
+        (lambda d: d["edges"][0].update(grad_norm="big"), 'edges[0].grad_norm: expected a number'),
+        (lambda d: d["nodes"][2]["attrs"].update(alpha=1),
+         'nodes[2].attrs["alpha"]: expected a string, got 1'),
+        (lambda d: d.update(gradscope=99), "unsupported schema version 99"),
+        (lambda d: d.update(gradscope="2"), 'unsupported schema version "2"'),
+        (lambda d: d.pop("edges"), 'missing key "edges"'),
+        (lambda d: d.update(nodes={}), "nodes: expected a list, got dict"),
+        (lambda d: d["nodes"].__setitem__(0, []), "nodes[0]: expected an object, got list"),
+        (lambda d: d["nodes"][0].update(first_nonfinite="true"),
+         'nodes[0].first_nonfinite: expected true or false, got "true"'),
+        (lambda d: d["nodes"][0].update(box={"cls": "X", "nodes": "3", "saved_bytes": 0}),
+         'nodes[0].box.nodes: expected an integer, got "3"'),
+    ],
+)
+def test_invalid_documents_name_the_json_path(mutate, message):
+    d = _doc()
+    mutate(d)
+    with pytest.raises(gs.SchemaError) as info:
+        gs.Graph.from_json(json.dumps(d))
+    assert message in str(info.value)
+    assert isinstance(info.value, gs.GradscopeError)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "{", "[1, 2]", "null", '"x"', "1e999999", "[" * 100_000 + "]" * 100_000,
+     '{"gradscope": 2, "roots": [], "nodes": [], "edges": [' + "[" * 5000 + "]" * 5000 + "]}",
+     b"\xff\xfe", '{"gradscope": 1, "roots": []}'],
+)
+def test_non_documents_are_refused_cleanly(text):
+    with pytest.raises(gs.SchemaError):
+        gs.Graph.from_json(text)
+
+
+def test_nesting_bound():
+    deep = '{"gradscope": 2, "roots": [], "nodes": [], "edges": [], "x": ' + "[" * (
+        MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1) + "}"
+    with pytest.raises(gs.SchemaError, match="nests deeper"):
+        gs.Graph.from_json(deep)
+
+
+_HOSTILE = [None, True, False, 0, -1, 2**70, 1.5, float("nan"), "", "n0", "false", [], {},
+            [1, "a"], {"a": 1}, [[[]]]]
+
+
+def _paths(obj, at=()):
+    """Every (container, key) pair in a JSON document."""
+    out = []
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        out.append((obj, k))
+        out.extend(_paths(v))
+    return out
+
+
+def test_fuzz_hostile_documents_only_raise_schema_errors():
+    """Thousands of single and double mutations of valid documents (values replaced by hostile
+    ones, keys dropped): each either loads as a valid graph or raises SchemaError, never
+    anything else; what loads round-trips and can be rendered."""
+    rng = random.Random(1234)
+    bases = [json.loads(gs.trace(*ALL[name]()).to_json()) for name in sorted(ALL)]
+    loaded = refused = 0
+    for _ in range(3000):
+        d = copy.deepcopy(rng.choice(bases))
+        for _ in range(rng.choice((1, 1, 2))):
+            container, key = rng.choice(_paths(d))
+            if isinstance(container, dict) and rng.random() < 0.25:
+                del container[key]
+            else:
+                container[key] = copy.deepcopy(rng.choice(_HOSTILE))
+        try:
+            text = json.dumps(d)
+        except ValueError:
+            continue
+        try:
+            g = gs.Graph.from_json(text)
+        except gs.SchemaError:
+            refused += 1
+            continue
+        loaded += 1
+        assert gs.Graph.from_json(g.to_json()) == g
+        g.to_dot()
+        g.summary()
+    assert refused > 1000 and loaded > 100
