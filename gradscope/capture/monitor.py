@@ -46,6 +46,7 @@ import fnmatch
 import math
 import statistics
 import warnings
+import zlib
 from collections import deque
 from collections.abc import Iterable, Sequence
 from functools import partial
@@ -227,7 +228,7 @@ _inference_mode = torch._C._InferenceMode
 class _Measure:
     """The device-side figures of one measurement, waiting for the step's one transfer."""
 
-    __slots__ = ("matrix", "cols", "grads", "versions", "at", "full", "kinds")
+    __slots__ = ("matrix", "cols", "grads", "versions", "at", "full", "inv")
 
     def __init__(
         self,
@@ -236,7 +237,9 @@ class _Measure:
         grads: list[torch.Tensor],
         at: str,
         full: bool,
+        inv: torch.Tensor | None = None,
     ) -> None:
+        self.inv = inv  # 1 / the GradScaler's scale, when the gradients were still scaled
         self.matrix = matrix  # [rows, len(cols)]: NORM (+ MAX_ABS, SUM_ABS, NONZERO)
         self.cols = cols  # column j: parameter index cols[j]
         self.grads = grads  # the gradient tensors measured (column order)
@@ -335,7 +338,8 @@ class GradMonitor:
         self._point = measure if self.optimizer is not None else "backward"
         # one-off: are hand-all-reduced gradients identical only at optimizer.step()?
         self._dp_probe = self.optimizer is not None and measure == "backward"
-        self._seeds = [hash(n) & 0x7FFFFFFF for n in self.names]
+        # the same lattice on every run and rank (str hash() is salted per process)
+        self._seeds = [zlib.crc32(n.encode()) for n in self.names]
         self._modules = [(n, m) for n, m in model.named_modules() if n] if modules else []
         self._module_names = [n for n, _ in self._modules]
         self._module_calls: list[list[torch.Tensor]] = [[] for _ in self._modules]
@@ -581,16 +585,25 @@ class GradMonitor:
                 t.register_hook(partial(self._module_grad, index))
 
     def _module_grad(self, index: int, grad: torch.Tensor) -> None:
+        self._guard(self._module_row, index, grad)
+
+    def _module_row(self, index: int, grad: torch.Tensor) -> None:
         if grad.numel() == 0:
             return
         with torch.no_grad():
-            self._module_calls[index].append(S.module_row(grad, self.norm_type))
+            row = S.module_row(grad, self.norm_type)
+            inv = self._inverse_scale()
+            if inv is not None:  # norm, max abs, sum |g| of a scaled gradient
+                row = torch.cat([row[:3] * inv.to(row), row[3:]])
+            self._module_calls[index].append(row)
 
     def _activation_check(
         self, index: int, module: torch.nn.Module, args: Any, output: Any
     ) -> None:
-        if not self._logged() or not torch.is_grad_enabled():
-            return
+        if self._logged() and torch.is_grad_enabled():
+            self._guard(self._check_outputs, index, output)
+
+    def _check_outputs(self, index: int, output: Any) -> None:
         with torch.no_grad():
             for _, t in iter_tensors(output):
                 if t.is_floating_point() or t.is_complex():
@@ -628,8 +641,10 @@ class GradMonitor:
                 matrix = torch.cat([norms.to(torch.float64)[None], S.full_rows(tensors, order)])
             else:
                 matrix = norms[None]
-        matrix = self._unscale(matrix, at)
-        return _Measure(matrix, cols, grads, at, full)
+        inv = self._inverse_scale()
+        if inv is not None:
+            matrix = _unscaled(matrix, inv)
+        return _Measure(matrix, cols, grads, at, full, inv)
 
     def _measure_with_sparse(
         self, tensors: list[torch.Tensor], sparse: list[int], full: bool
@@ -649,25 +664,19 @@ class GradMonitor:
             columns[i] = S.sparse_stats(tensors[i], self.norm_type)[: S.FULL_ROWS if full else 1]
         return torch.stack(columns, dim=1)  # type: ignore[arg-type]
 
-    def _unscale(self, matrix: torch.Tensor, at: str) -> torch.Tensor:
-        """Divide the norms (and |g| figures) by the GradScaler's scale while the gradients
-        are still scaled (before ``scaler.unscale_`` or ``scaler.step``)."""
+    def _inverse_scale(self) -> torch.Tensor | None:
+        """1 / the GradScaler's scale (a device tensor) while the gradients are still scaled
+        (before ``scaler.unscale_`` or ``scaler.step``); None otherwise."""
         scaler = self._scaler
         if scaler is None or getattr(scaler, "_scale", None) is None:
-            return matrix
+            return None
         if self.optimizer is not None:
             from torch.amp.grad_scaler import OptState
 
             state = scaler._per_optimizer_states.get(id(self.optimizer))
             if state is not None and state["stage"] is not OptState.READY:
-                return matrix  # already unscaled
-        inv = scaler._scale.to(matrix.device, torch.float64).reciprocal()
-        out = matrix.to(torch.float64)
-        if out.shape[0] == 1:
-            return out * inv
-        out = out.clone()
-        out[: S.SUM_ABS + 1] *= inv  # norm, max abs, sum |g|; not the non-zero count
-        return out
+                return None  # already unscaled
+        return scaler._scale.to(torch.float64).reciprocal()
 
     # ------------------------------------------------------------------ one transfer
     def _needs_check(self) -> bool:
@@ -677,14 +686,16 @@ class GradMonitor:
         """Reduce across ranks, move everything to the host in ONE transfer, record the step."""
         step = self.step
         dist_on = _distributed()
-        probe = self._probe if dist_on else None
+        # a single process: nothing to combine (one rank is its own global)
+        replicas = dist_on and torch.distributed.get_world_size() > 1
+        probe = self._probe if replicas else None
         self._advance()
         self._dp_probe = False  # only the first logged step is probed
         local = m.matrix.to(torch.float64)
         if update is not None:
             local = torch.cat([local, update])
         sharding = self._sharding if dist_on else None
-        checking = dist_on and self._needs_check()
+        checking = replicas and self._needs_check()
         # what travels: this rank's matrix (or every rank's shards), the replication checksums
         # and the probe, module rows, activation flags
         parts = [_all_gather(local, sharding.group) if sharding else local.reshape(-1)]
@@ -730,7 +741,7 @@ class GradMonitor:
                     m, same = probe, True
                     table = probe_rows + (table[-2:] if update is not None else [])
             scope = self._scope(same)
-        elif dist_on and sharding is None:
+        elif replicas and sharding is None:
             scope = self._scope(bool(self._replicated))
         mods: dict[int, list[list[float]]] = {}
         for i, _ in mod_calls:
@@ -788,6 +799,8 @@ class GradMonitor:
         ]
         with _inference_mode(True):
             counts = S.nonfinite_counts(tensors, self.norm_type)
+            if m.inv is not None:  # the float64 norms of scaled gradients
+                counts = torch.cat([counts[:2], counts[2:] * m.inv.to(counts)])
             if sharded:
                 counts = _all_gather(counts, self._sharding.group)  # type: ignore[union-attr]
             values = counts.tolist()
@@ -879,6 +892,18 @@ class GradMonitor:
 
 def _distributed() -> bool:
     return _DIST_AVAILABLE and torch.distributed.is_initialized()
+
+
+def _unscaled(matrix: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+    """The rows of a measurement of scaled gradients, unscaled: norm, max abs and sum |g|
+    scale with the gradients; the non-zero count does not."""
+    out = matrix.to(torch.float64)
+    inv = inv.to(out.device)
+    if out.shape[0] == 1:
+        return out * inv
+    out = out.clone()
+    out[: S.SUM_ABS + 1] *= inv
+    return out
 
 
 _DIST_AVAILABLE = torch.distributed.is_available()
