@@ -314,7 +314,9 @@ class GradMonitor:
         _check_args(model, every, norm_type, full_every, measure)
         if replicated not in (None, True, False):
             raise MonitorError(f"replicated={replicated!r} must be None (detect), True or False")
-        if isinstance(update_sample, bool) or not isinstance(update_sample, int) or update_sample < 1:
+        if isinstance(update_sample, bool) or not isinstance(update_sample, int) or (
+            update_sample < 1
+        ):
             raise MonitorError(f"update_sample={update_sample!r} must be a positive integer")
         self.every = every
         self.full_every = full_every
@@ -332,8 +334,8 @@ class GradMonitor:
         self._params = [p for _, p in chosen]
         # per tensor, lowered on a large model with many tensors (the sample's memory bound)
         self._sample_k = S.sample_size([p.numel() for p in self._params], update_sample)
-        self._sharding = self._sharding_of(chosen)
         self._replicated = replicated
+        self._sharding = self._sharding_of(chosen)
         # the step's gradients are measured when the last backward ends, or at the step
         self._point = measure if self.optimizer is not None else "backward"
         # one-off: are hand-all-reduced gradients identical only at optimizer.step()?
@@ -383,7 +385,12 @@ class GradMonitor:
                 "the parameters are DTensors but torch.distributed is not initialised; build "
                 "the GradMonitor after init_process_group and fully_shard"
             )
-        return _Sharding([n for n, _ in chosen], [p for _, p in chosen])
+        sharding = _Sharding([n for n, _ in chosen], [p for _, p in chosen])
+        if sharding.dim is None:  # replicated DTensors: every rank holds all of every tensor
+            if self._replicated is None:
+                self._replicated = True
+            return None
+        return sharding
 
     # ------------------------------------------------------------------ hooks
     def _attach(self, model: torch.nn.Module, activations: bool) -> None:
@@ -920,8 +927,8 @@ def _all_gather(t: torch.Tensor, group: Any) -> torch.Tensor:
 
 # all_gather_single is the name of the one-tensor all-gather from torch 2.13 on, where
 # all_gather_into_tensor warns that it is deprecated
-_gather_into = getattr(
-    torch.distributed, "all_gather_single", getattr(torch.distributed, "all_gather_into_tensor", None)
+_gather_into = getattr(torch.distributed, "all_gather_single", None) or getattr(
+    torch.distributed, "all_gather_into_tensor", None
 )
 
 
@@ -1173,7 +1180,10 @@ def _nonfinite_alert(
 ) -> Alert:
     first, ps = hit[0]
     count = ps.nan if kind == "nan" else ps.inf
-    what = _count(count, word) if count is not None else f"{word}s (not counted: changed after backward)"
+    if count is not None:
+        what = _count(count, word)
+    else:
+        what = f"{word}s (not counted: the gradient changed after backward, e.g. clipped)"
     names = tuple(n for n, _ in hit)
     if len(hit) == 1:
         msg = f"step {step}: {what} in the gradient of {first}"

@@ -206,7 +206,9 @@ def sample_size(numels: Sequence[int], k: int) -> int:
     return lo
 
 
-def sample_views(params: Sequence[torch.Tensor], k: int, seeds: Sequence[int]) -> list[torch.Tensor]:
+def sample_views(
+    params: Sequence[torch.Tensor], k: int, seeds: Sequence[int]
+) -> list[torch.Tensor]:
     """1-D strided views of each parameter's sampled elements (no copy)."""
     out = []
     for p, seed in zip(params, seeds, strict=True):
@@ -214,8 +216,10 @@ def sample_views(params: Sequence[torch.Tensor], k: int, seeds: Sequence[int]) -
         flat = t.view(-1) if t.is_contiguous() else t.reshape(-1)
         last = t.shape[-1] if t.dim() else 1
         offset, stride, count = _lattice(flat.numel(), last, k, seed)
-        out.append(flat.as_strided((count,), (stride * flat.stride(0),), flat.storage_offset()
-                                   + offset * flat.stride(0)))
+        step = flat.stride(0)
+        out.append(
+            flat.as_strided((count,), (stride * step,), flat.storage_offset() + offset * step)
+        )
     return out
 
 
