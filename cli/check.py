@@ -52,13 +52,7 @@ def _target(mf: gs.ModelFile, name: str) -> Any:
 
 
 def _call(mf: gs.ModelFile, label: str, fn: Any) -> Any:
-    try:
-        return fn()
-    except Exception as exc:  # the user's code may raise anything
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise gs.CheckInputError(
-            f"{mf.path}: {label}() raised {type(exc).__name__}: {first}"
-        ) from exc
+    return mf.call(f"calling {label}()", fn)
 
 
 def load_inputs(mf: gs.ModelFile, name: str) -> tuple[Any, ...]:
@@ -76,6 +70,11 @@ def load_inputs(mf: gs.ModelFile, name: str) -> tuple[Any, ...]:
     value = _call(mf, label, source) if callable(source) else source
     if isinstance(value, torch.Tensor):
         return (value,)
+    if isinstance(value, (tuple, list)) and not value:
+        raise gs.CheckInputError(
+            f"{mf.path}: {label} gave no arguments (an empty {type(value).__name__}); give at "
+            f"least one tensor to check {name} with, " + _HINT.format(name=name)
+        )
     if isinstance(value, (tuple, list)):
         return tuple(value)
     raise gs.CheckInputError(

@@ -17,6 +17,11 @@ from rich.console import Console
 
 import gradscope as gs
 
+try:  # the click that typer runs on: its own copy in recent typer, else click itself
+    from typer._click import exceptions as click
+except ImportError:  # pragma: no cover - older typer
+    from click import exceptions as click  # type: ignore[no-redef]
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -25,7 +30,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-EXIT_OK, EXIT_FOUND, EXIT_UNUSABLE = 0, 1, 2
+EXIT_OK, EXIT_FOUND, EXIT_UNUSABLE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def stdout() -> Console:
@@ -43,10 +48,14 @@ def fail(message: str) -> None:
 
 
 def load_graph(mf: gs.ModelFile, *, loss: bool = False, saved: bool = True) -> gs.Graph:
-    """Run a model file's forward (and loss), and trace the result."""
+    """Run a model file's forward (and loss), trace the result, and free the autograd graph
+    node by node (``gs.release``): the plain-data graph is all the CLI needs, and a deep chain
+    released by Python's usual path would overflow the C stack."""
     fwd = mf.forward()
     outputs = mf.loss(fwd.outputs) if loss else fwd.outputs
-    return gs.trace(outputs, saved=saved, model=fwd.model)
+    graph = gs.trace(outputs, saved=saved, model=fwd.model)
+    gs.release((outputs, fwd.outputs))
+    return graph
 
 
 def record_graph(mf: gs.ModelFile, *, saved: bool = True) -> gs.BackwardTrace:
@@ -55,13 +64,18 @@ def record_graph(mf: gs.ModelFile, *, saved: bool = True) -> gs.BackwardTrace:
     with gs.record_forward():
         fwd = mf.forward()
         root = mf.loss(fwd.outputs) if mf.has("loss_fn") else fwd.outputs
-    with gs.record_backward(root, model=fwd.model, saved=saved) as rec:
-        tensors = [t for _, t in gs.iter_tensors(root) if t.requires_grad]
-        try:
-            torch.autograd.backward(tensors, [torch.ones_like(t) for t in tensors])
-        except RuntimeError as exc:
-            first = str(exc).strip().splitlines()[0]
-            raise gs.ModelFileError(f"{mf.path}: backward raised RuntimeError: {first}") from exc
+    try:
+        with gs.record_backward(root, model=fwd.model, saved=saved) as rec:
+            tensors = [t for _, t in gs.iter_tensors(root) if t.requires_grad]
+            try:
+                torch.autograd.backward(tensors, [torch.ones_like(t) for t in tensors])
+            except RuntimeError as exc:
+                first = str(exc).strip().splitlines()[0]
+                raise gs.ModelFileError(
+                    f"{mf.path}: backward raised RuntimeError: {first}"
+                ) from exc
+    finally:
+        gs.release((root, fwd.outputs))
     return rec
 
 
@@ -116,6 +130,12 @@ def render(
         help="Past this many nodes, fold and collapse by module depth until the graph fits.",
     ),
     full: bool = typer.Option(False, "--full", help="Draw every node, however large the graph."),
+    timeout: float = typer.Option(
+        60.0,
+        "--timeout",
+        min=1.0,
+        help="Stop Graphviz after this many seconds (SVG/PNG/PDF) with a message.",
+    ),
     backward: bool = BackwardOpt,
     memory: bool = typer.Option(
         False,
@@ -147,11 +167,18 @@ def render(
         notes = graph.memory().node_labels() if memory else None
         if notes:
             notes = {nid: f"holds {size}" for nid, size in notes.items()}
-        candidates = {"saved": saved, "attrs": attrs, "notes": notes}
-    view.save(output, format=fmt, **{k: v for k, v in candidates.items() if k in takes})
-    if note:
+        candidates = {"saved": saved, "attrs": attrs, "notes": notes, "timeout": timeout}
+    if note:  # before a layout that may take a while, say what is drawn
         stderr().print(note, markup=False)
-    stderr().print(f"wrote {output}: {graph.summary()}", markup=False)
+    view.save(output, format=fmt, **{k: v for k, v in candidates.items() if k in takes})
+    drawn = sum(1 for n in view.nodes if n.kind != "module")
+    boxes = len(view.nodes) - drawn
+    if view is graph:
+        what = graph.summary()
+    else:
+        what = (f"drew {drawn} of {len(graph.nodes)} nodes"
+                + (f" and {boxes} boxes" if boxes else "") + f"; the graph: {graph.summary()}")
+    stderr().print(f"wrote {output}: {what}", markup=False)
     report_backward(rec)
 
 
@@ -159,7 +186,9 @@ def render(
 def tree(
     target: str = TargetArg,
     loss: bool = typer.Option(False, "--loss", help="Start from the file's loss_fn(output)."),
-    max_lines: int = typer.Option(2000, "--max-lines", help="Stop after this many lines."),
+    max_lines: int = typer.Option(
+        2000, "--max-lines", min=1, help="Stop after this many lines."
+    ),
     depth: int | None = typer.Option(
         None,
         "--depth",
@@ -190,29 +219,58 @@ _report_command.register(app)
 _check_command.register(app)
 
 
+def _usage_line(exc: click.UsageError) -> str:
+    """A click usage error as one line: what was wrong, and where the help is."""
+    message = " ".join(exc.format_message().split())
+    ctx = exc.ctx
+    command = ctx.info_name if ctx is not None and ctx.parent is not None else None
+    return f"{message} (see gradscope {command + ' ' if command else ''}-h)"
+
+
 def main(argv: list[str] | None = None) -> Any:
-    """Console-script entry point: runs the app, mapping gradscope errors to exit code 2."""
+    """Console-script entry point. Exit codes: 0 done, 1 found the problem asked about, 2 the
+    input could not be used (one line on stderr, never a traceback), 130 interrupted."""
+    err = stderr()
     try:
-        return app(args=argv, prog_name="gradscope", standalone_mode=True)
+        code = app(args=argv, prog_name="gradscope", standalone_mode=False)
+    except getattr(click, "NoArgsIsHelpError", ()) as exc:  # bare `gradscope`: show the help
+        if exc.ctx is not None:
+            stdout().print(exc.ctx.get_help(), markup=False, highlight=False)
+        sys.exit(EXIT_UNUSABLE)
+    except click.UsageError as exc:  # bad option, value or argument: one line, exit 2
+        err.print(f"gradscope: error: {_usage_line(exc)}", markup=False)
+        sys.exit(EXIT_UNUSABLE)
     except gs.GradscopeError as exc:
         lines = str(exc).splitlines() or [type(exc).__name__]
-        err = stderr()
         err.print(f"gradscope: error: {lines[0]}", markup=False)
         for line in lines[1:]:
             err.print(line, markup=False)
         sys.exit(EXIT_UNUSABLE)
-    except KeyboardInterrupt:
-        stderr().print("gradscope: interrupted", markup=False)
-        sys.exit(130)
+    except (KeyboardInterrupt, click.Abort):
+        err.print("gradscope: interrupted", markup=False)
+        sys.exit(EXIT_INTERRUPTED)
+    except click.ClickException as exc:  # click's own errors (a file it could not open...)
+        err.print(f"gradscope: error: {' '.join(exc.format_message().split())}", markup=False)
+        sys.exit(EXIT_UNUSABLE)
+    except SystemExit as exc:  # sys.exit() reached from code gradscope ran: never silent
+        err.print(
+            f"gradscope: error: the code gradscope ran called sys.exit({exc.code!r}); "
+            "nothing was written",
+            markup=False,
+        )
+        sys.exit(EXIT_UNUSABLE)
     except Exception as exc:  # a bug of ours: still one line, traceback on request
         if os.environ.get("GRADSCOPE_DEBUG"):
             raise
-        stderr().print(
+        err.print(
             f"gradscope: internal error: {type(exc).__name__}: {exc} "
             "(set GRADSCOPE_DEBUG=1 for the traceback, and please report it)",
             markup=False,
         )
         sys.exit(EXIT_UNUSABLE)
+    if code == EXIT_INTERRUPTED:  # typer turns Ctrl-C into exit code 130, silently
+        err.print("gradscope: interrupted", markup=False)
+    sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Public surface (everything else lives in private ``_modules``)::
     render_tree(graph)                                   rich renderable for the terminal
     scopes(model)                                        record which module made each node
     record_backward(outputs), record_forward()           watch the backward pass
+    release(outputs)                                     free a deep graph without recursion
     GradMonitor(model, ...)                              gradient statistics while training
     check(fn, *inputs), explain(tensor)                  custom Function checks, tensor internals
     saved_memory(), leak_check()                         memory held by autograd graphs
@@ -113,6 +114,7 @@ _LAZY = {
     "readable_view": ".model.transforms",
     "record_backward": ".capture.backward",
     "record_forward": ".capture.forward",
+    "release": ".capture.release",
     "BackwardTrace": ".model.backward",
     "NodeStep": ".model.backward",
     "GradStat": ".model.backward",
@@ -213,6 +215,7 @@ __all__ = [
     "readable_view",
     "record_backward",
     "record_forward",
+    "release",
     "render_tree",
     "saved_memory",
     "scopes",

@@ -74,7 +74,15 @@ def _user_code(path: Path, doing: str) -> Iterator[None]:
         yield
     except ModelFileError:
         raise
-    except Exception as exc:  # the user's code may raise anything
+    except KeyboardInterrupt:
+        raise  # the user pressed Ctrl-C: the CLI says "interrupted" and exits 130
+    except SystemExit as exc:  # sys.exit() / exit() in the file: nothing to render, say so
+        raise ModelFileError(
+            f"{_where(exc, path)}: the file called sys.exit({exc.code!r}) (while {doing}); "
+            "move that call under if __name__ == \"__main__\": (gradscope imports the file as a "
+            "module, so that block does not run)"
+        ) from None
+    except BaseException as exc:  # the user's code may raise anything, even non-Exceptions
         raise ModelFileError(
             f"{_where(exc, path)}: {_describe(exc)} (raised while {doing})"
         ) from exc

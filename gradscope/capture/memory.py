@@ -214,6 +214,8 @@ class SavedMemory(_Listener):
         self._open = False
         try:
             self._handles.remove()
+            if self._rec is not None:
+                self._rec.close()
         finally:
             self._finish()
 

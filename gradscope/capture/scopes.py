@@ -27,10 +27,12 @@ forward raises. Single-threaded forwards only: sequence numbers are per thread.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.nn.modules.module import (
     register_module_forward_hook,
     register_module_forward_pre_hook,
@@ -57,6 +59,44 @@ class _Frame:
     calls: dict[str, int] = field(default_factory=dict)  # child name -> calls so far
 
 
+def _on_stack(frame: Any) -> bool:
+    """Whether the Python frame ``frame`` is still running (on the current thread's stack)."""
+    f = sys._getframe(1)
+    while f is not None:
+        if f is frame:
+            return True
+        f = f.f_back
+    return False
+
+
+def _is_top_mode(mode: TorchFunctionMode) -> bool:
+    n = torch._C._len_torch_function_stack()
+    return n > 0 and torch._C._get_function_stack_at(n - 1) is mode
+
+
+class _HookMode(TorchFunctionMode):
+    """While a module's own forward hooks run, stamps the nodes each torch call creates with
+    the module's path (see ``ScopeRecorder.watch_hooks``)."""
+
+    def __init__(self, rec: ScopeRecorder, frame: _Frame, caller: Any) -> None:
+        super().__init__()
+        self.rec, self.frame, self.caller = rec, frame, caller
+        self.start = torch._C._autograd._get_sequence_nr()
+        self.depth = len(rec.stack)  # a submodule the hook calls stamps its own nodes
+        self.active = True
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if self.active:
+            if len(self.rec.stack) > self.depth:
+                pass  # inside a submodule the hook called: its own post hook stamps these
+            elif _on_stack(self.caller):
+                self.rec.stamp_new(self.frame, out, self.start)
+            else:
+                self.active = False  # the module's call returned: these ops are the caller's
+        return out
+
+
 class ScopeRecorder:
     """What one ``scopes`` block records: the model's module names and classes, the call
     stack of running forwards, and the stamps it put on nodes. ``saved_memory`` drives one
@@ -75,9 +115,12 @@ class ScopeRecorder:
         self.first_call: dict[str, str] = {}  # module name -> call path of its first call
         self.stack = [_Frame(None, None, None, 0)]
         self.stamped_acc: set[Any] = set()  # AccumulateGrad nodes stamped in this block
+        self.hook_modes: list[_HookMode] = []  # see watch_hooks
 
     # -------------------------------------------------------------- hooks
     def pre(self, module: torch.nn.Module, args: Any) -> None:
+        if self.hook_modes:
+            self.settle()
         name = self.names.get(id(module))
         if name is None:
             return  # a module outside the model (a loss, a helper): its ops go to the caller
@@ -95,6 +138,8 @@ class ScopeRecorder:
         self.stack.append(_Frame(module, name, path, seq, self.class_chain(path)))
 
     def post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self.hook_modes:
+            self.settle()
         if id(module) not in self.names:
             return
         # Pop up to this module's frame: frames above it belong to forwards that raised.
@@ -106,6 +151,37 @@ class ScopeRecorder:
             return
         if output is not None:
             self.stamp(frame, output)
+        if module._forward_hooks:  # read only: they run after this global hook returns
+            self.watch_hooks(frame, sys._getframe(1))
+
+    # -------------------------------------------------------------- the module's own hooks
+    def watch_hooks(self, frame: _Frame, caller: Any) -> None:
+        """The module's own forward hooks run after gradscope's global one: nodes they create
+        belong to the module too. Until the module's call returns (``caller``, the frame of
+        ``Module._call_impl`` that runs the hooks, leaves the stack), a torch-function mode
+        stamps each new node with the module's path."""
+        mode = _HookMode(self, frame, caller)
+        mode.__enter__()
+        self.hook_modes.append(mode)
+
+    def settle(self) -> None:
+        """Take off the hook modes of modules whose call has returned (newest first, and only
+        while gradscope's mode is the innermost one, so a user's mode is never popped)."""
+        while self.hook_modes:
+            mode = self.hook_modes[-1]
+            if mode.active and _on_stack(mode.caller):
+                return
+            if not _is_top_mode(mode):
+                return
+            self.hook_modes.pop()
+            mode.active = False
+            mode.__exit__(None, None, None)
+
+    def close(self) -> None:
+        """End of the block: every hook mode comes off."""
+        for mode in self.hook_modes:
+            mode.active = False
+        self.settle()
 
     def class_chain(self, path: str) -> str:
         """The class names from the model down to ``path``: the model's own first, then one
@@ -149,6 +225,21 @@ class ScopeRecorder:
                 meta[key] = frame.path
                 meta[cls_key] = chain
 
+    def stamp_new(self, frame: _Frame, output: Any, start: int) -> None:
+        """Stamp the nodes created since sequence number ``start`` below ``output`` (those no
+        inner module stamped first) with ``frame``'s path."""
+        mine = False
+
+        def enter(fn: Any) -> bool:
+            return mine
+
+        roots = [t.grad_fn for _, t in iter_tensors(output) if t.grad_fn is not None]
+        for fn in walk_nodes(roots, enter=enter):
+            mine = NO_SEQUENCE_NR > fn._sequence_nr() >= start
+            if mine and MODULE_KEY not in fn.metadata:
+                fn.metadata[MODULE_KEY] = frame.path
+                fn.metadata[MODULE_CLASSES_KEY] = frame.classes
+
     def stamp_accumulate(self, fn: Any) -> None:
         if fn in self.stamped_acc:
             return
@@ -187,6 +278,7 @@ class Scopes:
         handle = self.handle
         handle.add(lambda: _ACTIVE.discard(id(model)))
         handle.add(rec.stamped_acc.clear)
+        handle.add(rec.close)
         try:
             handle.add(register_module_forward_pre_hook(rec.pre))
             handle.add(register_module_forward_hook(rec.post, always_call=True))

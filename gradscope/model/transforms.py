@@ -319,6 +319,52 @@ def fold(graph: G) -> G:
     return _regroup(graph, key_of, make)
 
 
+def nearest(graph: G, max_nodes: int) -> tuple[G, int]:
+    """The ``max_nodes`` nodes nearest the outputs (breadth first from the roots, along the
+    gradient's direction), and one box standing for everything beyond them; with the number of
+    nodes that box hides (0 when the graph already fits).
+
+    A graph with no module structure cannot be collapsed; this is what keeps its picture to a
+    size Graphviz lays out in seconds.
+
+    Example:
+        >>> import torch, gradscope as gs
+        >>> y = torch.ones(2, requires_grad=True)
+        >>> for _ in range(100):
+        ...     y = y * 2
+        >>> view, hidden = nearest(gs.trace(y), 10)
+        >>> len(view.nodes), hidden, view.nodes[-1].name
+        (11, 93, '… 93 more nodes')
+    """
+    if len(graph.nodes) <= max_nodes:
+        return graph, 0
+    out: dict[str, list[str]] = {n.id: [] for n in graph.nodes}
+    for e in graph.edges:
+        out[e.src].append(e.dst)
+    keep: dict[str, None] = {}
+    queue = list(dict.fromkeys(graph.roots))
+    queue += [n.id for n in graph.nodes if n.kind == "output" and n.id not in keep]
+    head = 0
+    while head < len(queue) and len(keep) < max_nodes:
+        nid = queue[head]
+        head += 1
+        if nid in keep:
+            continue
+        keep[nid] = None
+        queue.extend(d for d in out[nid] if d not in keep)
+    rest = [n for n in graph.nodes if n.id not in keep]
+    more = Node(
+        "more", f"… {len(rest)} more nodes", "module", saved=[s for n in rest for s in n.saved],
+        box=Box("", sum(n.count for n in rest), saved_bytes_of(rest)),
+    )
+    key_of = {n.id: "more" for n in rest}
+
+    def make(nid: str, key: str, group: list[Node]) -> Node:
+        return more
+
+    return _regroup(graph, key_of, make), len(rest)
+
+
 def readable_view(
     graph: G,
     *,
@@ -332,7 +378,9 @@ def readable_view(
     ``full`` draws every node. Otherwise: collapse to ``depth`` when given; fold runs of
     identical layers when ``fold_repeats`` is True, or when it is None (the default) and the
     graph has more than ``max_nodes`` nodes; then, with no ``depth``, collapse to the deepest
-    depth that fits ``max_nodes`` (``auto_depth``).
+    depth that fits ``max_nodes`` (``auto_depth``); and if the view still has more than
+    ``max_nodes`` nodes (a graph without module structure), keep the ``max_nodes`` nearest the
+    outputs and one box for the rest (``nearest``), so Graphviz never gets an unbounded layout.
 
     Example:
         >>> import gradscope as gs
@@ -356,7 +404,18 @@ def readable_view(
     if depth is None:
         auto = auto_depth(view, max_nodes)
         if auto is not None:
-            view = collapse(view, auto)
-            notes.insert(0, f"collapsed to depth {auto} because the graph has {total} nodes; "
-                            "use --depth or --full to expand")
+            collapsed = collapse(view, auto)
+            if len(collapsed.nodes) < len(view.nodes):
+                view = collapsed
+                notes.insert(0, f"collapsed to depth {auto} because the graph has {total} "
+                                "nodes; use --depth or --full to expand")
+    if len(view.nodes) > max_nodes:
+        shown_nodes = len(view.nodes)
+        view, hidden = nearest(view, max_nodes)
+        notes.append(
+            f"drew the {shown_nodes - hidden} nodes nearest the outputs and one box for the "
+            f"{hidden} beyond them (the view has no module structure left to collapse); see "
+            "everything with -o graph.html (lays out on demand), -o graph.dot, or --full "
+            "(Graphviz may take minutes; bounded by --timeout)"
+        )
     return view, "; ".join(notes) or None

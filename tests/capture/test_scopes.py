@@ -225,3 +225,49 @@ def test_gpt2_paths_match_named_modules(monkeypatch: pytest.MonkeyPatch) -> None
     assert global_hook_counts() == before
     assert_no_hooks(model)
     assert os.environ["HF_HUB_OFFLINE"] == "1"
+
+
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.extra = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
+class _Outer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = _Scaled()
+        self.head = nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.block(x)
+        h = h.sigmoid()  # the parent's own op, right after the block returns
+        return self.head(h)
+
+
+def test_ops_made_by_a_modules_forward_hooks_belong_to_it() -> None:
+    model = _Outer()
+
+    def hook(module, args, output):
+        return module.extra(output.tanh()) * 2  # an op, a submodule, another op
+
+    handle = model.block.register_forward_hook(hook)
+    try:
+        with gs.scopes(model):
+            out = model(torch.randn(2, 3))
+        hooks_before = dict(model.block._forward_hooks)
+        g = gs.trace(out, model=model)
+    finally:
+        handle.remove()
+    where = {n.name: n.module for n in g.nodes if n.kind == "op"}
+    assert where["TanhBackward0"] == "block"  # made by the block's hook
+    assert where["MulBackward0"] == "block"
+    assert {n.module for n in g.nodes if n.name == "AddmmBackward0"} == {
+        "block.lin", "block.extra", "head"}
+    assert where["SigmoidBackward0"] == ""  # the parent's op after the call returned
+    assert list(hooks_before) == [handle.id]  # the model's own hook dict: only the user's
+    assert torch._C._len_torch_function_stack() == 0

@@ -79,7 +79,7 @@ def test_example_inputs_fallback_and_double_flag(tmp_path, capsys):
         ("model = torch.nn.Linear(2, 2)\n", "model", "expected a torch.autograd.Function"),
         ("def f(x):\n    return x\n", "f", "no f_inputs() or example_inputs"),
         ("def f(x):\n    return x\ndef f_inputs():\n    raise ValueError('boom')\n", "f",
-         "f_inputs() raised ValueError: boom"),
+         "fns.py:5: ValueError: boom (raised while calling f_inputs())"),
         ("def f(x):\n    return x @ x\ndef f_inputs():\n"
          "    return (torch.ones(2, 3, dtype=torch.float64, requires_grad=True),)\n", "f",
          "raised RuntimeError"),
