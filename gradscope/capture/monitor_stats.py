@@ -8,9 +8,10 @@ The cost model (what a logged step pays, by setting):
   tensor holds a NaN and infinite when it holds an infinity (or overflows), so a finite norm
   proves the tensor finite. The exact counts (``nonfinite_counts``) run only for the tensors of
   a step whose norm is not finite, after the host has seen the norms.
-* **full statistics** (every ``full_every``-th logged step, or when asked): per tensor one
-  ``aminmax`` (max abs), one ``count_nonzero`` (zero fraction) and ``|g|`` summed in chunks of
-  ``_ABS_CHUNK`` elements through a small scratch buffer (mean abs); about three more reads.
+* **full statistics** (every ``full_every``-th logged step, or when asked): the 1- and 0-norms
+  by ``_foreach_norm`` over views of the gradients in pieces of 32K elements (sum of |g| for the
+  mean abs, non-zero count for the zero fraction; pieces keep float32 sums accurate) and one
+  ``aminmax`` per tensor (max abs): three more reads, and no scratch buffer.
 * **update-to-weight ratios** (full steps, with an optimizer): estimated on a fixed lattice
   sample of each weight (``sample_views``): at most ``k`` elements per tensor, every ``s``-th
   element from a random offset, with the stride ``s`` made coprime with the last dimension so
@@ -43,8 +44,8 @@ FULL_ROWS = 4
 # rows of the update matrix: norm of the sampled change, norm of the sampled old weights
 UPD, WGT = range(2)
 
-#: |g| is summed through a scratch buffer of this many elements (256 KB in float32)
-_ABS_CHUNK = 1 << 16
+#: |g| sums and non-zero counts are taken over pieces of at most this many elements
+_SUM_CHUNK = 1 << 15
 
 #: elements per tensor in the update-ratio sample (a smaller tensor is taken whole)
 UPDATE_SAMPLE = 4096
@@ -100,43 +101,56 @@ def norms(tensors: Sequence[torch.Tensor], norm_type: float) -> tuple[torch.Tens
     return torch.cat([p.to(dtype) for p in parts]), order
 
 
-def _abs_sum(t: torch.Tensor, scratch: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """sum |t| in float32 (float64 for float64 tensors), through ``scratch`` chunk by chunk."""
-    flat = t.reshape(-1)
-    acc = torch.float64 if t.dtype == _F64 else torch.float32
-    n = flat.numel()
-    if n <= _ABS_CHUNK // 8:  # small: a temporary of its own is cheaper than chunking
-        return flat.abs().sum(dtype=acc), scratch  # type: ignore[return-value]
-    if scratch is None or scratch.dtype != t.dtype or scratch.device != t.device:
-        scratch = torch.empty(min(n, _ABS_CHUNK), dtype=t.dtype, device=t.device)
-    sums = []
-    for start in range(0, n, _ABS_CHUNK):
-        chunk = flat[start : start + _ABS_CHUNK]
-        buf = scratch[: chunk.numel()]
-        torch.abs(chunk, out=buf)
-        sums.append(buf.sum(dtype=acc))
-    return (sums[0] if len(sums) == 1 else torch.stack(sums).sum()), scratch
+def to_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """A small int64 constant on ``device`` without waiting for the device: a blocking copy
+    from host memory (what ``torch.tensor(..., device=...)`` does) synchronises the stream. The
+    copy is queued instead; pageable host memory is staged by the driver at once."""
+    t = torch.tensor(values, dtype=torch.int64)
+    return t if device.type == "cpu" else t.to(device, non_blocking=True)
+
+
+def _chunks(ordered: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:
+    """Views of the tensors in pieces of at most ``_SUM_CHUNK`` elements (no copy), and how many
+    pieces each tensor has. Summed piece by piece, float32 sums stay accurate (a count of
+    non-zeros stays exact) however large the tensor; a non-contiguous tensor stays whole."""
+    views: list[torch.Tensor] = []
+    pieces: list[int] = []
+    for t in ordered:
+        if t.numel() > _SUM_CHUNK and t.is_contiguous():
+            parts = t.view(-1).split(_SUM_CHUNK)
+            views.extend(parts)
+            pieces.append(len(parts))
+        else:
+            views.append(t)
+            pieces.append(1)
+    return views, pieces
 
 
 def full_rows(tensors: Sequence[torch.Tensor], order: Sequence[int]) -> torch.Tensor:
     """``[3, n]`` float64: max abs, sum of |g|, non-zero count (NaN counts as non-zero), per
-    tensor in ``order`` (as returned by ``norms``). Tensors must have elements."""
-    maxima, sums, nonzero = [], [], []
-    scratch: torch.Tensor | None = None
-    for i in order:
-        t = tensors[i]
+    tensor in ``order`` (as returned by ``norms``, so the tensors come grouped by dtype).
+
+    The sums and counts are the 1- and 0-"norms" of ``_foreach_norm`` over views of the
+    tensors in pieces (one call each, reading the gradients where they lie: no scratch
+    buffer), added per tensor in float64 by one ``segment_reduce``; the maxima are one
+    ``aminmax`` per tensor."""
+    ordered = [tensors[i] for i in order]
+    views, pieces = _chunks(ordered)
+    sums, same = norms(views, 1.0)
+    nonzero, _ = norms(views, 0.0)
+    assert same == list(range(len(views)))  # already grouped by dtype: no reordering
+    if len(views) > len(ordered):
+        lengths = to_device(pieces, sums.device)
+        sums = torch.segment_reduce(sums.to(_F64), "sum", lengths=lengths)
+        nonzero = torch.segment_reduce(nonzero.to(_F64), "sum", lengths=lengths)
+    maxima = []
+    for t in ordered:
         if t.numel() == 0:  # an empty shard of a sharded tensor: it adds nothing
-            zero = torch.zeros((), dtype=_F64, device=t.device)
-            maxima.append(zero)
-            sums.append(zero)
-            nonzero.append(zero)
+            maxima.append(torch.zeros((), dtype=_F64, device=t.device))
             continue
         lo, hi = torch.aminmax(t.reshape(-1))
         maxima.append(torch.maximum(hi.abs(), lo.abs()).to(_F64))
-        s, scratch = _abs_sum(t, scratch)
-        sums.append(s.to(_F64))
-        nonzero.append(torch.count_nonzero(t).to(_F64))
-    return torch.stack([torch.stack(maxima), torch.stack(sums), torch.stack(nonzero)])
+    return torch.stack([torch.stack(maxima), sums.to(_F64), nonzero.to(_F64)])
 
 
 def sparse_stats(grad: torch.Tensor, norm_type: float) -> torch.Tensor:
