@@ -278,7 +278,7 @@ def peak_bytes(task: Task, kind: str, steps: int = 3) -> int:
 
 
 def own_ms(task: Task, kind: str, steps: int = 6) -> float:
-    """Median milliseconds per step spent in the monitor's own hook bodies (the norms, the
+    """Median CPU milliseconds per step spent in the monitor's own hook bodies (the norms, the
     transfer, the records; for "foreach_norm" the baseline's call), steps after the first.
     Less disturbed by other processes than the step ratios, since it times only that work."""
     runner = Runner(task, kind)
@@ -287,11 +287,11 @@ def own_ms(task: Task, kind: str, steps: int = 6) -> float:
 
     def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
         def run(*a: Any) -> Any:
-            t0 = time.perf_counter()
+            t0 = time.process_time()  # CPU time, as the step ratios
             try:
                 return fn(*a)
             finally:
-                spent[0] += time.perf_counter() - t0
+                spent[0] += time.process_time() - t0
 
         return run
 
