@@ -8,10 +8,10 @@ The cost model (what a logged step pays, by setting):
   tensor holds a NaN and infinite when it holds an infinity (or overflows), so a finite norm
   proves the tensor finite. The exact counts (``nonfinite_counts``) run only for the tensors of
   a step whose norm is not finite, after the host has seen the norms.
-* **full statistics** (every ``full_every``-th logged step, or when asked): the 1- and 0-norms
-  by ``_foreach_norm`` over views of the gradients in pieces of 32K elements (sum of |g| for the
-  mean abs, non-zero count for the zero fraction; pieces keep float32 sums accurate) and one
-  ``aminmax`` per tensor (max abs): three more reads, and no scratch buffer.
+* **full statistics** (every ``full_every``-th logged step, or when asked): per tensor one
+  ``aminmax`` (max abs) and one ``count_nonzero`` (zero fraction), and |g| summed in pieces of
+  64K elements through one scratch buffer of that size (mean abs; float32 sums of a piece stay
+  accurate): about three more reads, and no per-element buffer.
 * **update-to-weight ratios** (full steps, with an optimizer): estimated on a fixed lattice
   sample of each weight (``sample_views``): at most ``k`` elements per tensor, every ``s``-th
   element from a random offset, with the stride ``s`` made coprime with the last dimension so
@@ -44,8 +44,8 @@ FULL_ROWS = 4
 # rows of the update matrix: norm of the sampled change, norm of the sampled old weights
 UPD, WGT = range(2)
 
-#: |g| sums and non-zero counts are taken over pieces of at most this many elements
-_SUM_CHUNK = 1 << 15
+#: |g| is summed in pieces of at most this many elements, through a scratch buffer that size
+_SUM_CHUNK = 1 << 16
 
 #: elements per tensor in the update-ratio sample (a smaller tensor is taken whole)
 UPDATE_SAMPLE = 4096
@@ -109,48 +109,57 @@ def to_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
     return t if device.type == "cpu" else t.to(device, non_blocking=True)
 
 
-def _chunks(ordered: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:
-    """Views of the tensors in pieces of at most ``_SUM_CHUNK`` elements (no copy), and how many
-    pieces each tensor has. Summed piece by piece, float32 sums stay accurate (a count of
-    non-zeros stays exact) however large the tensor; a non-contiguous tensor stays whole."""
-    views: list[torch.Tensor] = []
+def _abs_sums(ordered: Sequence[torch.Tensor]) -> torch.Tensor:
+    """sum |t| of each tensor (float64 vector): |t| goes through one scratch buffer of
+    ``_SUM_CHUNK`` elements per dtype, a piece of a contiguous tensor at a time, and each piece
+    is summed on its own (float32 sums of 64K elements stay accurate, and a piece's NaN stays
+    in its tensor); the pieces' sums are added per tensor by one ``segment_reduce``."""
+    scratch: dict[torch.dtype, torch.Tensor] = {}
+    runs: list[torch.Tensor] = []  # the piece sums, stacked per run of one sum dtype
+    run: list[torch.Tensor] = []
     pieces: list[int] = []
     for t in ordered:
-        if t.numel() > _SUM_CHUNK and t.is_contiguous():
-            parts = t.view(-1).split(_SUM_CHUNK)
-            views.extend(parts)
-            pieces.append(len(parts))
-        else:
-            views.append(t)
-            pieces.append(1)
-    return views, pieces
+        parts = t.view(-1).split(_SUM_CHUNK) if t.is_contiguous() and t.numel() else (t,)
+        acc = _F64 if t.dtype == _F64 else torch.float32
+        if run and run[-1].dtype != acc:
+            runs.append(torch.stack(run).to(_F64))
+            run = []
+        for part in parts:
+            if part.is_contiguous() and 0 < part.numel() <= _SUM_CHUNK:
+                buf = scratch.get(t.dtype)
+                if buf is None or buf.numel() < part.numel():  # grows to _SUM_CHUNK at most
+                    buf = scratch[t.dtype] = torch.empty_like(part.view(-1))
+                view = buf[: part.numel()]
+                torch.abs(part.view(-1), out=view)
+                run.append(view.sum(dtype=acc))
+            else:  # empty, or not contiguous: a temporary of its own
+                run.append(part.abs().sum(dtype=acc))
+        pieces.append(len(parts))
+    if run:
+        runs.append(torch.stack(run).to(_F64))
+    sums = runs[0] if len(runs) == 1 else torch.cat(runs)
+    if len(sums) == len(ordered):
+        return sums
+    return torch.segment_reduce(sums, "sum", lengths=to_device(pieces, sums.device))
 
 
 def full_rows(tensors: Sequence[torch.Tensor], order: Sequence[int]) -> torch.Tensor:
     """``[3, n]`` float64: max abs, sum of |g|, non-zero count (NaN counts as non-zero), per
-    tensor in ``order`` (as returned by ``norms``, so the tensors come grouped by dtype).
-
-    The sums and counts are the 1- and 0-"norms" of ``_foreach_norm`` over views of the
-    tensors in pieces (one call each, reading the gradients where they lie: no scratch
-    buffer), added per tensor in float64 by one ``segment_reduce``; the maxima are one
-    ``aminmax`` per tensor."""
+    tensor in ``order`` (as returned by ``norms``), each from one more read of the tensors:
+    one ``aminmax`` and one ``count_nonzero`` per tensor, and ``_abs_sums``."""
     ordered = [tensors[i] for i in order]
-    views, pieces = _chunks(ordered)
-    sums, same = norms(views, 1.0)
-    nonzero, _ = norms(views, 0.0)
-    assert same == list(range(len(views)))  # already grouped by dtype: no reordering
-    if len(views) > len(ordered):
-        lengths = to_device(pieces, sums.device)
-        sums = torch.segment_reduce(sums.to(_F64), "sum", lengths=lengths)
-        nonzero = torch.segment_reduce(nonzero.to(_F64), "sum", lengths=lengths)
-    maxima = []
+    maxima, nonzero = [], []
     for t in ordered:
         if t.numel() == 0:  # an empty shard of a sharded tensor: it adds nothing
-            maxima.append(torch.zeros((), dtype=_F64, device=t.device))
+            zero = torch.zeros((), dtype=_F64, device=t.device)
+            maxima.append(zero)
+            nonzero.append(zero)
             continue
         lo, hi = torch.aminmax(t.reshape(-1))
         maxima.append(torch.maximum(hi.abs(), lo.abs()).to(_F64))
-    return torch.stack([torch.stack(maxima), sums.to(_F64), nonzero.to(_F64)])
+        nonzero.append(torch.count_nonzero(t))
+    counts = torch.stack(nonzero).to(_F64)
+    return torch.stack([torch.stack(maxima), _abs_sums(ordered), counts])
 
 
 def sparse_stats(grad: torch.Tensor, norm_type: float) -> torch.Tensor:
@@ -255,9 +264,9 @@ class UpdateSample:
     def rows(self, order: Sequence[int] | None = None) -> torch.Tensor:
         """``[2, n]`` float64: norm of the sampled change and of the sampled old weights."""
         new = sample_views(self.params, self.k, self.seeds)
-        diff = torch._foreach_sub(new, self.old)
-        upd, _ = norms(diff, 2.0)
         wgt, _ = norms(self.old, 2.0)
+        torch._foreach_sub_(self.old, new)  # old - new, in place: no second sample-sized buffer
+        upd, _ = norms(self.old, 2.0)
         out = torch.stack([upd.to(_F64), wgt.to(_F64)])
         return out if order is None else out[:, list(order)]
 
