@@ -25,6 +25,8 @@ shared with other jobs a step's wall time mostly measures their load) and of wal
                    (the floor for per-parameter norms)
   wandb-style      a per-parameter gradient hook as wandb.watch(log="gradients") installs:
                    .item() for min and max, a 64-bin histc, .tolist(), per parameter per step
+  plain copy       a second, unmonitored copy: the control (how far two identical runs differ
+                   on this machine, from memory placement and other load)
 
 and the monitor's extra memory: ``retained`` (bytes of tensors the monitor holds between steps,
 found by walking the objects it references) and ``peak`` (the most bytes alive at once of the
@@ -60,7 +62,7 @@ from gradscope.capture.monitor import FULL_EVERY
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET, TARGET_FULL, TARGET_MEMORY = 1.05, 1.25, 0.01
-VARIANTS = ("gradscope", "gradscope full", "foreach_norm", "wandb-style")
+VARIANTS = ("gradscope", "gradscope full", "foreach_norm", "wandb-style", "plain copy")
 
 
 # ---------------------------------------------------------------- models
@@ -149,7 +151,9 @@ class Runner:
         self.monitor: gs.GradMonitor | None = None
         self.after_backward: Callable[[], None] = lambda: None
         self.kept: list[Any] = []
-        if kind == "gradscope":
+        if kind in ("plain", "plain copy"):
+            pass
+        elif kind == "gradscope":
             self.monitor = gs.GradMonitor(self.model, optimizer=self.opt)
         elif kind == "gradscope full":
             self.monitor = gs.GradMonitor(self.model, optimizer=self.opt, full_every=1)
