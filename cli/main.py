@@ -59,11 +59,15 @@ def load_graph(mf: gs.ModelFile, *, loss: bool = False, saved: bool = True) -> g
 
 
 def record_graph(mf: gs.ModelFile, *, saved: bool = True) -> gs.BackwardTrace:
-    """Forward (and loss_fn when the file has one) with forward lines recorded, then backward
-    under the recorder (ones as the gradient of non-scalar outputs); ``.graph`` is annotated."""
-    with gs.record_forward():
+    """Forward (and loss_fn when the file has one) with forward lines and the first
+    non-finite forward value recorded, then backward under the recorder (ones as the gradient
+    of non-scalar outputs); ``.graph`` is annotated. When the forward already went non-finite
+    it is said first: the gradients' NaN/Inf then comes from it, not from backward."""
+    with gs.record_forward(check_finite=True) as forward:
         fwd = mf.forward()
         root = mf.loss(fwd.outputs) if mf.has("loss_fn") else fwd.outputs
+    if forward.first_nonfinite is not None:
+        stderr().print(forward.first_nonfinite.summary(), markup=False)
     try:
         with gs.record_backward(root, model=fwd.model, saved=saved) as rec:
             tensors = [t for _, t in gs.iter_tensors(root) if t.requires_grad]
@@ -77,6 +81,19 @@ def record_graph(mf: gs.ModelFile, *, saved: bool = True) -> gs.BackwardTrace:
     finally:
         gs.release((root, fwd.outputs))
     return rec
+
+
+def report_regions(graph: gs.Graph) -> None:
+    """One line per thing to know about the compiled regions drawn (an opaque one, missing
+    source lines), each said once."""
+    said: set[str] = set()
+    for node in graph.nodes:
+        note = node.compiled.note if node.compiled is not None else None
+        if note and note not in said:
+            said.add(note)
+            where = f" ({node.module})" if node.module else ""
+            stderr().print(f"gradscope: note: compiled region {node.id}{where}: {note}",
+                           markup=False)
 
 
 def report_backward(rec: gs.BackwardTrace | None) -> None:
@@ -142,6 +159,9 @@ def render(
         "--memory",
         help="Label each node with the saved bytes it holds (each storage counted once).",
     ),
+    legend: bool = typer.Option(
+        True, "--legend/--no-legend", help="Draw a compact legend in SVG/PNG/PDF pictures."
+    ),
 ) -> None:
     """Build the model file's graph and write it as SVG/PNG/PDF/DOT/JSON/HTML."""
     if fmt is None and (output is None or not output.suffix):
@@ -153,10 +173,16 @@ def render(
     rec = record_graph(mf, saved=saved or attrs) if backward else None
     graph = rec.graph if rec else load_graph(mf, loss=loss, saved=saved or attrs)
     note = None
+    notes = graph.memory().node_labels() if memory else None
+    if notes:
+        notes = {nid: f"holds {size}" for nid, size in notes.items()}
     takes = gs.format_options(fmt)  # each format declares its options: pass only those
-    if "max_nodes" in takes:  # the page expands and collapses modules itself
+    if "max_nodes" in takes:  # the page opens and closes modules itself
         view = graph
-        candidates: dict[str, Any] = {"title": mf.path.name, "depth": 10**9 if full else depth}
+        candidates: dict[str, Any] = {
+            "title": mf.path.name, "depth": depth, "full": full, "fold": fold is not False,
+            "saved": saved, "notes": notes, "root": mf.path.parent,
+        }
     elif not takes:  # data: every node unless a depth is asked for
         view = graph if depth is None else graph.collapse(depth)
         candidates = {}
@@ -164,12 +190,11 @@ def render(
         view, note = gs.readable_view(
             graph, depth=depth, fold_repeats=fold, max_nodes=max_nodes, full=full
         )
-        notes = graph.memory().node_labels() if memory else None
-        if notes:
-            notes = {nid: f"holds {size}" for nid, size in notes.items()}
-        candidates = {"saved": saved, "attrs": attrs, "notes": notes, "timeout": timeout}
+        candidates = {"saved": saved, "attrs": attrs, "notes": notes, "root": mf.path.parent,
+                      "legend": legend, "timeout": timeout}
     if note:  # before a layout that may take a while, say what is drawn
         stderr().print(note, markup=False)
+    report_regions(graph)
     view.save(output, format=fmt, **{k: v for k, v in candidates.items() if k in takes})
     drawn = sum(1 for n in view.nodes if n.kind != "module")
     boxes = len(view.nodes) - drawn
@@ -202,12 +227,14 @@ def tree(
     rec = record_graph(mf) if backward else None
     graph = rec.graph if rec else load_graph(mf, loss=loss)
     mem = graph.memory()  # of the whole graph, before any collapse
+    full_graph = graph
     if depth is not None:
         graph = graph.collapse(depth)
     out = stdout()
     out.print(gs.render_tree(graph, max_lines=max_lines))
     if mem.total or mem.freed:
         out.print(mem.render(depth=depth))
+    report_regions(full_graph)
     report_backward(rec)
 
 

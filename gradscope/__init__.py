@@ -2,8 +2,10 @@
 
 Public surface (everything else lives in private ``_modules``)::
 
-    trace(outputs, params=None, *, saved=True, model=None) -> Graph   walk grad_fn graphs
-    Graph, Node, Edge, SavedTensor, TensorInfo           the plain-data graph model
+    trace(outputs, params=None, *, saved=True, model=None, regions=True) -> Graph
+                                                         walk grad_fn graphs (torch.compile
+                                                         regions expanded into aten ops)
+    Graph, Node, Edge, SavedTensor, TensorInfo, Box, Region   the plain-data graph model
     make_dot(var, params=None, ...)                      drop-in for torchviz.make_dot
     render_tree(graph)                                   rich renderable for the terminal
     scopes(model)                                        record which module made each node
@@ -55,7 +57,7 @@ from .errors import (
 from .model.formats import OutputFormat, format_options
 from .model.formats import format_for as output_format
 from .model.formats import format_names as _format_names
-from .model.graph import Box, Edge, Graph, Node, SavedTensor, TensorInfo, format_bytes
+from .model.graph import Box, Edge, Graph, Node, Region, SavedTensor, TensorInfo, format_bytes
 from .views.graphviz import dot_binary
 from .views.tree import render_tree
 
@@ -99,7 +101,8 @@ def make_dot(
     """
     from .views.torchviz import dot_from_graph
 
-    graph = trace(var, params=params, saved=True)  # custom Functions' tensors are always drawn
+    # custom Functions' tensors are always drawn; a compiled region stays one node, as in torchviz
+    graph = trace(var, params=params, saved=True, regions=False)
     return dot_from_graph(
         graph, show_attrs=show_attrs, show_saved=show_saved, max_attr_chars=max_attr_chars
     )
@@ -156,6 +159,7 @@ __all__ = [
     "Alert",
     "BackwardTrace",
     "Box",
+    "Region",
     "CheckFailure",
     "CheckInputError",
     "CheckResult",

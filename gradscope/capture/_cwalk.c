@@ -280,6 +280,7 @@ typedef struct {
     int want_saved, read_modules;
     PyObject *storage_ids;                     /* _Storages._ids: key -> (sid, size) */
     PyObject *record_of, *visit_modules, *custom_saved, *read_saved, *read_saved_seq, *record;
+    PyObject *shape_of;
 } Ctx;
 
 static void
@@ -296,6 +297,7 @@ ctx_clear(Ctx *c)
     Py_CLEAR(c->read_saved);
     Py_CLEAR(c->read_saved_seq);
     Py_CLEAR(c->record);
+    Py_CLEAR(c->shape_of);
 }
 
 static int
@@ -340,7 +342,8 @@ ctx_init(Ctx *c, PyObject *w)
               || ctx_get(w, "custom_saved", NULL, &c->custom_saved) < 0
               || ctx_get(w, "read_saved", NULL, &c->read_saved) < 0
               || ctx_get(w, "read_saved_seq", NULL, &c->read_saved_seq) < 0
-              || ctx_get(w, "saved_record", NULL, &c->record) < 0;
+              || ctx_get(w, "saved_record", NULL, &c->record) < 0
+              || ctx_get(w, "shape_of", NULL, &c->shape_of) < 0;
     Py_XDECREF(storages);
     if (err)
         ctx_clear(c);
@@ -432,14 +435,29 @@ device_str(PyObject *t)
     return out;
 }
 
+/* `list(t.shape)`; when that is not a list of ints (a nested tensor: a strided one has no
+ * shape, a jagged one has a symbolic ragged size), `_Walker.shape_of` decides (None for a
+ * ragged dimension). */
 static PyObject *
-shape_list(PyObject *t)
+shape_list(Ctx *c, PyObject *t)
 {
     PyObject *shape = PyObject_GetAttr(t, s_shape);
-    if (shape == NULL)
-        return NULL;
+    if (shape == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_RuntimeError))
+            return NULL;
+        PyErr_Clear();
+        return PyObject_CallOneArg(c->shape_of, t);
+    }
     PyObject *out = PySequence_List(shape);
     Py_DECREF(shape);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(out); i++) {
+        if (!PyLong_CheckExact(PyList_GET_ITEM(out, i))) {
+            Py_DECREF(out);
+            return PyObject_CallOneArg(c->shape_of, t);
+        }
+    }
     return out;
 }
 
@@ -450,7 +468,7 @@ saved_record(Ctx *c, PyObject *name, PyObject *t)
 {
     PyObject *out = NULL, *shape = NULL, *dtype = NULL, *device = NULL, *nbytes = NULL;
     PyObject *rec = storage_record(c, t);
-    if (rec == NULL || (shape = shape_list(t)) == NULL || (dtype = dtype_str(t)) == NULL
+    if (rec == NULL || (shape = shape_list(c, t)) == NULL || (dtype = dtype_str(t)) == NULL
         || (device = device_str(t)) == NULL || (nbytes = PyObject_GetAttr(t, s_nbytes)) == NULL)
         goto done;
     PyObject *size = PyTuple_GET_ITEM(rec, 1);
@@ -506,8 +524,18 @@ builtin_saved(Ctx *c, PyObject *fn, PyObject *node, PyObject *reads, PyObject *u
         }
         PyObject *name = PyTuple_GET_ITEM(r, 0), *attr = PyTuple_GET_ITEM(r, 1);
         PyObject *raw = PyObject_GetAttr(fn, attr);
-        if (raw == NULL)
-            return -1;
+        if (raw == NULL) {
+            /* a saved list (`indices` of x[idx], index_put...) that backward freed: torch
+             * raises instead of handing out its entries; `read_saved_seq(..., None, ...)`
+             * records it as freed, as the Python walk does */
+            if (PyTuple_GET_ITEM(r, 2) != Py_True
+                || !PyErr_ExceptionMatches(PyExc_RuntimeError))
+                return -1;
+            PyErr_Clear();
+            if (call_drop(c->read_saved_seq, fn, name, Py_None, node, NULL) < 0)
+                return -1;
+            continue;
+        }
         int err;
         if (PyTuple_GET_ITEM(r, 2) != Py_True) { /* a non-tensor attribute */
             PyObject *text = PyObject_Str(raw);
@@ -560,7 +588,7 @@ add_leaf(Ctx *c, PyObject *acc_id, PyObject *fn)
     int truthy = PyObject_IsTrue(name);
     if (truthy < 0)
         goto done;
-    if ((shape = shape_list(var)) == NULL || (dname = dtype_str(var)) == NULL
+    if ((shape = shape_list(c, var)) == NULL || (dname = dtype_str(var)) == NULL
         || (device = device_str(var)) == NULL)
         goto done;
     if (c->want_saved) {

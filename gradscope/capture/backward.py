@@ -23,8 +23,11 @@ import torch
 
 from ..model.backward import BackwardTrace, GradStat, NodeStep, NonFinite
 from ..model.graph import Graph, Node
+from . import regions as _regions
+from . import walk as _walk
 from .forward import created_at
 from .handles import HookHandle
+from .stamps import FORWARD_NONFINITE_KEY
 from .nest import iter_tensors
 from .walk import _trace_with_ids
 
@@ -245,6 +248,16 @@ def _edge_norm(
     e: Any, graph: Graph, first: dict[str, NodeStep], slots: dict[str, int]
 ) -> float | None:
     src = graph.node(e.src)
+    if src.region is not None:  # a compiled region's boundary (see gradscope.capture.regions)
+        inside = graph.node(e.dst).region == src.region
+        if src.id != src.region and inside:
+            return None  # between two aten ops: the engine never saw that gradient
+        step = first.get(src.region)
+        if step is None:
+            return None
+        grads = step.grad_outputs if inside else step.grad_inputs
+        stat = grads[e.input_nr] if e.input_nr < len(grads) else None
+        return None if stat is None else stat.norm
     if src.kind == "output":
         step = first.get(e.dst)
         grads = step.grad_outputs if step else []
@@ -260,7 +273,7 @@ def _edge_norm(
 
 
 def _annotate(
-    graph: Graph, steps: list[NodeStep], fns: dict[str, Any], outputs: Any
+    graph: Graph, steps: list[NodeStep], fns: dict[str, Any], outputs: Any, watch: Any = None
 ) -> NonFinite | None:
     first: dict[str, NodeStep] = {}
     for i, step in enumerate(steps):
@@ -272,23 +285,41 @@ def _annotate(
         if e.kind == "grad":
             e.grad_norm = _edge_norm(e, graph, first, slots)
     for nid, fn in fns.items():
+        meta = fn.metadata
+        if not meta:
+            continue
         where = created_at(fn)
+        node = graph.node(nid)
         if where:
-            graph.node(nid).created_at = where
+            node.created_at = where
+        forward = meta.get(FORWARD_NONFINITE_KEY)
+        if forward is not None:
+            node.forward_nonfinite = forward
     for step in steps:
         node = graph.node(step.node_id)
         kind = _bad_kind(step, node)
         if kind and node.nonfinite != "nan":
             node.nonfinite = kind
-    return _first_record(graph, steps, fns)
+    return _first_record(graph, steps, fns, watch)
 
 
-def _first_record(graph: Graph, steps: list[NodeStep], fns: dict[str, Any]) -> NonFinite | None:
+def _first_record(
+    graph: Graph, steps: list[NodeStep], fns: dict[str, Any], watch: Any = None
+) -> NonFinite | None:
     found = _find_first(steps, graph)
     if found is None:
         return None
     step, slot, kind = found
     node = graph.node(step.node_id)
+    if watch is not None and node.compiled is not None and slot.startswith("grad_inputs"):
+        inner = watch.locate(graph, node.id)  # the aten op of the region that made it
+        if inner is not None:
+            if node.nonfinite is None:
+                node.nonfinite = kind
+            op, op_kind = inner
+            op.nonfinite = op_kind
+            op.first_nonfinite = True
+            return NonFinite(op.id, op.name, "output", op_kind, op.created_at)
     if node.nonfinite is None:
         node.nonfinite = kind
     node.first_nonfinite = True
@@ -337,13 +368,26 @@ def record_backward(
     roots = [(t.grad_fn, t.output_nr) for _, t in iter_tensors(outputs) if t.grad_fn is not None]
     recorder = _Recorder(ids, roots)
     result = BackwardTrace(graph=graph)
+    watch = None
+    if _walk.REGIONS_SEEN:
+        expanded = {n.id for n in graph.nodes if n.compiled is not None and n.compiled.ops}
+        if expanded:
+            watch = _regions.Watch({nid: fn for fn, nid in ids.items() if nid in expanded})
     recorder.install()
+    if watch is not None:
+        try:
+            watch.install(recorder.handles)
+        except BaseException:
+            recorder.remove()
+            raise
     try:
         yield result
     finally:
         recorder.remove()
         fns = {nid: fn for fn, nid in ids.items()}
         result.steps = recorder.node_steps()
-        result.first_nonfinite = _annotate(graph, result.steps, fns, outputs)
+        result.first_nonfinite = _annotate(graph, result.steps, fns, outputs, watch)
+        if watch is not None:
+            watch.clear()
         recorder.ids = {}
         del ids, fns  # hold no autograd node past the block

@@ -42,6 +42,9 @@ def _callable(fn: Any) -> tuple[Callable[..., Any], str]:
             f"cannot check a {type(fn).__name__ if not isinstance(fn, type) else fn.__name__}: "
             "expected a torch.autograd.Function subclass or a function of tensors"
         )
+    owner = getattr(fn, "__self__", None)  # SomeFunction.apply: name the Function
+    if isinstance(owner, type) and issubclass(owner, torch.autograd.Function):
+        return fn, owner.__name__
     return fn, getattr(fn, "__name__", type(fn).__name__)
 
 

@@ -4,6 +4,13 @@ While the forward runs, a ``TorchFunctionMode`` stamps each new autograd node's 
 with the user's file and line, so the first non-finite gradient can name the line of the
 model's code, at a fraction of the cost of ``torch.autograd.detect_anomaly``, which formats a
 full Python stack for every node and checks every gradient for NaN with a host sync.
+
+Under ``torch.compile`` the mode must not change what Dynamo compiles: a torch function mode
+is part of Dynamo's guards, so while a ``torch.compile(module)`` wrapper runs the mode is taken
+off the stack (global module hooks, ``compiled.ModuleHooks``) and the compiled region's node is
+stamped with the line that called the module; the ops inside get their lines from the
+compiled graph's own ``stack_trace``. Traced anyway (a compiled function, ``module.compile()``),
+``__torch_function__`` only calls through.
 """
 
 from __future__ import annotations
@@ -12,13 +19,16 @@ import functools
 import linecache
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ..model.backward import ForwardNonFinite
+from . import compiled
 from .handles import HookHandle
-from .stamps import CREATED_KEY
+from .stamps import CREATED_KEY, FORWARD_NONFINITE_KEY, MODULE_KEY
 
 
 # ---------------------------------------------------------------------------- reading
@@ -33,6 +43,15 @@ def created_at(fn: Any) -> str | None:
 @functools.lru_cache(maxsize=4096)
 def _location_text(filename: str, lineno: int) -> str:
     code = linecache.getline(filename, lineno).strip()
+    return f"{_short_path(filename)}:{lineno}: {code}"
+
+
+@functools.lru_cache(maxsize=4096)
+def location_text(filename: str, lineno: int, code: str | None = None) -> str:
+    """``file:line: code`` as ``record_forward`` writes it; ``code`` defaults to the line's
+    text (a compiled graph's ``stack_trace`` carries its own)."""
+    if code is None:
+        return _location_text(filename, lineno)
     return f"{_short_path(filename)}:{lineno}: {code}"
 
 
@@ -52,6 +71,7 @@ _APPLY_CODE = torch.autograd.Function.apply.__func__.__code__  # type: ignore[at
 _ACCUMULATE_SEQ = 2**64 - 1  # AccumulateGrad nodes carry UINT64_MAX as sequence number
 _CUSTOM_BASE = torch.autograd.function.BackwardCFunction
 _UNSET = object()
+compiling = compiled.compiling
 
 
 def _internal(filename: str) -> bool:
@@ -88,20 +108,101 @@ class _ForwardMode(TorchFunctionMode):
     skipped numbers (composite ops, custom Functions) need a look at the nodes below.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, check_finite: bool = False) -> None:
         super().__init__()
         self.start = _next_sequence_nr()
         self.last = self.start - 1
+        self.check_finite = check_finite
+        # with check_finite: per floating output, its [has NaN, has Inf] flags (left on the
+        # device), and what made it: (op name, grad_fn or None, (file, line) or None)
+        self.flags: list[torch.Tensor] = []
+        self.made_by: list[tuple[str, Any, tuple[str, int] | None]] = []
+        self.paused: list[Any] = []  # torch.compile wrappers running with the mode off
+        compiled.eager_only(_ForwardMode.__torch_function__)
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if compiling():  # Dynamo traces this: call through, stamp nothing
+            return func(*args, **(kwargs or {}))
         out = func(*args, **(kwargs or {}))
         if torch.is_grad_enabled():
             self._stamp_outputs(out)
         else:
             self._stamp_custom()  # custom Function forwards run with grad disabled
+        if self.check_finite:
+            self._flag(func, out)
         return out
 
-    def _stamp_outputs(self, out: Any) -> None:
+    def _flag(self, func: Any, out: Any, frame: Any = None) -> None:
+        """Queue device-side NaN/Inf flags of the call's floating outputs (no host sync)."""
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for t in outs:
+            if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+                continue
+            if not (t.is_floating_point() or t.is_complex()) or t.device.type == "meta":
+                continue
+            user = _user_frame(sys._getframe(2) if frame is None else frame)  # 2: the caller
+            loc = None if user is None else (user.f_code.co_filename, user.f_lineno)
+            with torch.no_grad():
+                d = t.detach()
+                flag = torch.stack([d.isnan().any(), d.isinf().any()])
+            self.made_by.append((getattr(func, "__name__", str(func)), t.grad_fn, loc))
+            self.flags.append(flag)
+
+    def first_nonfinite(self) -> ForwardNonFinite | None:
+        """The first flagged output that held a NaN or Inf: all flags come to the host in one
+        transfer per device, now."""
+        if not self.flags:
+            return None
+        by_device: dict[torch.device, list[int]] = {}
+        for i, f in enumerate(self.flags):
+            by_device.setdefault(f.device, []).append(i)
+        bad: dict[int, str] = {}
+        for indices in by_device.values():
+            values = torch.stack([self.flags[i] for i in indices]).tolist()
+            for i, (nan, inf) in zip(indices, values):
+                if nan or inf:
+                    bad[i] = "nan" if nan else "inf"
+        if not bad:
+            return None
+        first = min(bad)
+        op, fn, loc = self.made_by[first]
+        module = node = None
+        if fn is not None:
+            meta = fn.metadata
+            module = meta.get(MODULE_KEY)
+            node = type(fn).__name__
+            meta[FORWARD_NONFINITE_KEY] = bad[first]
+        where = _location_text(*loc) if loc is not None else None
+        return ForwardNonFinite(op, node, bad[first], module, where, first)
+
+    # ---------------------------------------------------------------- compiled modules
+    def before_module(self, module: Any, args: Any) -> None:
+        """Off the stack while a ``torch.compile`` wrapper runs (Dynamo guards on modes)."""
+        if compiled.unwrap(module) is not None and compiled.mode_on_top(self):
+            compiled.pop_mode()
+            self.paused.append(module)
+
+    def after_module(self, module: Any, args: Any, output: Any) -> None:
+        if not self.paused or self.paused[-1] is not module:
+            return
+        self.paused.pop()
+        try:  # still off the stack: the checks' own torch calls are not the forward's
+            if torch.is_grad_enabled():
+                # the region's node: the user's line that called the compiled module
+                frame = sys._getframe(1)
+                while frame is not None and frame.f_code.co_filename.startswith(_OWN_DIR):
+                    frame = frame.f_back
+                tensors = list(_tensors(output))
+                self._stamp_outputs(tensors, frame)
+                if self.check_finite:  # the region's outputs, as one call of the module
+                    self._flag("torch.compile region", tensors, frame)
+                for t in tensors:
+                    if t.grad_fn is not None:
+                        compiled.remember(t.grad_fn)  # its graph, while the metadata is intact
+        finally:
+            compiled.push_mode(self)
+
+    def _stamp_outputs(self, out: Any, frame: Any = None) -> None:
         if isinstance(out, torch.Tensor):
             fns = [out.grad_fn]
         elif isinstance(out, (tuple, list)):
@@ -118,7 +219,7 @@ class _ForwardMode(TorchFunctionMode):
             if loc is _UNSET:
                 # frame 2 is the caller of __torch_function__; None (no user line) is stamped
                 # too, so that the next call does not take these nodes for its own
-                frame = _user_frame(sys._getframe(2))
+                frame = _user_frame(sys._getframe(2) if frame is None else frame)
                 loc = None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
             fn.metadata[CREATED_KEY] = loc
             if seq > self.last + 1:
@@ -157,27 +258,57 @@ class _ForwardMode(TorchFunctionMode):
 
 class RecordForward:
     """An open-able ``record_forward`` block: enters the stamping ``TorchFunctionMode`` on
-    ``__enter__`` and leaves it on ``__exit__`` (also when the forward raises)."""
+    ``__enter__`` and leaves it on ``__exit__`` (also when the forward raises).
 
-    def __init__(self) -> None:
+    Attributes:
+        first_nonfinite: with ``check_finite=True``, once the block has closed: the first op
+            whose output held a NaN or Inf (``ForwardNonFinite``), or None.
+    """
+
+    def __init__(self, check_finite: bool = False) -> None:
+        self.check_finite = check_finite
+        self.first_nonfinite: ForwardNonFinite | None = None
         self.handle = HookHandle()
 
     def __enter__(self) -> RecordForward:
-        mode = _ForwardMode()
-        mode.__enter__()
-        self.handle.add(lambda: mode.__exit__(None, None, None))
+        mode = _ForwardMode(self.check_finite)
+        # hooks first: a compile inside the block then sees neither the mode nor the hooks
+        self.handle.add(compiled.ModuleHooks(mode.before_module, mode.after_module).install())
+        try:
+            mode.__enter__()
+        except BaseException:
+            self.handle.remove()
+            raise
+        self.handle.add(lambda: self._close(mode))
         return self
+
+    def _close(self, mode: _ForwardMode) -> None:
+        mode.__exit__(None, None, None)
+        try:
+            self.first_nonfinite = mode.first_nonfinite()
+        finally:
+            mode.flags.clear()
+            mode.made_by.clear()
 
     def __exit__(self, *exc: object) -> None:
         self.handle.remove()
 
 
-def record_forward() -> RecordForward:
+def record_forward(*, check_finite: bool = False) -> RecordForward:
     """Record where each autograd node created in the block comes from (file, line, code).
 
     ``record_backward`` then puts ``file:line: code`` on ``NonFinite.traceback`` and on
     ``Node.created_at``. Only the innermost frame outside torch is kept, so it costs
     far less than ``torch.autograd.detect_anomaly`` (see ``benchmarks/backward.py``).
+
+    With ``check_finite=True`` it also finds the first op whose output held a NaN or Inf during
+    the forward (op, module path, file:line): each floating output gets device-side flags,
+    read with one host transfer (per device) when the block ends, never one sync per op. The
+    result is ``.first_nonfinite`` of the object the ``with`` gives; the node it made is
+    marked (``Node.forward_nonfinite``) in a later ``record_backward``'s graph.
+
+    Args:
+        check_finite: also look for the first non-finite forward value.
 
     Example:
         >>> import torch, gradscope as gs
@@ -188,5 +319,15 @@ def record_forward() -> RecordForward:
         ...     y.backward()
         >>> rec.first_nonfinite.name
         'SqrtBackward0'
+        >>> with gs.record_forward(check_finite=True) as fw:
+        ...     z = (x.log() * 2).sum()           # log(-1) is NaN
+        >>> fw.first_nonfinite.node, fw.first_nonfinite.kind
+        ('LogBackward0', 'nan')
     """
-    return RecordForward()
+    return RecordForward(check_finite=check_finite)
+
+
+def _tensors(output: Any) -> Iterator[torch.Tensor]:
+    from .nest import iter_tensors
+
+    return (t for _, t in iter_tensors(output))

@@ -32,6 +32,7 @@ from ..model.memory import (
     StorageUse,
     add_use,
 )
+from . import compiled
 from .handles import HookHandle
 from .scopes import ScopeRecorder
 from .stamps import LEAK_KEY
@@ -49,6 +50,8 @@ _LISTENERS: list[_Listener] = []
 
 
 def _pack(tensor: torch.Tensor) -> torch.Tensor:
+    if compiled.compiling():  # a tensor of a graph being traced, not one the program saves
+        return tensor
     # Returning ``tensor`` itself would make a saved output hold its own grad_fn: a reference
     # cycle through C++ that Python's GC cannot break. A detached alias shares the storage
     # (and the version counter), so backward reads exactly the same bytes; being a plain
@@ -61,7 +64,9 @@ def _pack(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _unpack(payload: torch.Tensor) -> torch.Tensor:
-    version = payload._gradscope_version  # type: ignore[attr-defined]
+    version = getattr(payload, "_gradscope_version", None)
+    if version is None:  # packed while compiling (see _pack)
+        return payload
     # Autograd skips its own version check when hooks are set; do it here so that an in-place
     # change of a saved tensor still fails as it would without gradscope.
     if payload._version != version:
@@ -87,6 +92,9 @@ class _HooksGuard:
                 "saved-tensor hooks are disabled here (inside torch.compile or functorch?); "
                 "run the forward eagerly to measure saved memory"
             )
+        # a compiled region saves its tensors while its frame runs: Dynamo must not compile
+        # these hooks as frames of their own
+        compiled.eager_only(_pack, _unpack)
         torch._C._autograd._push_saved_tensors_default_hooks(_pack, _unpack)
         _LISTENERS.append(self.listener)
         self.pushed = True
@@ -184,11 +192,6 @@ class SavedMemory(_Listener):
     def __enter__(self) -> SavedMemory:
         if self._open:
             raise MemoryHooksError("this saved_memory block is already open; use a new one")
-        from torch.nn.modules.module import (
-            register_module_forward_hook,
-            register_module_forward_pre_hook,
-        )
-
         if self.model is not None:
             self._adopt(self.model)
         model_device = _model_cuda_device(self.model)
@@ -200,8 +203,7 @@ class SavedMemory(_Listener):
             self._cuda.append(cuda_snapshot("before forward", self._device))
         handles = self._handles
         try:
-            handles.add(register_module_forward_pre_hook(self._pre))
-            handles.add(register_module_forward_hook(self._post, always_call=True))
+            handles.add(compiled.ModuleHooks(self._pre, self._post).install())
             self._guard.push()
             handles.add(self._guard.pop)  # removed first: the newest hook goes first
         except BaseException:

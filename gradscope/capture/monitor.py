@@ -59,6 +59,7 @@ import torch.distributed
 from ..errors import GradscopeError, MonitorError, MonitorWarning, UnsupportedSetupError
 from ..model.formats import renderer
 from ..model.monitor import Alert, MonitorLog, ParamStats, StepStats
+from . import compiled
 from . import monitor_stats as S
 from .handles import HookHandle
 from .nest import iter_tensors
@@ -312,6 +313,7 @@ class GradMonitor:
         leaks: bool = False,
     ) -> None:
         _check_args(model, every, norm_type, full_every, measure)
+        model = compiled.unwrap(model) or model  # a torch.compile wrapper: its module's names
         if replicated not in (None, True, False):
             raise MonitorError(f"replicated={replicated!r} must be None (detect), True or False")
         if isinstance(update_sample, bool) or not isinstance(update_sample, int) or (
@@ -403,14 +405,30 @@ class GradMonitor:
             add(self.optimizer.register_step_post_hook(self._after_step))
             if self._scaler is not None:
                 add(self._wrap_scaler_update())
-        # prepended: it must see the parameters before another pre-hook (FSDP2 unsharding) swaps
-        # them for the forward
-        add(model.register_forward_pre_hook(self._first_forward, prepend=True))
-        for i, (_, mod) in enumerate(self._modules):
-            add(mod.register_forward_hook(partial(self._module_forward, i)))
-        if activations:
-            for i, (_, mod) in enumerate(model.named_modules()):
-                add(mod.register_forward_hook(partial(self._activation_check, i)))
+        # the first-forward check, modules= and activations=: one global forward pre/post hook
+        # pair that Dynamo never sees (hooks on the modules would be traced into a compiled
+        # graph and guarded on: a recompile when they go); modules that run inside a compiled
+        # region have no forward call to hook. Needed only for the check, it goes after the
+        # first step.
+        self._module_index = {id(mod): i for i, (_, mod) in enumerate(self._modules)}
+        self._act_index = (
+            {id(mod): i for i, (_, mod) in enumerate(model.named_modules())} if activations else {}
+        )
+        self._global_hooks = compiled.ModuleHooks(self._forward_pre, self._forward_done)
+        add(self._global_hooks.install())
+
+    def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if not self._checked_params and (compiled.unwrap(module) or module) is self._model:
+            self._first_forward(module, args)
+
+    def _forward_done(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        key = id(module)
+        i = self._module_index.get(key)
+        if i is not None:
+            self._module_forward(i, module, args, output)
+        i = self._act_index.get(key)
+        if i is not None:
+            self._activation_check(i, module, args, output)
 
     def _wrap_scaler_update(self) -> Any:
         """Shadow the scaler instance's ``update`` (the end of a step it may have skipped);
@@ -483,6 +501,8 @@ class GradMonitor:
 
     def _advance(self) -> None:
         """End the current step: count it, and look for graphs of earlier steps still alive."""
+        if self._checked_params and not (self._module_index or self._act_index):
+            self._global_hooks.remove()  # only the first-forward check needed them (idempotent)
         step = self.step
         if self._logged():
             self._logged_steps += 1
@@ -499,7 +519,7 @@ class GradMonitor:
         if self._checked_params:
             return
         self._checked_params = True
-        current = dict(module.named_parameters())
+        current = dict(self._model.named_parameters())
         for name, p in zip(self.names, self._params, strict=True):
             if current.get(name) is not p:
                 raise UnsupportedSetupError(

@@ -23,23 +23,27 @@ Path convention (what ``Node.module`` holds):
 The hooks are global (``torch.nn.modules.module.register_module_forward_*``), so the model's
 own hook dicts are never touched, and they are removed when the block ends, even when the
 forward raises. Single-threaded forwards only: sequence numbers are per thread.
+
+Under ``torch.compile`` the hooks stay out of Dynamo's way (``compiled.ModuleHooks``: no graph
+break, no recompile): a compiled module's call is one scope, its wrapper (``OptimizedModule``)
+and the module it wraps being one frame with the module's name (``_orig_mod`` never appears in
+a path); what happens inside the compiled graph is read from the graph's own FX metadata when
+``gs.trace`` expands the region.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.nn.modules.module import (
-    register_module_forward_hook,
-    register_module_forward_pre_hook,
-)
 
 from ..errors import ScopesError
 from ..model.paths import levels, strip_calls
+from . import compiled
 from .handles import HookHandle
 from .nest import iter_tensors
 from .stamps import MODULE_CLASSES_KEY, MODULE_KEY, NO_SEQUENCE_NR, walk_nodes
@@ -69,6 +73,18 @@ def _on_stack(frame: Any) -> bool:
     return False
 
 
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _hook_caller() -> Any:
+    """The frame that runs the global hooks (``Module._call_impl``): the first one outside
+    gradscope (the hook may be reached through ``compiled.ModuleHooks``)."""
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename.startswith(_OWN_DIR):
+        f = f.f_back
+    return f
+
+
 def _is_top_mode(mode: TorchFunctionMode) -> bool:
     n = torch._C._len_torch_function_stack()
     return n > 0 and torch._C._get_function_stack_at(n - 1) is mode
@@ -86,6 +102,8 @@ class _HookMode(TorchFunctionMode):
         self.active = True
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if compiled.compiling():  # Dynamo traces this: call through
+            return func(*args, **(kwargs or {}))
         out = func(*args, **(kwargs or {}))
         if self.active:
             if len(self.rec.stack) > self.depth:
@@ -106,22 +124,39 @@ class ScopeRecorder:
         self.names: dict[int, str] = {}
         self.classes: dict[str, str] = {}
         for name, mod in model.named_modules(remove_duplicate=True):
+            name = compiled.plain_name(name)  # a torch.compile wrapper is its module
             self.names[id(mod)] = name
             self.classes[name] = type(mod).__name__
         self.owner: dict[int, str] = {}  # id(parameter) -> owning module's name
         for name, mod in model.named_modules():
             for p in mod.parameters(recurse=False):
-                self.owner.setdefault(id(p), name)
+                self.owner.setdefault(id(p), compiled.plain_name(name))
         self.first_call: dict[str, str] = {}  # module name -> call path of its first call
         self.stack = [_Frame(None, None, None, 0)]
         self.stamped_acc: set[Any] = set()  # AccumulateGrad nodes stamped in this block
         self.hook_modes: list[_HookMode] = []  # see watch_hooks
 
     # -------------------------------------------------------------- hooks
+    def name_of(self, module: torch.nn.Module) -> str | None:
+        """The module's name in the model; a ``torch.compile`` wrapper has its module's."""
+        name = self.names.get(id(module))
+        if name is None:
+            inner = compiled.unwrap(module)
+            if inner is not None:
+                name = self.names.get(id(inner))
+        return name
+
+    def in_wrapper(self, module: torch.nn.Module) -> bool:
+        """``module`` is what the running ``torch.compile`` wrapper wraps: one frame for both."""
+        top = self.stack[-1].module
+        return top is not None and top is not module and compiled.unwrap(top) is module
+
     def pre(self, module: torch.nn.Module, args: Any) -> None:
         if self.hook_modes:
             self.settle()
-        name = self.names.get(id(module))
+        if self.in_wrapper(module):
+            return
+        name = self.name_of(module)
         if name is None:
             return  # a module outside the model (a loss, a helper): its ops go to the caller
         parent = self._ancestor(name)
@@ -140,7 +175,7 @@ class ScopeRecorder:
     def post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self.hook_modes:
             self.settle()
-        if id(module) not in self.names:
+        if self.in_wrapper(module) or self.name_of(module) is None:
             return
         # Pop up to this module's frame: frames above it belong to forwards that raised.
         while len(self.stack) > 1:
@@ -152,7 +187,7 @@ class ScopeRecorder:
         if output is not None:
             self.stamp(frame, output)
         if module._forward_hooks:  # read only: they run after this global hook returns
-            self.watch_hooks(frame, sys._getframe(1))
+            self.watch_hooks(frame, _hook_caller())
 
     # -------------------------------------------------------------- the module's own hooks
     def watch_hooks(self, frame: _Frame, caller: Any) -> None:
@@ -161,6 +196,7 @@ class ScopeRecorder:
         ``Module._call_impl`` that runs the hooks, leaves the stack), a torch-function mode
         stamps each new node with the module's path."""
         mode = _HookMode(self, frame, caller)
+        compiled.eager_only(_HookMode.__torch_function__)
         mode.__enter__()
         self.hook_modes.append(mode)
 
@@ -224,6 +260,8 @@ class ScopeRecorder:
             if key not in meta:
                 meta[key] = frame.path
                 meta[cls_key] = chain
+                if type(fn).__name__ == compiled.REGION_NODE:
+                    compiled.remember(fn)  # read its graph while its FX metadata is intact
 
     def stamp_new(self, frame: _Frame, output: Any, start: int) -> None:
         """Stamp the nodes created since sequence number ``start`` below ``output`` (those no
@@ -280,8 +318,7 @@ class Scopes:
         handle.add(rec.stamped_acc.clear)
         handle.add(rec.close)
         try:
-            handle.add(register_module_forward_pre_hook(rec.pre))
-            handle.add(register_module_forward_hook(rec.post, always_call=True))
+            handle.add(compiled.ModuleHooks(rec.pre, rec.post).install())
         except BaseException:
             handle.remove()
             raise

@@ -21,6 +21,9 @@ MODULE_KEY = "gradscope.module"
 MODULE_CLASSES_KEY = "gradscope.module_classes"
 #: ``(filename, lineno)`` of the user's line that created the node, or None.
 CREATED_KEY = "gradscope.created_at"
+#: ``nan``/``inf``: ``record_forward(check_finite=True)`` found this node's output to be the
+#: first non-finite value of the forward.
+FORWARD_NONFINITE_KEY = "gradscope.forward_nonfinite"
 #: The step token of ``leak_check`` (dies with the last node of its step).
 LEAK_KEY = "gradscope.leak_step"
 

@@ -24,6 +24,7 @@ import torch
 
 from ..errors import GradscopeError, NoGradError
 from ..model.graph import Edge, Graph, Node, SavedTensor, TensorInfo
+from . import compiled
 from .nest import iter_tensors
 from .stamps import MODULE_CLASSES_KEY, MODULE_KEY
 
@@ -49,9 +50,17 @@ _CLASS_INFO: dict[type, _ClassInfo] = {}
 _CUSTOM_BASE = torch.autograd.function.BackwardCFunction
 
 
+#: Set once a compiled region's node class has been seen: until then ``trace`` does not look
+#: for regions among the walked nodes (a plain graph pays nothing for them).
+REGIONS_SEEN = False
+
+
 def _class_info(cls: type) -> _ClassInfo:
     info = _CLASS_INFO.get(cls)
     if info is None:
+        global REGIONS_SEEN
+        if cls.__name__ == compiled.REGION_NODE:
+            REGIONS_SEEN = True
         names = dir(cls)
         if issubclass(cls, _CUSTOM_BASE):
             kind = "custom"
@@ -148,6 +157,47 @@ def _nbytes(t: torch.Tensor) -> int:
         return sum(p.nbytes for p in parts)
 
 
+def _dim(d: Any) -> int | None:
+    """One size of a tensor's shape: an int, or None for a dimension with no single size (the
+    ragged dimension of a jagged nested tensor is a symbolic "nested int")."""
+    if type(d) is int:
+        return d
+    try:
+        return int(d)
+    except Exception:  # a nested int refuses int() (with AttributeError, in torch 2.13)
+        return None
+
+
+def _nested_shape(t: torch.Tensor) -> list[int | None]:
+    """The shape of a strided nested tensor (which has no ``.shape``): the number of
+    components, then each dimension's size where all components agree, else None."""
+    n = t.size(0)
+    rest = t.dim() - 1
+    try:  # (components, dims) sizes, kept on the CPU whatever the tensor's device
+        rows = t._nested_tensor_size().tolist()
+    except (RuntimeError, NotImplementedError, AttributeError):
+        rows = []
+    out: list[int | None] = [n]
+    for j in range(rest):
+        sizes = {row[j] for row in rows if len(row) > j}
+        out.append(sizes.pop() if len(sizes) == 1 else None)
+    return out
+
+
+def _shape(t: torch.Tensor) -> list[int | None]:
+    """``list(t.shape)``, also for nested tensors: a dimension without a single size (a ragged
+    one) is None, the form the JSON schema documents (``null``) and renderers draw as ``*``."""
+    try:
+        shape = list(t.shape)
+    except RuntimeError:  # a strided nested tensor: "NestedTensorImpl doesn't support sizes"
+        if not t.is_nested:
+            raise
+        return _nested_shape(t)
+    if t.is_nested:  # jagged: the ragged size is a SymInt, which must not reach the model
+        return [_dim(d) for d in shape]
+    return shape
+
+
 class _Storages:
     """Gives each distinct storage a stable id (``s0``, ``s1``...) in order of first sight."""
 
@@ -178,7 +228,8 @@ def _param_names(params: Any) -> dict[int, str]:
     if params is None:
         return {}
     if isinstance(params, torch.nn.Module):
-        return {id(p): name for name, p in params.named_parameters()}
+        # a torch.compile wrapper names its parameters as its module does (no `_orig_mod.`)
+        return {id(p): compiled.plain_name(name) for name, p in params.named_parameters()}
     if isinstance(params, Mapping):
         # map() keeps the per-entry work in C: a dict of every parameter of a big model is
         # common, and this runs on every trace
@@ -198,9 +249,12 @@ def _param_names(params: Any) -> dict[int, str]:
 class _Walker:
     """One walk. Hot loops bind attributes to locals: this code runs once per autograd node."""
 
-    def __init__(self, names: dict[int, str], saved: bool, read_modules: bool) -> None:
+    def __init__(
+        self, names: dict[int, str], saved: bool, read_modules: bool, regions: bool = False
+    ) -> None:
         self.names = names
         self.want_saved = saved
+        self.regions = regions  # compiled regions are expanded: capture/regions reads them
         self.read_modules = read_modules
         self.storages = _Storages()
         self.nodes: list[Node] = []
@@ -219,7 +273,7 @@ class _Walker:
     def tensor_info(self, t: torch.Tensor, name: str | None) -> TensorInfo:
         return TensorInfo(
             name=name,
-            shape=list(t.shape),
+            shape=_shape(t),  # type: ignore[arg-type]
             dtype=_dtype_name(t.dtype),
             device="cpu" if t.is_cpu else str(t.device),
             # storage ids serve memory accounting, which needs saved tensors too
@@ -231,7 +285,7 @@ class _Walker:
         dtype = _DTYPE_NAMES.get(t.dtype) or _dtype_name(t.dtype)
         return SavedTensor(
             name,
-            list(t.shape),
+            _shape(t),  # type: ignore[arg-type]
             dtype,
             "cpu" if t.is_cpu else str(t.device),
             _nbytes(t),
@@ -344,7 +398,13 @@ class _Walker:
             if not is_tensor:
                 attrs[name] = str(getattr(fn, attr))
                 continue
-            raw = getattr(fn, attr)
+            try:
+                raw = getattr(fn, attr)
+            except RuntimeError:
+                # a saved list (`indices` of x[idx], index_put...) that backward freed: torch
+                # raises instead of handing out its entries, and keeps neither count nor sizes
+                self.read_saved_seq(fn, name, None, node)
+                continue
             if isinstance(raw, (list, tuple)):
                 self.read_saved_seq(fn, name, raw, node)
                 continue
@@ -354,8 +414,16 @@ class _Walker:
             else:
                 self.read_saved(fn, name, None, raw, node)
 
+    #: ``_shape`` for the compiled walk, which calls it for shapes that are not plain ints
+    shape_of = staticmethod(_shape)
+
     def read_saved_seq(self, fn: Any, name: str, raws: Any, node: Node) -> None:
-        """A saved list of tensors (``_raw_saved_tensors`` of cat, stack...)."""
+        """A saved list of (optional) tensors (``_raw_saved_indices`` of ``x[idx]``...); None
+        when reading it raised because backward freed it: one freed record stands for the
+        list, as torch no longer says how many entries it had."""
+        if raws is None:
+            node.saved.append(SavedTensor(name, None, None, None, 0, None, freed=True))
+            return
         if not raws:
             node.attrs[name] = "()"
         for i, r in enumerate(raws):
@@ -391,11 +459,18 @@ class _Walker:
         if index is not None:
             return None
         try:
-            return [int(s) for s in getattr(fn, f"{_SAVED}{name}_sym_sizes")]
+            return [_dim(s) for s in getattr(fn, f"{_SAVED}{name}_sym_sizes")]  # type: ignore[misc]
         except (AttributeError, RuntimeError, TypeError, ValueError):
             return None
 
     def custom_saved(self, fn: Any, node: Node) -> None:
+        if (self.regions and type(fn).__name__ == compiled.REGION_NODE
+                and not compiled.read_region(fn).opaque):
+            return  # capture/regions reads them, under the names its backward graph gives them
+        self.function_saved(fn, node)
+
+    def function_saved(self, fn: Any, node: Node) -> None:
+        """A custom Function's saved tensors and ``ctx`` attributes."""
         try:
             raws = fn._raw_saved_tensors
         except RuntimeError:  # freed by backward: torch no longer knows what there was
@@ -431,7 +506,14 @@ class _Walker:
         return Graph(nodes=self.nodes, edges=edges, roots=roots)
 
 
-def trace(outputs: Any, params: Any = None, *, saved: bool = True, model: Any = None) -> Graph:
+def trace(
+    outputs: Any,
+    params: Any = None,
+    *,
+    saved: bool = True,
+    model: Any = None,
+    regions: bool = True,
+) -> Graph:
     """Walk the autograd graph behind ``outputs`` into a plain-data ``Graph``.
 
     Args:
@@ -446,6 +528,10 @@ def trace(outputs: Any, params: Any = None, *, saved: bool = True, model: Any = 
             and module paths recorded by ``gs.scopes(model)`` (or ``gs.saved_memory(model)``)
             during the forward are read into ``Node.module``. Without ``model`` no module path
             is read.
+        regions: expand each ``torch.compile`` region (a ``CompiledFunctionBackward`` node)
+            into the aten ops of the AOTAutograd backward graph it runs, as a cluster
+            ``<compiled>`` (see ``gradscope.capture.regions``); False keeps it one node, as
+            torchviz draws it.
 
     Returns:
         The graph, with stable ids ``n0, n1, ...`` in walk order (depth first from each output).
@@ -460,11 +546,16 @@ def trace(outputs: Any, params: Any = None, *, saved: bool = True, model: Any = 
         >>> sorted(n.name for n in g.nodes if n.kind == "leaf")
         ['bias', 'weight']
     """
-    return _trace_with_ids(outputs, params, saved=saved, model=model)[0]
+    return _trace_with_ids(outputs, params, saved=saved, model=model, regions=regions)[0]
 
 
 def _trace_with_ids(
-    outputs: Any, params: Any = None, *, saved: bool = True, model: Any = None
+    outputs: Any,
+    params: Any = None,
+    *,
+    saved: bool = True,
+    model: Any = None,
+    regions: bool = True,
 ) -> tuple[Graph, dict[Any, str]]:
     """``trace``, also returning its map from each live ``grad_fn`` to its node id, so that
     ``gs.record_backward`` can hook the very nodes it drew. The map holds the nodes alive:
@@ -486,7 +577,7 @@ def _trace_with_ids(
         )
     # module stamps are read only for a model: ``grad_fn.metadata`` allocates a dict on every
     # node it is read from, which would cost a plain walk a third of its time
-    walker = _Walker(names, saved, model is not None)
+    walker = _Walker(names, saved, model is not None, regions)
     roots: list[str] = []
     # The walk allocates a few objects per node and frees none: generational GC passes over
     # that growing heap cost time (2.5x on a 100,000-node chain). The collector is paused only
@@ -504,7 +595,14 @@ def _trace_with_ids(
                 walker.add_output(path, t)
             if nid not in roots:
                 roots.append(nid)
-        return walker.finish(roots), walker.ids
+        graph = walker.finish(roots)
+        if regions and REGIONS_SEEN:
+            from . import regions as _regions
+
+            found = _regions.find(walker.ids)
+            if found:
+                _regions.expand(graph, found, walker, model)
+        return graph, walker.ids
     finally:
         if pause_gc:
             gc.enable()

@@ -81,6 +81,39 @@ class NonFinite:
     param: str | None = None
 
 
+@dataclass(slots=True)
+class ForwardNonFinite:
+    """The first op of a forward whose output held a NaN or Inf
+    (``gs.record_forward(check_finite=True)``).
+
+    Attributes:
+        op: the torch function that made it (``log``, ``__mul__``, ``linear``).
+        node: the class name of the autograd node it made (``LogBackward0``), or None when
+            the op ran without grad.
+        kind: ``nan`` or ``inf`` (NaN wins when both occur).
+        module: the module path whose forward ran it (with ``gs.scopes``), or None.
+        where: the user's line, ``file:line: code``, or None.
+        index: position of that output among the outputs checked (0 is the first op's).
+    """
+
+    op: str
+    node: str | None
+    kind: str
+    module: str | None
+    where: str | None
+    index: int = 0
+
+    def summary(self) -> str:
+        """One line: ``the forward already produced nan at LogBackward0 in mid (model.py:7)``."""
+        what = self.node or self.op
+        if self.module is None:
+            inside = ""
+        else:
+            inside = f" in {self.module}" if self.module else " in the model's own forward"
+        at = f" ({self.where.split(': ', 1)[0]})" if self.where else ""
+        return f"the forward already produced {self.kind} at {what}{inside}{at}"
+
+
 @dataclass
 class BackwardTrace:
     """What ``record_backward`` saw; filled in when its block ends.

@@ -20,14 +20,18 @@ from .nodes import (
     Edge,
     GraphLike,
     Node,
+    Region,
     SavedTensor,
     TensorInfo,
     format_bytes,
     saved_bytes_of,
 )
 
+#: How ``Graph.summary`` counts an ``output`` node that is a view's base (``Node.view_base``).
+VIEW_BASE = "view base"
+
 __all__ = [
-    "KINDS", "Box", "Edge", "Graph", "GraphLike", "Node", "SavedTensor", "TensorInfo",
+    "KINDS", "Box", "Edge", "Graph", "GraphLike", "Node", "Region", "SavedTensor", "TensorInfo",
     "format_bytes",
 ]
 
@@ -76,19 +80,35 @@ class Graph:
 
     # ------------------------------------------------------------------ summaries
     def saved_bytes(self) -> int:
-        """Bytes held by saved tensors, each storage counted once (freed ones count 0)."""
+        """Bytes held by saved tensors, each storage counted once and whole (a saved slice
+        keeps all of its storage alive), freed ones 0: ``memory().total``."""
         return saved_bytes_of(self.nodes)
 
     def summary(self) -> str:
-        """One line: node counts by kind, edges, saved tensors and their bytes."""
-        kinds = Counter(n.kind for n in self.nodes)
-        parts = [f"{kinds[k]} {k}" for k in KINDS if kinds[k]]
+        """One line: node counts by kind (view bases apart from outputs), edges, saved tensors
+        and the bytes they hold: activations (held only by the graph) apart from those that
+        alias parameters/inputs and outputs (alive anyway), each storage counted once.
+
+        Example:
+            >>> import torch, gradscope as gs
+            >>> w = torch.ones(256, requires_grad=True)
+            >>> line = gs.trace((w * w.exp()).sum()).summary()  # mul saves w, exp its result
+            >>> head, held = line.split(", 3 saved tensors holding ")
+            >>> head
+            '6 nodes (3 op, 1 accumulate, 1 leaf, 1 output), 6 edges'
+            >>> held
+            '1.0 KiB activations + 1.0 KiB params/inputs'
+        """
+        kinds = Counter(VIEW_BASE if n.view_base else n.kind for n in self.nodes)
+        order = [k for kind in KINDS for k in ((kind, VIEW_BASE) if kind == "output" else (kind,))]
+        parts = [f"{kinds[k]} {k}" for k in order if kinds[k]]
         n_saved = sum(len(n.saved) for n in self.nodes)
         n_freed = sum(1 for n in self.nodes for s in n.saved if s.freed)
         freed = f" ({n_freed} freed)" if n_freed else ""
+        split = memory.split_bytes(self.nodes, memory.alias_kinds(self))
         return (
             f"{len(self.nodes)} nodes ({', '.join(parts) or 'none'}), {len(self.edges)} edges, "
-            f"{n_saved} saved tensors{freed} holding {format_bytes(self.saved_bytes())}"
+            f"{n_saved} saved tensors{freed} holding {split}"
         )
 
     # ------------------------------------------------------------------ JSON
@@ -163,6 +183,13 @@ class Graph:
     def render(self, format: str, **options: Any) -> bytes:
         """The graph rendered as bytes in ``format`` (see ``gs.FORMATS``)."""
         return formats.render_graph(self, format, **options)
+
+    def _repr_html_(self) -> str:
+        """The interactive viewer for notebooks: the self-contained page in a sandboxed
+        ``<iframe srcdoc>`` (front-ends without JavaScript show ``_repr_svg_``)."""
+        from .formats import renderer
+
+        return str(renderer("notebook_html")(self))
 
     def _repr_svg_(self) -> str | None:
         if not formats.renderer("graphviz_available")():

@@ -12,11 +12,11 @@ add up to the total.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .nodes import GraphLike, format_bytes
+from .nodes import GraphLike, Node, format_bytes, format_split, storage_sizes
 from .paths import levels
 
 ACTIVATION, LEAF, OUTPUT = "activation", "leaf", "output"
@@ -52,6 +52,30 @@ class CudaSnapshot:
     allocated: int
     reserved: int
     max_allocated: int
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """Bytes of some storages, by kind: ``activation`` (only the graph holds them), ``leaf``
+    (they alias a parameter or an input), ``output`` (they alias an output tensor)."""
+
+    activation: int = 0
+    leaf: int = 0
+    output: int = 0
+
+    def __iter__(self) -> Iterator[int]:
+        return iter((self.activation, self.leaf, self.output))
+
+    @property
+    def total(self) -> int:
+        return self.activation + self.leaf + self.output
+
+    def __str__(self) -> str:
+        return format_split(self.activation, self.leaf, self.output)
+
+
+def _add(acc: list[int], kind: str, nbytes: int) -> None:
+    acc[1 if kind == LEAF else 2 if kind == OUTPUT else 0] += nbytes
 
 
 @dataclass
@@ -120,18 +144,55 @@ class MemoryReport:
             out[key] = out.get(key, 0) + n
         return out
 
+    def module_split(self, depth: int | None = None) -> dict[str | None, Split]:
+        """Per module path (cut to ``depth`` as ``module_bytes`` cuts it): its bytes split
+        into activations, leaf aliases and output aliases. The three add up to
+        ``module_bytes(depth)``.
+
+        Example:
+            >>> r = MemoryReport()
+            >>> add_use(r, StorageUse("s0", 64, ACTIVATION, None, "enc.0", 1))
+            >>> add_use(r, StorageUse("s1", 16, LEAF, None, "enc.1", 1))
+            >>> r.module_split(1)["enc.1"], str(r.module_split(0)[""])
+            (Split(activation=0, leaf=16, output=0), '64 B activations + 16 B params/inputs')
+        """
+        out: dict[str | None, list[int]] = {}
+        for use in self.storages:
+            path = use.module
+            if depth is not None and path is not None:
+                path = ".".join(levels(path)[:depth])
+            _add(out.setdefault(path, [0, 0, 0]), use.kind, use.nbytes)
+        return {k: Split(*v) for k, v in out.items()}
+
+    def node_split(self) -> dict[str, Split]:
+        """Per node id (graph reports): its bytes split as ``module_split`` splits them."""
+        out: dict[str, list[int]] = {}
+        for use in self.storages:
+            if use.owner is not None:
+                _add(out.setdefault(use.owner, [0, 0, 0]), use.kind, use.nbytes)
+        return {k: Split(*v) for k, v in out.items()}
+
     def node_labels(self) -> dict[str, str]:
-        """A short label per node that holds bytes (``1.5 KiB``), for renderers."""
-        return {nid: format_bytes(n) for nid, n in self.by_node.items() if n}
+        """A short label per node that holds bytes, activations apart from aliases of
+        parameters/inputs and outputs (``1.5 KiB activations + 36.0 KiB params/inputs``)."""
+        return {nid: format_split(*sp) for nid, sp in self.node_split().items() if any(sp)}
 
     def summary(self) -> str:
-        """One line: total, and how it splits."""
+        """One line: activations first (what freeing the graph gives back), then the bytes
+        that alias parameters/inputs and outputs, then the total."""
         peak = f", peak {format_bytes(self.peak)}" if self.peak is not None else ""
+        n_act = sum(1 for u in self.storages if u.kind == ACTIVATION)
+        aliases = ""
+        if self.leaf_bytes:
+            aliases += f", {format_bytes(self.leaf_bytes)} aliasing parameters/inputs"
+        if self.output_bytes:
+            aliases += f", {format_bytes(self.output_bytes)} aliasing outputs"
+        if aliases:
+            aliases += " (alive without the graph too)"
         return (
-            f"saved tensors hold {format_bytes(self.total)} in {len(self.storages)} storages: "
-            f"{format_bytes(self.activation_bytes)} activations (held only by the graph), "
-            f"{format_bytes(self.leaf_bytes)} alias leaves (parameters, inputs), "
-            f"{format_bytes(self.output_bytes)} alias outputs{peak}"
+            f"saved tensors hold {format_bytes(self.activation_bytes)} of activations in {n_act} "
+            f"storages (held only by the graph){aliases}; {format_bytes(self.total)} in "
+            f"{len(self.storages)} storages in all{peak}"
         )
 
     def render(self, *, depth: int | None = None, top: int = 20) -> Any:
@@ -162,7 +223,7 @@ def graph_memory(graph: GraphLike) -> MemoryReport:
         >>> rep.by_module    # Linear keeps its input; relu, outside the model, its result
         {'': 48, None: 32}
     """
-    aliases = _alias_kinds(graph)
+    aliases = alias_kinds(graph)
     rank = _forward_rank(graph)
     sizes: dict[str, int] = {}
     owner: dict[str, str] = {}
@@ -205,14 +266,28 @@ def add_use(report: MemoryReport, use: StorageUse) -> None:
     report.by_module[use.module] = report.by_module.get(use.module, 0) + use.nbytes
 
 
-def _alias_kinds(graph: GraphLike) -> dict[str, str]:
-    """Storage id -> ``leaf``/``output`` for storages of leaf and output tensors (leaf wins)."""
+def alias_kinds(graph: GraphLike) -> dict[str, str]:
+    """Storage id -> ``leaf``/``output`` for storages of leaf and output tensors (leaf wins),
+    and those a collapsed box recorded (``Box.aliases``: its leaves are inside it)."""
     kinds: dict[str, str] = {}
     for n in graph.nodes:
         if n.kind in (LEAF, OUTPUT) and n.tensor is not None and n.tensor.storage is not None:
             if kinds.get(n.tensor.storage) != LEAF:
                 kinds[n.tensor.storage] = n.kind
+        elif n.box is not None:
+            for sid, kind in n.box.aliases.items():
+                if kinds.get(sid) != LEAF:
+                    kinds[sid] = kind
     return kinds
+
+
+def split_bytes(nodes: Iterable[Node], kinds: dict[str, str]) -> Split:
+    """Bytes held by the saved tensors of ``nodes`` (each storage once, as ``storage_sizes``
+    counts), split by ``kinds`` (``alias_kinds`` of the whole graph)."""
+    acc = [0, 0, 0]
+    for sid, size in storage_sizes(nodes).items():
+        _add(acc, kinds.get(sid, ACTIVATION), size)
+    return Split(*acc)
 
 
 def _forward_rank(graph: GraphLike) -> dict[str, int]:

@@ -1,4 +1,5 @@
-"""The records of the graph model: ``Node``, ``Edge``, ``SavedTensor``, ``TensorInfo``, ``Box``.
+"""The records of the graph model: ``Node``, ``Edge``, ``SavedTensor``, ``TensorInfo``, ``Box``,
+``Region``.
 
 Plain slotted dataclasses, no torch objects: capture fills them from a live autograd graph,
 renderers read them, and they can be serialised, compared and kept after the autograd graph
@@ -27,6 +28,7 @@ class SavedTensor:
         name: the saved name without the ``_saved_`` prefix (``self``, ``mat1``, ``result``),
             ``name[i]`` for one element of a saved list, ``saved_tensors[i]`` for custom Functions.
         shape: the tensor's shape; None when backward already freed it and torch kept no size.
+            A dimension with no single size (a nested tensor's ragged one) is None.
         dtype: e.g. ``float32``; None once freed.
         device: e.g. ``cpu`` or ``cuda:0``; None once freed.
         nbytes: ``numel * element_size`` of the saved tensor (0 once freed).
@@ -37,7 +39,7 @@ class SavedTensor:
     """
 
     name: str
-    shape: list[int] | None
+    shape: list[int | None] | None
     dtype: str | None
     device: str | None
     nbytes: int
@@ -52,10 +54,10 @@ class SavedTensor:
 
 @dataclass(slots=True)
 class TensorInfo:
-    """The tensor behind a ``leaf`` or ``output`` node."""
+    """The tensor behind a ``leaf`` or ``output`` node (``shape``: as ``SavedTensor.shape``)."""
 
     name: str | None
-    shape: list[int]
+    shape: list[int | None]
     dtype: str
     device: str
     storage: str | None = None
@@ -68,14 +70,50 @@ class Box:
     Attributes:
         cls: the module's class name (``TransformerEncoderLayer``), "" when unknown.
         nodes: how many nodes of the full graph the box stands for.
-        saved_bytes: bytes of the members' saved tensors, each storage counted once.
+        saved_bytes: bytes held by the members' saved tensors, each storage counted once
+            (whole storages, as ``saved_bytes_of`` counts them).
         repeat: for a fold (``layers.0-63 x64``), how many identical layers it stands for.
+        leaf_bytes: the part of ``saved_bytes`` whose storages alias a leaf (a parameter, or
+            an input that requires grad): alive without the graph too.
+        output_bytes: the part whose storages alias an output tensor.
+        aliases: storage id -> ``leaf``/``output`` for those storages, so that a box of boxes
+            (a fold of a collapsed view) can split its bytes again.
+        shown: for a fold that keeps its first member drawn (``fold(keep_first=True)``), that
+            member's path (``encoder.layers.0``); the box then stands for the other members.
+
+    ``activation_bytes`` is the rest: what only the graph holds.
     """
 
     cls: str
     nodes: int
     saved_bytes: int
     repeat: int | None = None
+    leaf_bytes: int = 0
+    output_bytes: int = 0
+    aliases: dict[str, str] = field(default_factory=dict)
+    shown: str | None = None
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes only the graph holds (``saved_bytes`` minus the aliases of leaves/outputs)."""
+        return self.saved_bytes - self.leaf_bytes - self.output_bytes
+
+
+@dataclass(slots=True)
+class Region:
+    """A ``torch.compile`` region: what gradscope read of the AOTAutograd backward graph that
+    its ``CompiledFunctionBackward`` node runs.
+
+    Attributes:
+        graph: AOTAutograd's id of the compiled graph (``aot_id``), or None.
+        ops: how many aten op nodes the region was expanded into; 0 when drawn opaque.
+        note: one line for the reader (why the region is drawn opaque, or what its nodes
+            lack), else None.
+    """
+
+    graph: int | None = None
+    ops: int = 0
+    note: str | None = None
 
 
 @dataclass(slots=True)
@@ -103,6 +141,11 @@ class Node:
         first_nonfinite: the node is the first, in engine order, to produce one.
         view_base: an ``output`` node that is the base tensor of a view output.
         box: for ``module`` nodes, what the box stands for.
+        forward_nonfinite: ``nan`` or ``inf`` when this node's forward output was the first
+            non-finite value of the forward (``gs.record_forward(check_finite=True)``).
+        region: the id of the ``CompiledFunctionBackward`` node of the compiled region this
+            node belongs to (an aten op of its backward graph, or that node itself), else None.
+        compiled: on a compiled region's ``CompiledFunctionBackward`` node, the ``Region``.
     """
 
     id: str
@@ -119,6 +162,9 @@ class Node:
     first_nonfinite: bool = False
     view_base: bool = False
     box: Box | None = None
+    forward_nonfinite: str | None = None
+    region: str | None = None
+    compiled: Region | None = None
 
     @property
     def saved_bytes(self) -> int:
@@ -138,9 +184,14 @@ class Edge:
     Attributes:
         src: id of the node whose backward produces the gradient.
         dst: id of the node that receives it.
-        input_nr: position in ``src.next_functions``, i.e. the slot of src's forward inputs.
+        input_nr: position in ``src.next_functions``, i.e. the slot of src's forward inputs. At
+            a compiled region's boundary: into the region, the index of the region node's
+            ``grad_outputs``; out of it, the slot of its ``next_functions``; inside, which
+            output of the producing op.
         kind: ``grad`` for autograd edges, ``view`` for the dotted link from a view output to
-            its base tensor (drawn as torchviz does).
+            its base tensor (drawn as torchviz does), ``saved`` for the dotted link from a
+            compiled region's node to an op of its backward graph that no gradient reaches
+            (it reads only saved activations).
         grad_norm: norm of the gradient that flowed along the edge, when the graph was
             annotated by ``gs.record_backward``; else None.
         count: how many edges this one stands for (merged edges of collapsed views), else 1.
@@ -173,20 +224,28 @@ class GraphLike(Protocol):
     roots: list[str]
 
 
-def saved_bytes_of(nodes: Iterable[Node]) -> int:
-    """Bytes held by the saved tensors of ``nodes``, each storage counted once (the largest
-    saved view of it), freed ones 0; tensors without a storage id count on their own."""
-    seen: dict[str, int] = {}
-    total_unkeyed = 0
+def storage_sizes(nodes: Iterable[Node]) -> dict[str, int]:
+    """Storage id -> bytes held, for the saved tensors of ``nodes``: each storage once, at the
+    size of the whole storage (a saved slice keeps all of it alive; ``storage_nbytes``), freed
+    ones left out. A saved tensor without a storage id (sparse...) is a storage of its own,
+    keyed ``<node id>:<index>``; a placeholder packed by hooks (no storage, 0 bytes) holds
+    nothing and is left out."""
+    sizes: dict[str, int] = {}
     for n in nodes:
-        for s in n.saved:
-            if s.freed:
+        for k, s in enumerate(n.saved):
+            if s.freed or (s.storage is None and not s.nbytes):
                 continue
-            if s.storage is None:
-                total_unkeyed += s.nbytes
-            else:
-                seen[s.storage] = max(seen.get(s.storage, 0), s.nbytes)
-    return sum(seen.values()) + total_unkeyed
+            sid = s.storage if s.storage is not None else f"{n.id}:{k}"
+            size = s.storage_nbytes or s.nbytes
+            if size > sizes.get(sid, -1):
+                sizes[sid] = size
+    return sizes
+
+
+def saved_bytes_of(nodes: Iterable[Node]) -> int:
+    """Bytes held by the saved tensors of ``nodes``, each storage counted once (as
+    ``storage_sizes`` counts it), freed ones 0."""
+    return sum(storage_sizes(nodes).values())
 
 
 def _same_float(a: float | None, b: float | None) -> bool:
@@ -194,6 +253,24 @@ def _same_float(a: float | None, b: float | None) -> bool:
     if a is None or b is None:
         return a is b
     return a == b or (a != a and b != b)
+
+
+def format_split(activation: int, leaf: int = 0, output: int = 0) -> str:
+    """Saved bytes as the views write them, activations apart from aliases: ``1.5 KiB
+    activations + 36.0 KiB params/inputs + 64 B outputs`` (zero parts left out; ``0 B`` when
+    all are zero). Activations are held only by the graph; the others alias a leaf (a
+    parameter, an input) or an output, which stay alive without the graph.
+
+    Example:
+        >>> format_split(1536, 36864), format_split(0, 512), format_split(0)
+        ('1.5 KiB activations + 36.0 KiB params/inputs', '512 B params/inputs', '0 B')
+    """
+    parts = [f"{format_bytes(activation)} activations"] if activation else []
+    if leaf:
+        parts.append(f"{format_bytes(leaf)} params/inputs")
+    if output:
+        parts.append(f"{format_bytes(output)} outputs")
+    return " + ".join(parts) or "0 B"
 
 
 def format_bytes(n: float) -> str:

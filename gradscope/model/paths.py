@@ -9,6 +9,7 @@ depth 2 (see ``levels``).
 
 from __future__ import annotations
 
+import functools
 import re
 
 from .nodes import GraphLike, Node
@@ -30,22 +31,37 @@ def strip_calls(path: str) -> str:
     return ".".join(_CALL_PART.sub("", part) for part in path.split(".")) if "#" in path else path
 
 
+#: The path component of a ``torch.compile`` region (``<compiled>``, ``<compiled>#1``): not a
+#: Python identifier, so no submodule has it.
+REGION_PART = "<compiled>"
+
+
 def levels(path: str) -> list[str]:
-    """A module path split into depth levels; numeric components stay with their container.
+    """A module path split into depth levels; numeric components stay with their container
+    (but not with a compiled region: the layers of a compiled ``Sequential`` are levels below
+    the region's).
 
     Example:
         >>> levels("encoder.layers.3.self_attn")
         ['encoder', 'layers.3', 'self_attn']
+        >>> levels("<compiled>.0")
+        ['<compiled>', '0']
         >>> levels("")
         []
     """
+    return list(_levels(path))
+
+
+@functools.lru_cache(maxsize=65536)
+def _levels(path: str) -> tuple[str, ...]:
+    """``levels`` as a tuple, cached: a big graph asks for the same few paths many times."""
     out: list[str] = []
     for part in path.split(".") if path else []:
-        if out and _NUMERIC.match(part):
+        if out and _NUMERIC.match(part) and not out[-1].startswith("<"):
             out[-1] = f"{out[-1]}.{part}"
         else:
             out.append(part)
-    return out
+    return tuple(out)
 
 
 def node_paths(graph: GraphLike) -> dict[str, str | None]:

@@ -1,9 +1,9 @@
 """The JSON form of a ``Graph``, written by ``Graph.to_json`` and read back, validated, by
 ``Graph.from_json``: ``Graph.from_json(g.to_json()) == g`` for every graph.
 
-Schema version 2 (written now)::
+Schema version 3 (written now)::
 
-    {"gradscope": 2,
+    {"gradscope": 3,
      "roots": ["n0"],
      "nodes": [{"id": "n0", "name": "MeanBackward0", "kind": "op", "module": null,
                 "attrs": {"self_sym_numel": "15"},
@@ -13,17 +13,33 @@ Schema version 2 (written now)::
                 ...optional keys, present only when set:
                 "order": 0, "module_classes": ["Net", "Linear"],
                 "created_at": "model.py:7: y = x.log()", "nonfinite": "nan",
-                "first_nonfinite": true, "view_base": true,
-                "box": {"cls": "Linear", "nodes": 5, "saved_bytes": 64, "repeat": 4}}],
+                "first_nonfinite": true, "view_base": true, "forward_nonfinite": "nan",
+                "box": {"cls": "Linear", "nodes": 5, "saved_bytes": 64, "repeat": 4,
+                        "leaf_bytes": 48, "output_bytes": 0, "aliases": {"s3": "leaf"}},
+                "region": "n4", "compiled": {"graph": 0, "ops": 21, "note": "..."}}],
      "edges": [{"src": "n0", "dst": "n1", "input_nr": 0,
                 ...optional: "kind": "view", "grad_norm": 0.5 (or "nan"/"inf"/"-inf"),
                 "count": 3}]}
 
-Shapes are lists of integers; a dimension that has no single size (the ragged dimension of a
-jagged nested tensor) is ``null``. Version 1 (before gradscope's annotations were typed) kept
+Shapes are lists of integers; a dimension that has no single size is ``null``. That is how
+nested tensors (``torch.nested``) are written: the number of components, then per dimension
+the size all components share, or ``null`` where they differ (a ragged dimension; a jagged
+tensor's ragged dimension is always ``null``). Two components of shapes (2, 3) and (4, 3) give
+``[2, null, 3]``, which renderers draw as ``(2, *, 3)``. Their ``nbytes`` count the buffer that
+holds the components.
+
+Version 1 (before gradscope's annotations were typed) kept
 them as strings in ``attrs`` (``nonfinite``, ``first_nonfinite``, ``created_at``,
 ``view_base``, ``module_classes``, and ``class``/``nodes``/``saved_bytes``/``repeat`` on module
 boxes); it still loads, and those keys become the typed fields.
+
+Version 3 added ``region`` and ``compiled`` on nodes and the edge kind ``saved`` (torch.compile
+regions); a version 2 document is a version 3 document without them and loads as it is.
+
+A module box's ``saved_bytes`` counts each storage once; ``leaf_bytes`` and ``output_bytes``
+(optional, 0 when absent) are the parts of it that alias a leaf (a parameter or an input) or an
+output, and ``aliases`` names those storages (optional keys: a box written without them, in
+any version, reads as all activations).
 
 Reading validates structure and types and raises ``SchemaError`` naming the JSON path of the
 first problem (``nodes[3].saved[0].freed: expected true or false, got "false"``).
@@ -36,16 +52,17 @@ import math
 from typing import Any
 
 from ..errors import SchemaError
-from .nodes import KINDS, Box, Edge, GraphLike, Node, SavedTensor, TensorInfo
+from .nodes import KINDS, Box, Edge, GraphLike, Node, Region, SavedTensor, TensorInfo
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Versions ``graph_from_dict`` reads.
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
 #: The deepest nesting a valid document has is 5 (a saved tensor's shape); anything much
 #: deeper is refused before it is parsed further.
 MAX_DEPTH = 32
-EDGE_KINDS = ("grad", "view")
+EDGE_KINDS = ("grad", "view", "saved")
 NONFINITE_KINDS = ("nan", "inf")
+ALIAS_KINDS = ("leaf", "output")
 _V1_BOX = ("class", "nodes", "saved_bytes", "repeat")
 
 
@@ -132,12 +149,27 @@ def _node_to_dict(n: Node) -> dict[str, Any]:
         d["first_nonfinite"] = True
     if n.view_base:
         d["view_base"] = True
+    if n.forward_nonfinite is not None:
+        d["forward_nonfinite"] = n.forward_nonfinite
     if n.box is not None:
         box: dict[str, Any] = {"cls": n.box.cls, "nodes": n.box.nodes,
                                "saved_bytes": n.box.saved_bytes}
         if n.box.repeat is not None:
             box["repeat"] = n.box.repeat
+        if n.box.leaf_bytes:
+            box["leaf_bytes"] = n.box.leaf_bytes
+        if n.box.output_bytes:
+            box["output_bytes"] = n.box.output_bytes
+        if n.box.aliases:
+            box["aliases"] = dict(n.box.aliases)
+        if n.box.shown is not None:
+            box["shown"] = n.box.shown
         d["box"] = box
+    if n.region is not None:
+        d["region"] = n.region
+    if n.compiled is not None:
+        d["compiled"] = {"graph": n.compiled.graph, "ops": n.compiled.ops,
+                         "note": n.compiled.note}
     return d
 
 
@@ -234,6 +266,9 @@ def read_dict(d: Any) -> Parts:
         if n.id in ids:
             raise SchemaError(f"nodes[{i}].id: {json.dumps(n.id)} is used by nodes[{ids[n.id]}] too")
         ids[n.id] = i
+    for i, n in enumerate(nodes):
+        if n.region is not None and n.region not in ids:
+            raise SchemaError(f"nodes[{i}].region: {json.dumps(n.region)} names no node")
     edges_raw = r.list_of(d, "edges", "")
     edges = [r.edge(e, f"edges[{i}]", ids) for i, e in enumerate(edges_raw)]
     roots_raw = r.list_of(d, "roots", "")
@@ -364,12 +399,27 @@ class _Reader:
             return None
         d = self.obj(v, at)
         repeat = d.get("repeat")
-        return Box(
+        shown = d.get("shown")
+        aliases = self.obj(d.get("aliases", {}), f"{at}.aliases")
+        for sid, kind in aliases.items():
+            if kind not in ALIAS_KINDS:
+                raise self.fail(f"{at}.aliases[{json.dumps(sid)}]", '"leaf" or "output"', kind)
+        box = Box(
             self.expect_str(self.field(d, "cls", at), f"{at}.cls"),
             self.expect_int(self.field(d, "nodes", at), f"{at}.nodes"),
             self.expect_int(self.field(d, "saved_bytes", at), f"{at}.saved_bytes"),
             None if repeat is None else self.expect_int(repeat, f"{at}.repeat", low=1),
+            self.expect_int(d.get("leaf_bytes", 0), f"{at}.leaf_bytes"),
+            self.expect_int(d.get("output_bytes", 0), f"{at}.output_bytes"),
+            dict(aliases),
+            None if shown is None else self.expect_str(shown, f"{at}.shown"),
         )
+        if box.leaf_bytes + box.output_bytes > box.saved_bytes:
+            raise SchemaError(
+                f"{at}: leaf_bytes + output_bytes ({box.leaf_bytes + box.output_bytes}) exceed "
+                f"saved_bytes ({box.saved_bytes}); they are parts of it"
+            )
+        return box
 
     def node(self, v: Any, at: str) -> Node:
         d = self.obj(v, at)
@@ -410,8 +460,25 @@ class _Reader:
             d.get("first_nonfinite", False), f"{at}.first_nonfinite"
         )
         node.view_base = self.expect_bool(d.get("view_base", False), f"{at}.view_base")
+        forward = d.get("forward_nonfinite")
+        if forward is not None and forward not in NONFINITE_KINDS:
+            raise self.fail(f"{at}.forward_nonfinite", '"nan", "inf" or null', forward)
+        node.forward_nonfinite = forward
         node.box = self.box(d.get("box"), f"{at}.box")
+        node.region = self.opt_str(d.get("region"), f"{at}.region")
+        node.compiled = self.region(d.get("compiled"), f"{at}.compiled")
         return node
+
+    def region(self, v: Any, at: str) -> Region | None:
+        if v is None:
+            return None
+        d = self.obj(v, at)
+        graph = d.get("graph")
+        return Region(
+            None if graph is None else self.expect_int(graph, f"{at}.graph"),
+            self.expect_int(d.get("ops", 0), f"{at}.ops"),
+            self.opt_str(d.get("note"), f"{at}.note"),
+        )
 
     def edge(self, v: Any, at: str, ids: dict[str, int]) -> Edge:
         d = self.obj(v, at)
@@ -423,7 +490,7 @@ class _Reader:
             ends.append(end)
         kind = d.get("kind", "grad")
         if kind not in EDGE_KINDS:
-            raise self.fail(f"{at}.kind", '"grad" or "view"', kind)
+            raise self.fail(f"{at}.kind", '"grad", "view" or "saved"', kind)
         return Edge(
             ends[0],
             ends[1],

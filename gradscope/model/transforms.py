@@ -3,8 +3,10 @@
 Both take a ``Graph`` whose nodes carry module paths (``gs.scopes``) and return a new, smaller
 ``Graph`` in which a group of nodes is one node of kind ``module``: ``name`` is its label,
 ``module`` its path, ``box`` a ``Box`` with the module's class name, how many original nodes
-it stands for and the bytes of its saved tensors (each storage counted once), and ``saved`` keeps the members' saved-tensor records, so ``Graph.saved_bytes()``
-and the total node count are the same before and after. Edges between groups are merged into one
+it stands for and the bytes of its saved tensors (each storage counted once; the part that
+aliases parameters/inputs and outputs apart from activations), and ``saved`` keeps the
+members' saved-tensor records, so ``Graph.saved_bytes()`` and the total node count are the same
+before and after. Edges between groups are merged into one
 ``Edge`` whose ``count`` says how many it stands for.
 
 Depth counts module levels below the model: ``encoder`` is at depth 1 and ``encoder.layers.3``
@@ -17,10 +19,12 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from ..errors import ViewError
-from .nodes import Box, Edge, GraphLike, Node, SavedTensor, saved_bytes_of
+from .memory import alias_kinds, split_bytes
+from .nodes import Box, Edge, GraphLike, Node, SavedTensor, storage_sizes
 from .paths import inside, levels, module_class, node_paths
 
 #: A graph type: the views return graphs of the class they were given (``Graph``).
@@ -28,20 +32,38 @@ G = TypeVar("G", bound=GraphLike)
 
 _INDEXED = re.compile(r"^(?:(.*)\.)?(\d+)(#\d+)?$")
 _REPEAT = re.compile(r"^(.*?)(?:#(\d+))?$")
+_KIND_INDEX = {"leaf": 1, "output": 2}
 
 
-def _box(nid: str, name: str, path: str, members: list[Node], repeat: int | None = None) -> Node:
+def _box(
+    nid: str,
+    name: str,
+    path: str,
+    members: list[Node],
+    repeat: int | None = None,
+    kinds: dict[str, str] | None = None,
+) -> Node:
+    """A module node standing for ``members``; ``kinds`` (``alias_kinds`` of the whole graph)
+    splits its saved bytes into activations and aliases of leaves and outputs."""
     saved = [
         SavedTensor(f"{m.name}.{s.name}" if m.kind != "module" else s.name, s.shape, s.dtype,
-                    s.device, s.nbytes, s.storage, s.freed)
+                    s.device, s.nbytes, s.storage, s.freed, s.storage_nbytes)
         for m in members
         for s in m.saved
     ]
+    kinds = kinds or {}
+    sizes = storage_sizes([Node("", "", "op", saved=saved)])
+    split = [0, 0, 0]
+    for sid, size in sizes.items():
+        split[_KIND_INDEX.get(kinds.get(sid, ""), 0)] += size
     box = Box(
         module_class(path, members),
         sum(m.count for m in members),
-        saved_bytes_of([Node("", "", "op", saved=saved)]),
+        sum(sizes.values()),
         repeat,
+        leaf_bytes=split[1],
+        output_bytes=split[2],
+        aliases={sid: kinds[sid] for sid in sizes if sid in kinds},
     )
     return Node(
         nid, name, "module", module=path, saved=saved, module_classes=_chain_prefix(path, members),
@@ -144,8 +166,10 @@ def collapse(graph: G, depth: int) -> G:
         if len(lv) >= depth:
             key_of[nid] = ".".join(lv[:depth])
 
+    kinds = alias_kinds(graph)
+
     def make(nid: str, key: str, group: list[Node]) -> Node:
-        return _box(nid, key or "(model)", key, group)
+        return _box(nid, key or "(model)", key, group, kinds=kinds)
 
     return _regroup(graph, key_of, make)
 
@@ -187,10 +211,11 @@ def auto_depth(graph: GraphLike, max_nodes: int = 1500) -> int | None:
 
 
 # ---------------------------------------------------------------------- folding
-def _signature(key: str, group: list[Node], edges: list[Edge], ids: set[str]) -> object:
+def _signature(key: str, group: list[Node], edges: list[Edge]) -> object:
     """What two sibling modules must share to fold: class, op nodes (by name, relative path and
-    saved shapes) and the edges between them. Parameters (``AccumulateGrad`` and leaves) are left
-    out: a module called in a loop owns them in its first call only, yet every call is alike."""
+    saved shapes) and the edges between them (``edges``: those with both ends inside the
+    module). Parameters (``AccumulateGrad`` and leaves) are left out: a module called in a loop
+    owns them in its first call only, yet every call is alike."""
     prefix = len(key)
 
     def sig(n: Node) -> tuple[object, ...]:
@@ -200,15 +225,47 @@ def _signature(key: str, group: list[Node], edges: list[Edge], ids: set[str]) ->
         return (n.kind, label, rel, shapes)
 
     by_id = {n.id: sig(n) for n in group if n.kind not in ("accumulate", "leaf")}
-    ids = ids & by_id.keys()
     inner = Counter(
-        (by_id[e.src], by_id[e.dst], e.input_nr) for e in edges if e.src in ids and e.dst in ids
+        (by_id[e.src], by_id[e.dst], e.input_nr)
+        for e in edges
+        if e.src in by_id and e.dst in by_id
     )
     return (
         module_class(key, group),
         tuple(sorted(Counter(by_id.values()).items())),
         tuple(sorted(inner.items())),
     )
+
+
+def _inner_edges(
+    graph: GraphLike, paths: dict[str, str | None], children: dict[str, set[str]]
+) -> Callable[[str], list[Edge]]:
+    """``inner(key)``: the edges with both ends inside module ``key``. Each edge is filed once
+    under the deepest module holding both ends, so the lookups of all modules cost the sum of
+    their subtrees, not one pass over every edge per module (which made folding a
+    28,000-module Sequential quadratic)."""
+    key_levels = {nid: levels(p) for nid, p in paths.items() if p is not None}
+    by_lca: dict[str, list[Edge]] = {}
+    for e in graph.edges:
+        a, b = key_levels.get(e.src), key_levels.get(e.dst)
+        if not a or not b:
+            continue
+        d = 0
+        while d < len(a) and d < len(b) and a[d] == b[d]:
+            d += 1
+        if d:
+            by_lca.setdefault(".".join(a[:d]), []).append(e)
+
+    def inner(key: str) -> list[Edge]:
+        out: list[Edge] = []
+        todo = [key]
+        while todo:
+            k = todo.pop()
+            out.extend(by_lca.get(k, ()))
+            todo.extend(children.get(k, ()))
+        return out
+
+    return inner
 
 
 def _sibling_key(level: str) -> tuple[tuple[str, str], int]:
@@ -257,23 +314,50 @@ def _fold_label(run: list[str]) -> tuple[str, str]:
     return f"{path} x{len(run)}", path
 
 
-def fold(graph: G) -> G:
-    """A new graph where each run of identical consecutive sibling modules is one box.
+@dataclass(frozen=True)
+class Run:
+    """A run of identical consecutive sibling modules (see ``fold``).
 
-    Siblings are ``layers.0``, ``layers.1``, ... (or repeated calls ``block``, ``block#1``, ...)
-    of one class whose subgraphs have the same nodes, relative module paths, saved shapes and
-    internal edges. A run of 64 becomes one ``module`` node named ``layers.0-63 x64`` with
-    ``box.repeat == 64``. Runs are found from the top down: a folded run's insides are
-    not folded again.
+    Attributes:
+        path: the run's path, ``encoder.layers.0-63`` (a module path: ``levels`` keeps
+            ``layers.0-63`` as one level).
+        name: its label, ``encoder.layers.0-63 x64``.
+        members: the members' module paths, in index order.
+        cls: the members' class name, or "".
+    """
+
+    path: str
+    name: str
+    members: tuple[str, ...]
+    cls: str
+
+    @property
+    def repeat(self) -> int:
+        return len(self.members)
+
+
+def fold_runs(graph: GraphLike, *, inside: str = "none") -> list[Run]:
+    """Every run of identical consecutive sibling modules, found from the top down.
+
+    Args:
+        graph: a graph traced with module scopes.
+        inside: which members of a run are searched for runs of their own: ``none`` (a folded
+            run is one box), ``first`` (the member a folded picture draws) or ``all`` (every
+            member, as the HTML page can open any of them).
+
+    Raises:
+        ViewError: ``inside`` is none of those.
 
     Example:
         >>> import torch, gradscope as gs
-        >>> net = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(8)])
+        >>> net = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(3)])
         >>> with gs.scopes(net):
         ...     out = net(torch.randn(2, 4, requires_grad=True))
-        >>> [n.name for n in gs.trace(out, model=net).fold().nodes]
-        ['output', '0-7 x8', 'AccumulateGrad', '']
+        >>> [(r.name, r.members) for r in fold_runs(gs.trace(out, model=net))]
+        [('0-2 x3', ('0', '1', '2'))]
     """
+    if inside not in ("none", "first", "all"):
+        raise ViewError(f"inside must be 'none', 'first' or 'all', got {inside!r}")
     paths = node_paths(graph)
     groups: dict[str, list[Node]] = {}  # module key -> every node in its subtree
     children: dict[str, set[str]] = {}
@@ -286,34 +370,78 @@ def fold(graph: G) -> G:
             key = ".".join(lv[:d])
             groups.setdefault(key, []).append(n)
             children.setdefault(".".join(lv[: d - 1]), set()).add(key)
-    key_of: dict[str, str] = {}
-    extra: dict[str, dict[str, str]] = {}
-    repeats: dict[str, int] = {}
+    inner = _inner_edges(graph, paths, children)
+    runs: list[Run] = []
     todo = [""]
     while todo:
         parent = todo.pop()
         kids = sorted(children.get(parent, ()))
-        sigs: dict[str, object] = {}
-        for k in kids:
-            ids = {n.id for n in groups[k]}
-            sigs[k] = _signature(k, groups[k], graph.edges, ids)
+        sigs = {k: _signature(k, groups[k], inner(k)) for k in kids}
         folded: set[str] = set()
         for run in _runs(kids, sigs):
             name, path = _fold_label(run)
-            extra[path] = {"name": name, "first": run[0], "last": run[-1]}
-            repeats[path] = len(run)
-            for k in run:
-                folded.add(k)
-                for n in groups[k]:
-                    key_of[n.id] = path
+            members = [n for k in run for n in groups[k]]
+            runs.append(Run(path, name, tuple(run), module_class(run[0], members)))
+            folded.update(run)
+            if inside == "first":
+                todo.append(run[0])
+            elif inside == "all":
+                todo.extend(run)
         todo.extend(k for k in kids if k not in folded)
+    return runs
+
+
+def fold(graph: G, *, keep_first: bool = False) -> G:
+    """A new graph where each run of identical consecutive sibling modules is one box.
+
+    Siblings are ``layers.0``, ``layers.1``, ... (or repeated calls ``block``, ``block#1``, ...)
+    of one class whose subgraphs have the same nodes, relative module paths, saved shapes and
+    internal edges. A run of 64 becomes one ``module`` node named ``layers.0-63 x64`` with
+    ``box.repeat == 64``. Runs are found from the top down: a folded run's insides are
+    not folded again.
+
+    Args:
+        graph: a graph traced with module scopes.
+        keep_first: keep the run's first member as it is (its nodes, and runs inside it folded
+            in turn), so a picture shows what one layer holds: the box then stands for the other
+            members only and ``box.shown`` names the member kept (``encoder.layers.0``).
+
+    Example:
+        >>> import torch, gradscope as gs
+        >>> net = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(8)])
+        >>> with gs.scopes(net):
+        ...     out = net(torch.randn(2, 4, requires_grad=True))
+        >>> [n.name for n in gs.trace(out, model=net).fold().nodes]
+        ['output', '0-7 x8', 'AccumulateGrad', '']
+    """
+    paths = node_paths(graph)
+    runs = {r.path: r for r in fold_runs(graph, inside="first" if keep_first else "none")}
+    member_of: dict[str, str] = {}  # module key -> the run path its nodes fold into
+    for run in runs.values():
+        for k in run.members[1:] if keep_first else run.members:
+            member_of[k] = run.path
+    key_of: dict[str, str] = {}
+    for n in graph.nodes:
+        path = paths[n.id]
+        if path is None:
+            continue
+        lv = levels(path)
+        for d in range(1, len(lv) + 1):
+            run_path = member_of.get(".".join(lv[:d]))
+            if run_path is not None:
+                key_of[n.id] = run_path
+                break
+
+    kinds = alias_kinds(graph)
 
     def make(nid: str, key: str, group: list[Node]) -> Node:
-        info = extra[key]
-        node = _box(nid, info["name"], key, group, repeats[key])
+        run = runs[key]
+        node = _box(nid, run.name, key, group, run.repeat, kinds)
         assert node.box is not None
         if not node.box.cls:
-            node.box.cls = module_class(info["first"], group)
+            node.box.cls = run.cls
+        if keep_first:
+            node.box.shown = run.members[0]
         return node
 
     return _regroup(graph, key_of, make)
@@ -353,9 +481,13 @@ def nearest(graph: G, max_nodes: int) -> tuple[G, int]:
         keep[nid] = None
         queue.extend(d for d in out[nid] if d not in keep)
     rest = [n for n in graph.nodes if n.id not in keep]
+    kinds = alias_kinds(graph)
+    split = split_bytes(rest, kinds)
     more = Node(
         "more", f"… {len(rest)} more nodes", "module", saved=[s for n in rest for s in n.saved],
-        box=Box("", sum(n.count for n in rest), saved_bytes_of(rest)),
+        box=Box("", sum(n.count for n in rest), split.total, leaf_bytes=split.leaf,
+                output_bytes=split.output,
+                aliases={sid: kinds[sid] for sid in storage_sizes(rest) if sid in kinds}),
     )
     key_of = {n.id: "more" for n in rest}
 
@@ -377,10 +509,13 @@ def readable_view(
 
     ``full`` draws every node. Otherwise: collapse to ``depth`` when given; fold runs of
     identical layers when ``fold_repeats`` is True, or when it is None (the default) and the
-    graph has more than ``max_nodes`` nodes; then, with no ``depth``, collapse to the deepest
-    depth that fits ``max_nodes`` (``auto_depth``); and if the view still has more than
-    ``max_nodes`` nodes (a graph without module structure), keep the ``max_nodes`` nearest the
-    outputs and one box for the rest (``nearest``), so Graphviz never gets an unbounded layout.
+    graph has more than ``max_nodes`` nodes, keeping each run's first member drawn
+    (``fold(keep_first=True)``: the picture shows what a layer holds); then, with no ``depth``,
+    collapse to the deepest depth that fits ``max_nodes`` (``auto_depth``); and if the view still
+    has more than ``max_nodes`` nodes (a graph without module structure), keep the
+    ``max_nodes`` nearest the outputs and one box for the rest (``nearest``), so Graphviz never
+    gets an unbounded layout. The note says what was done and every way to see more
+    (``--no-fold``, ``--depth N``, ``--full``, ``-o graph.html``).
 
     Example:
         >>> import gradscope as gs
@@ -391,15 +526,15 @@ def readable_view(
         return graph, None
     total = len(graph.nodes)
     view = graph if depth is None else collapse(graph, depth)
-    notes = []
+    done = []
     if fold_repeats or (fold_repeats is None and len(view.nodes) > max_nodes):
-        folded = fold(view)
+        folded = fold(view, keep_first=True)
         had = {n.name for n in view.nodes if n.kind == "module"}
         runs = [n.name for n in folded.nodes
                 if n.box is not None and n.box.repeat and n.name not in had]
         if runs:
             shown = ", ".join(runs[:3]) + (", ..." if len(runs) > 3 else "")
-            notes.append(f"folded repeated layers ({shown}); use --no-fold to expand")
+            done.append(f"folded repeated layers ({shown}; one of each drawn)")
         view = folded
     if depth is None:
         auto = auto_depth(view, max_nodes)
@@ -407,15 +542,17 @@ def readable_view(
             collapsed = collapse(view, auto)
             if len(collapsed.nodes) < len(view.nodes):
                 view = collapsed
-                notes.insert(0, f"collapsed to depth {auto} because the graph has {total} "
-                                "nodes; use --depth or --full to expand")
+                done.append(f"collapsed to depth {auto}")
     if len(view.nodes) > max_nodes:
         shown_nodes = len(view.nodes)
         view, hidden = nearest(view, max_nodes)
-        notes.append(
-            f"drew the {shown_nodes - hidden} nodes nearest the outputs and one box for the "
-            f"{hidden} beyond them (the view has no module structure left to collapse); see "
-            "everything with -o graph.html (lays out on demand), -o graph.dot, or --full "
-            "(Graphviz may take minutes; bounded by --timeout)"
-        )
-    return view, "; ".join(notes) or None
+        done.append(f"drew the {shown_nodes - hidden} nodes nearest the outputs and one box for "
+                    f"the {hidden} beyond them (no module structure left to collapse)")
+    if not done:
+        return view, None
+    return view, (
+        f"{total} nodes drawn as {len(view.nodes)}: {' and '.join(done)}; to see more use "
+        "--no-fold (every repeat), --depth N (modules down to depth N), --full (every node; "
+        "Graphviz may take minutes, bounded by --timeout) or -o graph.html (opens any part on "
+        "demand)"
+    )

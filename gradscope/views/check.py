@@ -3,6 +3,7 @@ small Jacobians (numerical and analytical) side by side, mismatches starred."""
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.measure import Measurement
 from rich.table import Table
@@ -31,10 +32,16 @@ def _where(f: CheckFailure, block: JacobianBlock | None) -> str:
 
 
 def _failure_table(result: CheckResult) -> Table:
-    table = Table(title="worst mismatch per input/output pair", title_justify="left")
-    for col in ("order", "input", "output", "element (input/output)", "numerical", "analytical",
-                "|diff|"):
-        table.add_column(col, justify="right" if col not in ("element (input/output)",) else "left")
+    """One row per failing block. Numbers and element indices are never cut: the columns do
+    not wrap, and the light box keeps a row within 80 columns for the usual indices."""
+    table = Table(title="worst mismatch per input/output pair", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("order", justify="right", no_wrap=True)
+    table.add_column("in", justify="right", no_wrap=True)
+    table.add_column("out", justify="right", no_wrap=True)
+    table.add_column("element (in / out)", no_wrap=True, overflow="fold")
+    for name in ("numerical", "analytical", "|diff|"):
+        table.add_column(name, justify="right", no_wrap=True)
     blocks = {(b.order, b.input_index, b.output_index): b for b in result.jacobians}
     for f in result.failures:
         block = blocks.get((f.order, f.input_index, f.output_index))

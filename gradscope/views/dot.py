@@ -3,17 +3,27 @@ byte-identical on every run because node ids are stable).
 
 When nodes carry module paths (``gs.scopes``), each module is a nested ``subgraph cluster_*``
 labelled ``name: Class`` (a list item such as ``layers.3`` is one level, as in
-``gradscope._views.levels``); root-level ops and nodes with no module stay at the top level.
-A graph without module paths gives exactly the DOT it gave before clusters existed.
+``gradscope.model.paths.levels``); root-level ops and nodes with no module stay at the top
+level. Clustered pictures are kept compact: a node's saved tensors and a parameter's
+``leaf -> AccumulateGrad`` chain sit on the rank of the op that uses them (``rank=same``), so a
+module spans only its ops' ranks and consecutive modules stack instead of spreading sideways
+(torchviz's layout, with clusters, was 1.4-2.5x its area). A fold that keeps its first member
+(``fold(keep_first=True)``) is a cluster holding that member's clusters and one box for the
+others. A graph without module paths gives exactly the DOT it gave before clusters existed.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import re
+import textwrap
 from dataclasses import dataclass, field
 
 from ..model.formats import OutputFormat, register_format
 from ..model.graph import Edge, Graph, Node, SavedTensor, format_bytes
+from ..model.nodes import format_split
+from ..model.transforms import levels, module_class, node_paths
 from .style import (
     BAD_COLOR,
     BASE_COLOR,
@@ -23,6 +33,7 @@ from .style import (
     FREED_COLOR,
     LEAF_COLOR,
     MODULE_COLOR,
+    NORM_BANDS,
     OUTPUT_COLOR,
     SAVED_COLOR,
     format_norm,
@@ -30,7 +41,9 @@ from .style import (
     size_to_str,
     var_label,
 )
-from ..model.transforms import levels, module_class, node_paths
+
+BAD_OTHER_COLOR = "lightcoral"  # a later node whose gradient was also non-finite
+OP_COLOR = "lightgrey"  # what Graphviz fills a style=filled node with when given no colour
 
 NODE_ATTR = (
     'style=filled shape=box align=left fontsize=10 ranksep=0.1 height=0.2 fontname=monospace'
@@ -77,25 +90,83 @@ def attr_table(name: str, entries: dict[str, str], max_attr_chars: int) -> str:
     return name + "\n" + sep + "\n" + rows
 
 
-def annotate(node: Node, label: str, extra: dict[str, str]) -> str:
-    """Backward annotations (``gs.record_backward``): execution order, non-finite marks."""
+_LOCATION = re.compile(r"^(?P<path>.*?):(?P<line>\d+): ?(?P<code>.*)$", re.S)
+
+
+def short_location(where: str, root: str | os.PathLike[str] | None = None) -> str:
+    """A forward location ``path:line: code`` with the path made short: relative to ``root``
+    (the model file's folder) when it lies inside it, else its last two components.
+
+    Example:
+        >>> short_location("/home/u/proj/models/net.py:12: x = f(x)", "/home/u/proj")
+        'models/net.py:12: x = f(x)'
+        >>> short_location("/opt/lib/python3/site/pkg/mod.py:3: y()")
+        '…/pkg/mod.py:3: y()'
+    """
+    m = _LOCATION.match(where)
+    if not m:
+        return where
+    path = m["path"]
+    short = None
+    if root is not None:
+        try:
+            rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+        except ValueError:  # another drive on Windows
+            rel = ".."
+        if not rel.startswith(".."):
+            short = rel
+    if short is None:
+        parts = path.replace("\\", "/").split("/")
+        short = path if len(parts) <= 2 else "…/" + "/".join(parts[-2:])
+    return f"{short}:{m['line']}: {m['code']}"
+
+
+def wrap_location(where: str, width: int = 40) -> list[str]:
+    """A location as label lines: ``path:line:`` and the code, wrapped at ``width``."""
+    m = _LOCATION.match(where)
+    if not m:
+        return textwrap.wrap(where, width) or [where]
+    code = textwrap.wrap(m["code"], width, break_long_words=True) or [""]
+    return [f"{m['path']}:{m['line']}:", *code]
+
+
+def annotate(
+    node: Node, label: str, extra: dict[str, str], root: str | os.PathLike[str] | None = None
+) -> str:
+    """Backward annotations (``gs.record_backward``): execution order, non-finite marks, and for
+    a non-finite node its forward line (path shortened against ``root``, code wrapped)."""
     if node.order is not None:
         label = f"#{node.order} {label}"
+    if node.forward_nonfinite:  # where the forward first went non-finite
+        label += f"\n{node.forward_nonfinite} first made here, in the forward"
+        extra["color"] = BAD_COLOR
+        extra["penwidth"] = "3"
     bad = node.nonfinite
     if bad:
         first = node.first_nonfinite
-        extra["fillcolor"] = BAD_COLOR if first else "lightcoral"
+        extra["fillcolor"] = BAD_COLOR if first else BAD_OTHER_COLOR
         label += f"\n{'first ' if first else ''}{bad} gradient"
         where = node.created_at
         if where:
-            label += f"\n{where}"
+            label += "\n" + "\n".join(wrap_location(short_location(where, root)))
     return label
 
 
-def node_style(node: Node, attrs: bool, max_attr_chars: int) -> tuple[str, dict[str, str]]:
+def _box_bytes(node: Node) -> str:
+    """A module box's saved bytes, activations apart from parameter/input (and output)
+    aliases: ``126.9 KiB activations + 4.5 KiB params/inputs``."""
+    box = node.box
+    if box is None:
+        return format_bytes(node.saved_bytes)
+    return format_split(box.activation_bytes, box.leaf_bytes, box.output_bytes)
+
+
+def node_style(
+    node: Node, attrs: bool, max_attr_chars: int, root: str | os.PathLike[str] | None = None
+) -> tuple[str, dict[str, str]]:
     """Label and extra DOT attributes of one node."""
     label, extra = _base_style(node, attrs, max_attr_chars)
-    return annotate(node, label, extra), extra
+    return annotate(node, label, extra, root), extra
 
 
 def _base_style(node: Node, attrs: bool, max_attr_chars: int) -> tuple[str, dict[str, str]]:
@@ -113,8 +184,11 @@ def _base_style(node: Node, attrs: bool, max_attr_chars: int) -> tuple[str, dict
     if node.kind == "module":  # a collapsed group (Graph.collapse) or folded run (Graph.fold)
         box = node.box
         cls, count = (box.cls, box.nodes) if box is not None else ("", "?")
-        nbytes = box.saved_bytes if box is not None else node.saved_bytes
-        label = f"{node.name}\n{cls} · {count} nodes\nsaved {format_bytes(nbytes)}"
+        label = f"{node.name}\n{cls} · {count} nodes\nsaved {_box_bytes(node)}"
+        if box is not None and box.shown and node.module:  # fold(keep_first=True)
+            rest = _others_label(node.module, box.repeat or 0)
+            like = levels(box.shown)[-1]
+            label = f"{rest}\nlike {like} · {count} nodes\nsaved {_box_bytes(node)}"
         extra["fillcolor"] = FOLDED_COLOR if box is not None and box.repeat else MODULE_COLOR
         extra["shape"] = "box3d"
         extra["tooltip"] = f"{node.module}: expand with --depth or --no-fold"
@@ -129,6 +203,18 @@ def _base_style(node: Node, attrs: bool, max_attr_chars: int) -> tuple[str, dict
     if node.module:
         extra["tooltip"] = node.module
     return label, extra
+
+
+def _others_label(run_path: str, repeat: int) -> str:
+    """``encoder.layers.0-63``, 64 -> ``layers.1-63 x63``: the members a fold box stands for
+    when it keeps the first one drawn."""
+    last = levels(run_path)[-1]
+    m = re.match(r"^(.*?)(\d+)-(\d+)(.*)$", last)
+    if not m:
+        return f"{last} x{max(repeat - 1, 0)}"
+    a, b = int(m[2]) + 1, int(m[3])
+    span = f"{a}" if a == b else f"{a}-{b}"
+    return f"{m[1]}{span}{m[4]} x{max(repeat - 1, 0)}"
 
 
 def saved_style(s: SavedTensor) -> tuple[str, dict[str, str]]:
@@ -166,6 +252,8 @@ class _Options:
     attrs: bool
     max_attr_chars: int
     notes: dict[str, str] | None  # node id -> an extra label line (e.g. memory held)
+    root: str | os.PathLike[str] | None = None  # forward lines are shown relative to it
+    compact: bool = False  # saved tensors and parameter chains on their node's rank
     # Attribute lists of plain backward nodes, by everything they depend on: a deep model
     # repeats the same few (1,000 identical AddmmBackward0 labels), so each is built once.
     memo: dict[tuple[object, ...], str] = field(default_factory=dict, compare=False)
@@ -176,7 +264,7 @@ def _op_key(node: Node) -> tuple[object, ...] | None:
     if node.kind not in ("op", "accumulate", "custom") or node.order is not None:
         return None
     attrs = node.attrs
-    if node.nonfinite:
+    if node.nonfinite or node.forward_nonfinite:
         return None
     saved = tuple((s.name, s.freed) for s in node.saved)
     return (node.name, node.kind, node.module, tuple(attrs.items()) if attrs else (), saved)
@@ -189,7 +277,7 @@ def _node_lines(node: Node, opt: _Options, indent: str) -> list[str]:
     key = None if note else _op_key(node)
     attr_list = opt.memo.get(key) if key is not None else None
     if attr_list is None:
-        label, extra = node_style(node, opt.attrs, opt.max_attr_chars)
+        label, extra = node_style(node, opt.attrs, opt.max_attr_chars, opt.root)
         if note:
             label += "\n" + note
         attr_list = _attr_list(label, extra)
@@ -210,22 +298,94 @@ def _node_lines(node: Node, opt: _Options, indent: str) -> list[str]:
                     f'{indent}{sid} [label={label} fillcolor="{SAVED_COLOR}" tooltip="{tip}"]'
                 )
             lines.append(f"{indent}{nid} -> {sid} [dir=none]")
+        if opt.compact and node.saved:  # beside their node, not on a rank of their own
+            ids = "; ".join([nid] + [f"{nid}_s{i}" for i in range(len(node.saved))])
+            lines.append(f"{indent}{{rank=same; {ids}}}")
     return lines
 
 
-def _cluster_keys(graph: Graph) -> dict[str, list[str]]:
-    """Node id -> the module levels of the cluster it is drawn in ([] for the top level)."""
-    out: dict[str, list[str]] = {}
+@dataclass
+class _Clusters:
+    """Where each node is drawn: ``keys`` (node id -> cluster levels, [] for the top level), and
+    the folds that keep their first member drawn: ``folds`` (cluster path of the fold -> its
+    box), ``real`` (cluster path -> the module path it shows, for class names)."""
+
+    keys: dict[str, list[str]]
+    folds: dict[str, Node]
+    real: dict[str, str]
+
+
+def _cluster_keys(graph: Graph) -> _Clusters:
+    """Node id -> the module levels of the cluster it is drawn in ([] for the top level). A fold
+    box with ``shown`` (``fold(keep_first=True)``) gets a cluster of its own around itself and
+    the member it keeps: ``layers.0-63 x64`` holds ``layers.0`` and the ``layers.1-63`` box."""
+    shown: dict[str, Node] = {}  # the member a fold keeps drawn -> the fold's box
+    for n in graph.nodes:
+        if n.kind == "module" and n.box is not None and n.box.shown and n.module:
+            shown[n.box.shown] = n
+    keys: dict[str, list[str]] = {}
+    folds: dict[str, Node] = {}
+    real: dict[str, str] = {}
     for nid, path in node_paths(graph).items():
         lv = levels(path) if path else []
-        if lv and graph.node(nid).kind == "module":
+        node = graph.node(nid)
+        box = node.kind == "module"
+        if box and node.box is not None and node.box.shown and node.module:
+            lv = levels(node.module)  # the box of the others sits in its fold's cluster
+        elif lv and box:
             lv = lv[:-1]  # a box stands for its module: drawn inside the module's parent
-        out[nid] = lv
+        if shown:
+            lv = _insert_folds(lv, shown)
+        keys[nid] = lv
+    for path, box in shown.items():
+        outer = _insert_folds(levels(path)[:-1], shown) + [levels(box.module or "")[-1]]
+        folds[".".join(outer)] = box
+    if shown:
+        for lv in keys.values():
+            for d in range(1, len(lv) + 1):
+                key = ".".join(lv[:d])
+                if key not in real and key not in folds:
+                    real[key] = ".".join(x for i, x in enumerate(lv[:d])
+                                         if ".".join(lv[: i + 1]) not in folds)
+    return _Clusters(keys, folds, real)
+
+
+def _insert_folds(lv: list[str], shown: dict[str, Node]) -> list[str]:
+    """Module levels with the level of each fold whose kept member they lie in inserted."""
+    out: list[str] = []
+    for d, part in enumerate(lv):
+        box = shown.get(".".join(lv[: d + 1]))
+        if box is not None:
+            out.append(levels(box.module or "")[-1])
+        out.append(part)
     return out
 
 
-def _cluster_lines(graph: Graph, keys: dict[str, list[str]], opt: _Options) -> list[str]:
+def _param_chains(graph: Graph, keys: dict[str, list[str]]) -> dict[str, str]:
+    """AccumulateGrad id -> ``{rank=same; leaf; AccumulateGrad; consumer}`` for a parameter
+    drawn on the rank of the op that uses it (both in one cluster): a module's parameters then
+    add no rank above it, and consecutive modules stack instead of spreading sideways."""
+    kinds = {n.id: n.kind for n in graph.nodes}
+    leaf: dict[str, str] = {}
+    users: dict[str, list[str]] = {}
+    for e in graph.edges:
+        if kinds.get(e.src) == "accumulate" and kinds.get(e.dst) == "leaf":
+            leaf[e.src] = e.dst
+        elif kinds.get(e.dst) == "accumulate" and e.kind == "grad":
+            users.setdefault(e.dst, []).append(e.src)
+    out = {}
+    for acc, lf in leaf.items():
+        ids = [lf, acc]
+        use = users.get(acc, [])
+        if len(use) == 1 and keys.get(use[0]) == keys.get(acc):
+            ids.append(use[0])
+        out[acc] = "{rank=same; " + "; ".join(ids) + "}"
+    return out
+
+
+def _cluster_lines(graph: Graph, cl: _Clusters, opt: _Options) -> list[str]:
     """Nodes nested in ``subgraph cluster_*`` blocks by module path, in first-seen order."""
+    keys = cl.keys
     tree: dict[str, list[str]] = {}  # cluster path -> child cluster paths, in first-seen order
     members: dict[str, list[Node]] = {}
     knows: dict[str, Node] = {}  # cluster path -> a node inside it that knows its class
@@ -242,6 +402,7 @@ def _cluster_lines(graph: Graph, keys: dict[str, list[str]], opt: _Options) -> l
             if child in kids:
                 break
             kids.append(child)
+    chains = _param_chains(graph, keys) if opt.compact else {}
     out: list[str] = []
     counter = 0
     # (cluster path, depth, opening?): iterative, so deep module trees meet no recursion limit
@@ -254,17 +415,33 @@ def _cluster_lines(graph: Graph, keys: dict[str, list[str]], opt: _Options) -> l
             continue
         group = members.get(path, [])
         if depth:
-            sample = [knows[path]] if path in knows else []
-            label = f"{levels(path)[-1]}: {module_class(path, sample)}".rstrip(": ")
             out.append(f"{indent}subgraph cluster_{counter} {{")
-            head = f"label={quote(label)} tooltip={quote(path)}"
+            label, tip = _cluster_label(path, cl, knows)
+            head = f"label={quote(label)} tooltip={quote(tip)}"
             out.append(f"{indent}\tgraph [{head} {CLUSTER_ATTR}]")
             counter += 1
             stack.append((path, depth, False))
         for node in group:
             out.extend(_node_lines(node, opt, indent + "\t"))
+            if node.id in chains:
+                out.append(f"{indent}\t{chains[node.id]}")
         stack.extend((child, depth + 1, True) for child in reversed(tree.get(path, [])))
     return out
+
+
+def _cluster_label(path: str, cl: _Clusters, knows: dict[str, Node]) -> tuple[str, str]:
+    """(label, tooltip) of a cluster: ``name: Class``; a fold's says what it folds."""
+    box = cl.folds.get(path)
+    if box is not None:
+        assert box.box is not None and box.box.shown is not None
+        cls = box.box.cls
+        first = levels(box.box.shown)[-1]
+        name = f"{levels(box.module or '')[-1]} x{box.box.repeat}"
+        label = f"{name}: {cls}".rstrip(": ") + f" ({first} drawn, the others alike)"
+        return label, f"{box.module}: draw every repeat with --no-fold"
+    module = cl.real.get(path, path)
+    sample = [knows[path]] if path in knows else []
+    return f"{levels(module)[-1]}: {module_class(module, sample)}".rstrip(": "), module
 
 
 def to_dot(
@@ -275,6 +452,8 @@ def to_dot(
     max_attr_chars: int = 50,
     clusters: bool = True,
     notes: dict[str, str] | None = None,
+    legend: bool = False,
+    root: str | os.PathLike[str] | None = None,
 ) -> str:
     """Render ``graph`` as DOT text.
 
@@ -284,8 +463,12 @@ def to_dot(
         attrs: list each node's non-tensor saved attributes in its label.
         max_attr_chars: truncate attribute values to this many characters.
         clusters: when nodes carry module paths (``gs.scopes``), draw each module as a
-            nested ``subgraph cluster_*`` labelled ``name: Class``.
+            nested ``subgraph cluster_*`` labelled ``name: Class``; saved tensors and
+            parameters then sit on the rank of their op, so modules stack compactly.
         notes: an extra label line per node id, e.g. ``Graph.memory().node_labels()``.
+        legend: add a compact legend (what the colours, boxes and lines mean) under the graph,
+            listing only what the picture uses.
+        root: the model file's folder: forward lines are shown relative to it.
 
     Arrows point in the forward direction (input -> op), as torchviz draws them.
 
@@ -295,28 +478,108 @@ def to_dot(
         >>> to_dot(gs.trace(x * 2)).splitlines()[0]
         'digraph {'
     """
-    opt = _Options(saved, attrs, max_attr_chars, notes)
-    out = ["digraph {", f"\tnode [{NODE_ATTR}]", '\tgraph [rankdir=TB]']
     # A cheap test first: graphs traced without scopes have no module and skip the grouping.
-    keys = _cluster_keys(graph) if clusters and any(n.module for n in graph.nodes) else {}
-    if any(keys.values()):
-        out.extend(_cluster_lines(graph, keys, opt))
+    cl = _cluster_keys(graph) if clusters and any(n.module for n in graph.nodes) else None
+    clustered = cl is not None and any(cl.keys.values())
+    opt = _Options(saved, attrs, max_attr_chars, notes, root, compact=clustered)
+    # clustered pictures are tighter than torchviz's defaults: clusters add their own margins
+    head = "\tgraph [rankdir=TB nodesep=0.12 ranksep=0.2]" if clustered else "\tgraph [rankdir=TB]"
+    out = ["digraph {", f"\tnode [{NODE_ATTR}]", head]
+    if clustered and cl is not None:
+        out.extend(_cluster_lines(graph, cl, opt))
     else:
         for node in graph.nodes:
             out.extend(_node_lines(node, opt, "\t"))
     for e in graph.edges:
-        if e.kind == "view":
+        if e.kind in ("view", "saved"):
             out.append(f"\t{e.dst} -> {e.src} [style=dotted]")
         elif e.grad_norm is not None or e.count != 1:
             out.append(f"\t{e.dst} -> {e.src} [{_edge_attrs(e)}]")
         else:
             out.append(f"\t{e.dst} -> {e.src}")
+    if legend:
+        out.append(legend_line(graph, saved=saved, clustered=clustered))
     out.append("}")
     return "\n".join(out) + "\n"
 
 
+def _html(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def legend_line(graph: Graph, *, saved: bool = True, clustered: bool = False) -> str:
+    """The compact legend, as a DOT graph label (an HTML-like table under the graph) listing
+    only what this picture uses: node kinds, saved tensors, module frames and boxes, folds,
+    view-base edges, merged-edge counts and, when the graph has gradient norms, their scale."""
+    kinds = {n.kind for n in graph.nodes}
+    cells: list[tuple[str, str]] = []  # (fill colour, text)
+    if kinds & {"op", "accumulate"}:
+        cells.append((OP_COLOR, "op"))
+    if "custom" in kinds:
+        cells.append((CUSTOM_COLOR, "custom Function"))
+    if "leaf" in kinds:
+        cells.append((LEAF_COLOR, "leaf (parameter, input)"))
+    if "output" in kinds:
+        cells.append((OUTPUT_COLOR, "output"))
+    if any(n.view_base for n in graph.nodes):
+        cells.append((BASE_COLOR, "view base"))
+    if saved and any(n.saved and n.kind != "module" for n in graph.nodes):
+        cells.append((SAVED_COLOR, "saved tensor"))
+    boxes = [n for n in graph.nodes if n.kind == "module"]
+    if any(b.box is None or not b.box.repeat for b in boxes):
+        cells.append((MODULE_COLOR, "collapsed module"))
+    if any(b.box is not None and b.box.repeat for b in boxes):
+        cells.append((FOLDED_COLOR, "repeated layers"))
+    if any(n.nonfinite for n in graph.nodes):
+        cells.append((BAD_COLOR, "first NaN/Inf"))
+    notes = []
+    if clustered:
+        notes.append("dashed frame: module")
+    if any(e.kind == "view" for e in graph.edges):
+        notes.append("dotted: view → base")
+    if any(e.count != 1 for e in graph.edges):
+        notes.append("xN: N edges merged")
+    if any(n.order is not None for n in graph.nodes):
+        notes.append("#N: backward order")
+    rows = []
+    if cells:
+        swatches = "".join(
+            f'<TD BGCOLOR="{c}" BORDER="1" WIDTH="12" HEIGHT="9" FIXEDSIZE="TRUE"> </TD>'
+            f'<TD ALIGN="LEFT">{_html(t)}  </TD>'
+            for c, t in cells
+        )
+        rows.append(f'<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="1" CELLPADDING="1">'
+                    f"<TR>{swatches}</TR></TABLE>")
+    if any(e.grad_norm is not None for e in graph.edges):
+        bands = "  ".join(
+            f'<FONT COLOR="{b.color}">{_html(b.name + _band_range(i))}</FONT>'
+            for i, b in enumerate(NORM_BANDS)
+        )
+        bad = f'<FONT COLOR="{BAD_COLOR}">NaN/Inf</FONT>'
+        rows.append(f"edge colour, gradient norm: {bands}  {bad}")
+    if notes:
+        rows.append(_html("  ·  ".join(notes)))
+    if not rows:
+        return ""
+    body = "".join(f'<TR><TD ALIGN="LEFT">{r}</TD></TR>' for r in rows)
+    table = f'<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="1">{body}</TABLE>>'
+    return f"\tgraph [label={table} labelloc=b labeljust=l fontsize=9 fontname=monospace]"
+
+
+def _band_range(i: int) -> str:
+    lower = NORM_BANDS[i - 1].upper if i else None
+    upper = NORM_BANDS[i].upper
+    if lower is None:
+        return f" <{upper:g}"
+    if math.isinf(upper):
+        return f" ≥{lower:g}"
+    return f" {lower:g}–{upper:g}"
+
+
 #: The options of ``to_dot``, which every Graphviz-based format takes.
-DOT_OPTIONS = frozenset({"saved", "attrs", "max_attr_chars", "clusters", "notes"})
+DOT_OPTIONS = frozenset(
+    {"saved", "attrs", "max_attr_chars", "clusters", "notes", "legend", "root"}
+)
 
 
 def _render_dot(graph: Graph, **options: object) -> bytes:

@@ -1,28 +1,94 @@
 """An interactive, self-contained HTML view of a ``Graph``: one file that works offline.
 
-The page embeds the graph as JSON, the vendored ``dagre`` layout library (``_assets/``, see its
-README for version and license) and a small viewer script: pan (drag) and zoom (wheel), search by
-node name or module path, click a node for its details (kind, module, shapes, saved tensors with
-bytes, attributes), click a collapsed module box to expand it and a cluster's title to collapse
-it. Layout runs in the page, so expanding a module lays the graph out again. Nothing in the page
-refers to anything outside it: it makes no network request.
+The page embeds the graph as compact JSON, the vendored ``dagre`` layout library (``_assets/``,
+see its README for version and license) and the viewer script. The graph is shown as a tree of
+*containers*: the model's modules (``gs.scopes``), runs of identical layers (``fold``: one
+member drawn, the others summarised, any of them can be opened) and, where a container holds
+more direct items than one layout should see (a 20,000-op chain with no modules), consecutive
+*chunks* of it in forward order. The page lays out one container's direct contents at a time,
+in a Web Worker, when the container is first opened (a child is a box of known size), so no
+layout call sees more than ``CHUNK`` items, and it draws on a canvas, culled to the viewport.
+Nothing in the page refers to anything outside it: it makes no network request.
+
+The page exposes ``window.gradscope`` (see the README): ``ready``, ``visible()``,
+``expand(path)``, ``collapse(path)``, ``expandAll()``, ``search(text)``, ``select(id)``,
+``details()``, ``firstNonfinite()``.
 """
 
 from __future__ import annotations
 
+import heapq
 import html
 import json
+import math
+import re
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ..model.formats import OutputFormat, register_format
+from ..model.formats import OutputFormat, register_format, register_renderer
 from ..model.graph import Graph, Node, SavedTensor, format_bytes
-from ..model.nodes import saved_bytes_of
+from ..model.nodes import saved_bytes_of, storage_sizes
 from ..model.paths import levels, module_class, node_paths
-from ..model.transforms import auto_depth
+from ..model.transforms import Run, fold_runs
+from .dot import BAD_OTHER_COLOR, OP_COLOR, attr_entries, short_location
+from .style import (
+    BAD_COLOR,
+    BASE_COLOR,
+    CUSTOM_COLOR,
+    FOLDED_COLOR,
+    FREED_COLOR,
+    LEAF_COLOR,
+    MODULE_COLOR,
+    NONFINITE_BAND,
+    NORM_BANDS,
+    OUTPUT_COLOR,
+    SAVED_COLOR,
+)
 
 ASSETS = Path(__file__).resolve().parent / "assets"
+
+#: No layout call sees more than this many items: a container holding more is cut into chunks.
+CHUNK = 150
+#: Rows of nodes (or edges) per JSON block of the page: each block is parsed in its own task.
+PART = 5_000
+#: Items drawn in the first view when neither ``depth`` nor ``full`` is given.
+BUDGET = 600
+
+_KINDS = ("op", "custom", "accumulate", "leaf", "output", "module")
+
+#: The X11 colours of the DOT views as CSS hex: the page draws with the same palette.
+GRAPHVIZ_HEX = {
+    "lightgrey": "#d3d3d3", "lightblue": "#add8e6", "orange": "#ffa500",
+    "darkolivegreen1": "#caff70", "darkolivegreen3": "#a2cd5a", "plum1": "#ffbbff",
+    "gray90": "#e5e5e5", "red": "#ff0000", "lightcoral": "#f08080", "lightyellow": "#ffffe0",
+    "lightgoldenrod1": "#ffec8b",
+}
+PAGE_COLORS = {
+    "op": OP_COLOR, "accumulate": OP_COLOR, "custom": CUSTOM_COLOR, "leaf": LEAF_COLOR,
+    "output": OUTPUT_COLOR, "base": BASE_COLOR, "saved": SAVED_COLOR, "freed": FREED_COLOR,
+    "bad": BAD_COLOR, "bad_other": BAD_OTHER_COLOR, "module": MODULE_COLOR,
+    "folded": FOLDED_COLOR,
+}
+
+
+def _css(color: str) -> str:
+    return color if color.startswith("#") else GRAPHVIZ_HEX[color]
+
+
+def _norm_scale() -> list[list[Any]]:
+    """The one gradient-norm scale (``views.style.NORM_BANDS``) as the page reads it:
+    [name, upper bound or null, colour], lowest band first, then the non-finite band."""
+    bands = [[b.name, None if math.isinf(b.upper) else b.upper, _css(b.color)] for b in NORM_BANDS]
+    return bands + [[NONFINITE_BAND.name, None, _css(NONFINITE_BAND.color)]]
+#: A container row's kind: the root, a module, a fold of repeated layers, a chunk of a long run.
+_KIND_CODE = {"root": "r", "module": "m", "fold": "f", "chunk": "k"}
+#: An edge's kind in the page: 0 a gradient edge; else drawn dotted (1 a view's link to its
+#: base, 2 a compiled region's saved-activation link).
+_EDGE_KIND = {"grad": 0, "view": 1, "saved": 2}
+#: An edge row is [src, dst, input_nr, kind, count, norm]; trailing defaults are left out.
+_EDGE_DEFAULTS = (0, 0, 1, None)
 
 
 @cache
@@ -35,96 +101,475 @@ def _asset(name: str) -> str:
     return text.replace("</script", "<\\/script") if name.endswith(".js") else text
 
 
-def _cluster_key(node: Node, path: str | None) -> list[str]:
-    """Module levels of the cluster the node is drawn in (a module box sits in its parent)."""
-    lv = levels(path) if path else []
-    return lv[:-1] if lv and node.kind == "module" else lv
+# ---------------------------------------------------------------------- containers
+@dataclass
+class _Container:
+    path: str
+    label: str
+    cls: str
+    kind: str  # "root", "module", "fold", "chunk"
+    parent: int  # index, -1 for the root
+    depth: int  # module levels (a fold has its members' depth, a chunk its parent's)
+    nodes: list[int] = field(default_factory=list)  # direct node indices
+    kids: list[int] = field(default_factory=list)  # direct child containers
+    members: list[int] = field(default_factory=list)  # a fold's members, in index order
+    count: int = 0  # original nodes inside, all levels
+    saved_bytes: int = 0
 
 
-def _saved(s: SavedTensor) -> dict[str, Any]:
-    return {"name": s.name, "shape": s.shape, "dtype": s.dtype, "nbytes": s.nbytes,
-            "storage": s.storage, "freed": s.freed}
+class _Builder:
+    """Containers of a graph: modules by path, folds of repeated siblings, chunks of long
+    containers (one layout never sees more than ``CHUNK`` items)."""
+
+    def __init__(self, graph: Graph, fold: bool) -> None:
+        self.graph = graph
+        self._adj: list[list[int]] | None = None
+        self.index = {n.id: i for i, n in enumerate(graph.nodes)}
+        self.paths = node_paths(graph)
+        self.containers: list[_Container] = [_Container("", "(model)", "", "root", -1, 0)]
+        self.by_path: dict[str, int] = {"": 0}
+        self.node_container = [0] * len(graph.nodes)
+        runs = fold_runs(graph, inside="all") if fold else []
+        self.run_of: dict[str, Run] = {}  # member path -> its run
+        for run in runs:
+            for m in run.members:
+                self.run_of[m] = run
+        self._place_nodes()
+        self._chunk_all()
+        self._totals()
+
+    # -------------------------------------------------------------- module tree
+    def _container(self, lv: list[str]) -> int:
+        """Index of the container of module levels ``lv``, creating it (and folds) as needed."""
+        path = ".".join(lv)
+        found = self.by_path.get(path)
+        if found is not None:
+            return found
+        parent = self._container(lv[:-1])
+        run = self.run_of.get(path)
+        if run is not None:
+            parent = self._fold(run, parent)
+        c = _Container(path, lv[-1], "", "module", parent, len(lv))
+        idx = self._add(c)
+        if run is not None:
+            self.containers[parent].members.append(idx)
+        self.by_path[path] = idx
+        return idx
+
+    def _fold(self, run: Run, parent: int) -> int:
+        found = self.by_path.get("\x00fold:" + run.path)
+        if found is not None:
+            return found
+        label = f"{levels(run.path)[-1]} x{run.repeat}"
+        c = _Container(run.path, label, run.cls, "fold", parent, len(levels(run.path)))
+        idx = self._add(c)
+        self.by_path["\x00fold:" + run.path] = idx
+        return idx
+
+    def _add(self, c: _Container) -> int:
+        self.containers.append(c)
+        idx = len(self.containers) - 1
+        if c.parent >= 0:
+            self.containers[c.parent].kids.append(idx)
+        return idx
+
+    def _place_nodes(self) -> None:
+        for i, n in enumerate(self.graph.nodes):
+            path = self.paths[n.id]
+            lv = levels(path) if path else []
+            if lv and n.kind == "module":
+                lv = lv[:-1]  # a box of a collapsed graph sits in its module's parent
+            c = self._container(lv)
+            self.node_container[i] = c
+            self.containers[c].nodes.append(i)
+        self._classes()
+        for c in self.containers:  # folds list their members in index order
+            if c.kind == "fold":
+                order = {p: k for k, p in enumerate(self._run_members(c))}
+                c.members.sort(key=lambda i: order.get(self.containers[i].path, 0))
+                c.kids.sort(key=lambda i: order.get(self.containers[i].path, 0))
+
+    def _run_members(self, fold: _Container) -> tuple[str, ...]:
+        first = self.containers[fold.members[0]].path
+        return self.run_of[first].members
+
+    def _classes(self) -> None:
+        """A module's class, from a node inside it that knows (``module_classes``)."""
+        samples: dict[int, list[Node]] = {}
+        for i, n in enumerate(self.graph.nodes):
+            if n.kind != "module" and not n.module_classes:
+                continue
+            c = self.node_container[i]
+            while c > 0:
+                got = samples.setdefault(c, [])
+                if len(got) < 4:
+                    got.append(n)
+                c = self.containers[c].parent
+        for idx, c in enumerate(self.containers):
+            if c.kind == "module":
+                c.cls = module_class(c.path, samples.get(idx, []))
+
+    # -------------------------------------------------------------- chunks
+    def _items(self, idx: int) -> list[tuple[str, int]]:
+        c = self.containers[idx]
+        items = [("n", i) for i in c.nodes] + [("c", k) for k in c.kids]
+        return items
+
+    def _chunk_all(self) -> None:
+        for idx in range(len(self.containers)):  # chunks appended during the loop are small
+            if len(self._items(idx)) > CHUNK:
+                self._chunk(idx)
+
+    def _chunk(self, idx: int) -> None:
+        """Cut a container's direct items, in forward (topological) order, into nested groups
+        of at most ``CHUNK``, balanced: 20,000 items -> 142 chunks of 141."""
+        c = self.containers[idx]
+        items = self._forward_order(idx)
+        n = len(items)
+        levels_needed = 1
+        while CHUNK ** (levels_needed + 1) < n:
+            levels_needed += 1
+        fan = max(2, math.ceil(n ** (1.0 / (levels_needed + 1))))
+        c.nodes, c.kids = [], []
+        groups = items
+        for _ in range(levels_needed):
+            packed = []
+            for start in range(0, len(groups), fan):
+                part = groups[start:start + fan]
+                packed.append(("g", part))
+            groups = packed
+        for kind, value in groups:
+            self._attach(idx, kind, value)
+
+    def _attach(self, parent: int, kind: str, value: Any) -> None:
+        p = self.containers[parent]
+        if kind == "n":
+            p.nodes.append(value)
+            self.node_container[value] = parent
+        elif kind == "c":
+            p.kids.append(value)
+            self.containers[value].parent = parent
+        else:
+            first, last = self._ends(value)
+            label = f"{first} … {last}"
+            chunk = _Container(p.path, label, "", "chunk", parent, p.depth)
+            cidx = self._add(chunk)
+            for k, v in value:
+                self._attach(cidx, k, v)
+
+    def _ends(self, group: list[tuple[str, Any]]) -> tuple[str, str]:
+        def first(item: tuple[str, Any], last: bool) -> str:
+            kind, v = item
+            while kind == "g":
+                kind, v = v[-1] if last else v[0]
+            if kind == "n":
+                return self.graph.nodes[v].id
+            return self.containers[v].label
+
+        return first(group[0], False), first(group[-1], True)
+
+    def _forward_order(self, idx: int) -> list[tuple[str, int]]:
+        """The container's items in forward order (inputs first), by Kahn's algorithm over the
+        edges between them; ties (and cycles) broken by walk order, reversed."""
+        items = self._items(idx)
+        owner: dict[int, tuple[str, int]] = {}
+        first_seen: dict[tuple[str, int], int] = {}
+        for it in items:
+            inside = [it[1]] if it[0] == "n" else self._all_nodes(it[1])
+            for node in inside:
+                owner[node] = it
+            first_seen[it] = min(inside) if inside else 0
+        succ: dict[tuple[str, int], set[tuple[str, int]]] = {it: set() for it in items}
+        indeg = dict.fromkeys(items, 0)
+        graph_edges = self.graph.edges
+        for node, a in owner.items():
+            for k in self.adjacency()[node]:  # edges whose input (dst) is this node
+                b = owner.get(self.index[graph_edges[k].src])
+                if b is None or a == b or b in succ[a]:
+                    continue
+                succ[a].add(b)
+                indeg[b] += 1
+        # later in walk order = nearer the inputs: those come first in forward order
+        heap = [(-first_seen[it], it) for it in items if indeg[it] == 0]
+        heapq.heapify(heap)
+        out: list[tuple[str, int]] = []
+        done: set[tuple[str, int]] = set()
+        remaining = sorted(items, key=lambda it: -first_seen[it])
+        cursor = 0
+        while len(out) < len(items):
+            if not heap:  # a cycle between items: take the next one in walk order
+                while remaining[cursor] in done:
+                    cursor += 1
+                heap.append((-first_seen[remaining[cursor]], remaining[cursor]))
+            _, it = heapq.heappop(heap)
+            if it in done:
+                continue
+            done.add(it)
+            out.append(it)
+            for nxt in succ[it]:
+                indeg[nxt] -= 1
+                if indeg[nxt] == 0 and nxt not in done:
+                    heapq.heappush(heap, (-first_seen[nxt], nxt))
+        return out
+
+    def adjacency(self) -> list[list[int]]:
+        """Edge indices by their dst node (the edge's input side in forward direction)."""
+        if self._adj is None:
+            self._adj = [[] for _ in self.graph.nodes]
+            for k, e in enumerate(self.graph.edges):
+                self._adj[self.index[e.dst]].append(k)
+        return self._adj
+
+    def subtree_nodes(self, idx: int) -> list[int]:
+        """Indices of every node inside container ``idx``, all levels."""
+        return self._all_nodes(idx)
+
+    def _all_nodes(self, idx: int) -> list[int]:
+        out: list[int] = []
+        todo = [idx]
+        while todo:
+            c = self.containers[todo.pop()]
+            out.extend(c.nodes)
+            todo.extend(c.kids)
+        return out
+
+    def _first_node(self, item: tuple[str, int]) -> int:
+        if item[0] == "n":
+            return item[1]
+        nodes = self._all_nodes(item[1])
+        return min(nodes) if nodes else 0
+
+    # -------------------------------------------------------------- totals
+    def _totals(self) -> None:
+        """Node counts and saved bytes of every container, each storage once at its whole size
+        (``model.nodes.storage_sizes``, as ``Graph.saved_bytes`` counts), children first."""
+        nodes = self.graph.nodes
+        order = sorted(range(len(self.containers)), key=lambda i: -self._level(i))
+        storages: dict[int, dict[str, int]] = {}
+        for idx in order:
+            c = self.containers[idx]
+            seen = storages.pop(idx, {})
+            direct = [nodes[i] for i in c.nodes]
+            for n in direct:
+                c.count += n.count
+            for sid, size in storage_sizes(direct).items():
+                if seen.get(sid, -1) < size:
+                    seen[sid] = size
+            c.saved_bytes = sum(seen.values())
+            if c.parent >= 0:
+                self.containers[c.parent].count += c.count
+                up = storages.setdefault(c.parent, {})
+                for sid, size in seen.items():
+                    if up.get(sid, -1) < size:
+                        up[sid] = size
+
+    def _level(self, idx: int) -> int:
+        d = 0
+        while idx > 0:
+            idx = self.containers[idx].parent
+            d += 1
+        return d
 
 
-def _node_data(node: Node, key: str) -> dict[str, Any]:
+# ---------------------------------------------------------------------- the page's data
+def _json_float(x: float) -> float | str:
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return float(f"{x:.4g}")
+
+
+def _saved(s: SavedTensor) -> list[Any]:
+    return [s.name, s.shape, s.dtype, s.nbytes, s.storage, 1 if s.freed else 0]
+
+
+#: The forward arguments behind ``next_functions`` slots of a few common ops, from their ATen
+#: signatures (``addmm(self, mat1, mat2)``...); every other op: slot 0 is ``self``/``input``.
+_SLOTS = {
+    "AddmmBackward0": ("self", "mat1", "mat2"),
+    "MmBackward0": ("self", "mat2"),
+    "BmmBackward0": ("self", "mat2"),
+    "MulBackward0": ("self", "other"),
+    "DivBackward0": ("self", "other"),
+    "ConvolutionBackward0": ("input", "weight", "bias"),
+}
+_SIZES = re.compile(r"\(\s*(\d+\s*,?\s*)*\)")
+
+
+def _output_shapes(graph: Graph, index: dict[str, int]) -> list[list[int] | None]:
+    """Each node's forward output shape where the graph tells it: a tensor's own shape, an op's
+    saved ``result``, or what its consumer saved of that input (the tensor, or its
+    ``<name>_sym_sizes``) for the argument at the edge's slot; else None. An AccumulateGrad's is
+    its parameter's."""
+    shapes: list[list[int] | None] = [None] * len(graph.nodes)
+    for i, n in enumerate(graph.nodes):
+        if n.tensor is not None:
+            shapes[i] = list(n.tensor.shape)
+            continue
+        for s in n.saved:
+            if s.name == "result" and s.shape is not None:
+                shapes[i] = list(s.shape)
+                break
+    leaf_of = {}
+    for e in graph.edges:
+        dst = index[e.dst]
+        src = graph.nodes[index[e.src]]
+        if src.kind == "accumulate" and graph.nodes[dst].kind == "leaf":
+            leaf_of[index[e.src]] = dst
+        if shapes[dst] is not None or src.kind != "op" or e.kind != "grad":
+            continue
+        slots = _SLOTS.get(src.name, ("self|input",))
+        if e.input_nr >= len(slots):
+            continue
+        names = slots[e.input_nr].split("|")
+        saved = {s.name: s.shape for s in src.saved if s.shape is not None}
+        shape = next((saved[name] for name in names if name in saved), None)
+        if shape is None:
+            sizes = next((src.attrs[f"{name}_sym_sizes"] for name in names
+                          if f"{name}_sym_sizes" in src.attrs), None)
+            if sizes and _SIZES.fullmatch(sizes):
+                shape = [int(v) for v in re.findall(r"\d+", sizes)]
+        if shape is not None:
+            shapes[dst] = list(shape)
+    for acc, leaf in leaf_of.items():
+        if shapes[acc] is None:
+            shapes[acc] = shapes[leaf]
+    return shapes
+
+
+def _node_info(
+    node: Node, path: str | None, cpath: str, shape: list[int] | None, note: str | None,
+    root: str | None,
+) -> dict[str, Any]:
+    info: dict[str, Any] = {}
+    if node.saved:
+        info["s"] = [_saved(s) for s in node.saved]
     t = node.tensor
+    if t is not None:
+        info["t"] = [t.name, t.shape, t.dtype, t.device]
+    attrs = attr_entries(node) if node.kind in ("op", "accumulate") else {}
+    if node.kind == "custom":
+        attrs = dict(node.attrs)
+    attrs = {k: v for k, v in attrs.items() if v not in ("[saved tensor]", "[saved tensors]")}
+    if attrs:
+        info["a"] = attrs
+    if node.kind == "module":
+        box = node.box
+        info["box"] = ([box.cls, box.nodes, box.saved_bytes, box.repeat or 0] if box is not None
+                       else ["", 1, node.saved_bytes, 0])
+    if node.order is not None:
+        info["o"] = node.order
+    bad = node.nonfinite
+    if bad:
+        info["bad"] = bad
+        if node.first_nonfinite:
+            info["first"] = 1
+    if node.forward_nonfinite:
+        info["fwd"] = node.forward_nonfinite
+    if node.compiled is not None:
+        info["region"] = [node.compiled.ops, node.compiled.note]
+    where = node.created_at
+    if where:
+        info["at"] = short_location(where, root)
+    if node.view_base:
+        info["base"] = 1
+    if path is not None and path != cpath:
+        info["m"] = path
+    if shape is not None and node.kind not in ("leaf", "output"):
+        info["sh"] = shape
+    if note:
+        info["mem"] = note
+    return info
+
+
+def graph_data(
+    graph: Graph,
+    *,
+    depth: int | None = None,
+    full: bool = False,
+    fold: bool = True,
+    saved: bool = True,
+    notes: dict[str, str] | None = None,
+    root: str | Path | None = None,
+    budget: int = BUDGET,
+) -> dict[str, Any]:
+    """The JSON the page embeds (version 2: compact arrays, see ``viewer.js``)."""
+    b = _Builder(graph, fold)
+    root_dir = None if root is None else str(root)
+    shapes = _output_shapes(graph, b.index)
+    index = b.index
+    nodes = []
+    for i, n in enumerate(graph.nodes):
+        cidx = b.node_container[i]
+        cpath = b.containers[cidx].path
+        info = _node_info(n, b.paths[n.id], cpath, shapes[i],
+                          notes.get(n.id) if notes else None, root_dir)
+        row: list[Any] = [n.id, n.name, _KINDS.index(n.kind) if n.kind in _KINDS else 0, cidx]
+        if info:
+            row.append(info)
+        nodes.append(row)
+    edges = []
+    for e in graph.edges:
+        row = [index[e.src], index[e.dst]]
+        tail = [e.input_nr, _EDGE_KIND.get(e.kind, 1), e.count,
+                None if e.grad_norm is None else _json_float(e.grad_norm)]
+        while tail and tail[-1] == _EDGE_DEFAULTS[len(tail) - 1]:
+            tail.pop()
+        edges.append(row + tail)
+    containers = []
+    for c in b.containers:
+        row = [c.path, c.label, c.cls, _KIND_CODE[c.kind], c.parent, c.depth,
+               c.count, c.saved_bytes]
+        if c.kind == "fold":
+            rest = [k for m in c.members[1:] for k in b.subtree_nodes(m)]
+            row += [c.members, sum(graph.nodes[i].count for i in rest),
+                    saved_bytes_of([graph.nodes[i] for i in rest])]
+        containers.append(row)
+    first = next((index[n.id] for n in graph.nodes if n.first_nonfinite), -1)
     return {
-        "id": node.id,
-        "name": node.name,
-        "kind": node.kind,
-        "module": node.module,
-        "key": key,
-        "attrs": node.attrs,
-        "saved": [_saved(s) for s in node.saved],
-        "tensor": None if t is None else {"name": t.name, "shape": t.shape, "dtype": t.dtype,
-                                          "device": t.device},
-        "bytes": node.saved_bytes,
-        "order": node.order,
-        "created_at": node.created_at,
-        "nonfinite": node.nonfinite,
-        "first_nonfinite": node.first_nonfinite,
-        "view_base": node.view_base,
-        "box": None if node.box is None else {
-            "cls": node.box.cls, "nodes": node.box.nodes, "saved_bytes": node.box.saved_bytes,
-            "repeat": node.box.repeat,
-        },
-    }
-
-
-def _modules(graph: Graph, keys: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
-    """Every cluster path: its label, class, parent, node count and deduplicated saved bytes."""
-    members: dict[str, list[Node]] = {}
-    for node in graph.nodes:
-        lv = keys[node.id]
-        for d in range(1, len(lv) + 1):
-            members.setdefault(".".join(lv[:d]), []).append(node)
-    out: dict[str, dict[str, Any]] = {}
-    for key, group in members.items():
-        lv = levels(key)
-        out[key] = {
-            "label": lv[-1],
-            "cls": module_class(key, group),
-            "parent": ".".join(lv[:-1]),
-            "depth": len(lv),
-            "nodes": sum(n.count for n in group),
-            "bytes": saved_bytes_of(group),
-        }
-    return out
-
-
-def graph_data(graph: Graph, *, depth: int | None = None, max_nodes: int = 1500) -> dict[str, Any]:
-    """The JSON the page embeds: nodes, edges, modules and which modules start expanded."""
-    paths = node_paths(graph)
-    keys = {n.id: _cluster_key(n, paths[n.id]) for n in graph.nodes}
-    modules = _modules(graph, keys)
-    if depth is None:
-        depth = auto_depth(graph, max_nodes)
-    expanded = [k for k, m in modules.items() if depth is None or m["depth"] < depth]
-    return {
-        "nodes": [_node_data(n, ".".join(keys[n.id])) for n in graph.nodes],
-        "edges": [[e.src, e.dst, e.kind, e.count, e.input_nr] for e in graph.edges],
-        "roots": graph.roots,
-        "modules": modules,
-        "expanded": expanded,
+        "v": 2,
+        "nodes": nodes,
+        "edges": edges,
+        "containers": containers,
+        "roots": [index[r] for r in graph.roots if r in index],
+        "first": first,
         "summary": graph.summary(),
         "total_bytes": graph.saved_bytes(),
         "total_bytes_text": format_bytes(graph.saved_bytes()),
+        "options": {"depth": depth, "full": full, "saved": saved, "budget": budget,
+                    "chunk": CHUNK, "memory": bool(notes),
+                    "backward": any(n.order is not None for n in graph.nodes)},
+        "style": {"colors": {k: _css(v) for k, v in PAGE_COLORS.items()}, "norm": _norm_scale()},
     }
 
 
 def to_html(
-    graph: Graph, *, title: str = "gradscope graph", depth: int | None = None, max_nodes: int = 300
+    graph: Graph,
+    *,
+    title: str = "gradscope graph",
+    depth: int | None = None,
+    full: bool = False,
+    fold: bool = True,
+    saved: bool = True,
+    notes: dict[str, str] | None = None,
+    root: str | Path | None = None,
+    max_nodes: int = BUDGET,
 ) -> str:
     """One self-contained HTML page showing ``graph`` interactively (works offline).
 
     Args:
         graph: the graph; module paths (``gs.scopes``) give it collapsible clusters.
         title: the page title.
-        depth: modules deeper than this start collapsed; default: the deepest depth whose view
-            has at most ``max_nodes`` nodes (everything expanded when the graph fits).
-        max_nodes: the node budget of the first view when ``depth`` is not given (the page
-            lays the graph out itself, which takes seconds per thousand nodes, so the budget is
-            smaller than Graphviz's).
+        depth: modules at this depth and deeper start collapsed.
+        full: start with every module open and every repeat unfolded.
+        fold: show runs of identical layers as one drawn member and a summary (each can be
+            opened in the page); False draws every member.
+        saved: start with saved tensors drawn as orange boxes (a toggle in the page).
+        notes: an extra label line per node id, e.g. ``{"n3": "holds 2.0 KiB"}`` (``--memory``).
+        root: the model file's folder: forward-line locations are shown relative to it.
+        max_nodes: without ``depth`` or ``full``, open modules breadth-first while the first
+            view has at most this many boxes.
 
     Returns:
         The page as a string; write it to a ``.html`` file (``Graph.save("g.html")``).
@@ -136,14 +581,42 @@ def to_html(
         >>> page.startswith("<!DOCTYPE html>") and "MulBackward0" in page
         True
     """
-    data = json.dumps(graph_data(graph, depth=depth, max_nodes=max_nodes), separators=(",", ":"))
-    data = data.replace("<", "\\u003c")  # no "</script>" can end the data block early
+    data = graph_data(graph, depth=depth, full=full, fold=fold, saved=saved, notes=notes,
+                      root=root, budget=max_nodes)
+    # Nodes and edges go in blocks of PART rows, each parsed in its own task by the page, so
+    # no single JSON.parse of a 100,000-node graph holds the main thread.
+    parts = []
+    for kind in ("nodes", "edges"):
+        rows = data.pop(kind)
+        data["n_" + kind] = len(rows)
+        for start in range(0, len(rows), PART):
+            block = _json(rows[start:start + PART])
+            parts.append(f'<script type="application/json" class="gs-part" data-kind="{kind}">'
+                         f"{block}</script>")
     page = _asset("viewer.html")
     return (
         page.replace("{{TITLE}}", html.escape(title))
         .replace("/*{{DAGRE}}*/", _asset("dagre.min.js"))
+        .replace("/*{{LAYOUT}}*/", _asset("layout.js"))
         .replace("/*{{VIEWER}}*/", _asset("viewer.js"))
-        .replace("{{DATA}}", data)
+        .replace("{{DATA}}", _json(data))
+        .replace("<!--{{PARTS}}-->", "\n".join(parts))
+    )
+
+
+def _json(value: Any) -> str:
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return text.replace("<", "\\u003c")  # no "</script>" can end a data block early
+
+
+def to_notebook_html(graph: Graph, *, height: int = 600, **options: Any) -> str:
+    """The page in a sandboxed ``<iframe srcdoc>`` for notebooks (``Graph._repr_html_``): its
+    scripts run in their own document and it stays self-contained."""
+    page = to_html(graph, **options)
+    return (
+        f'<iframe sandbox="allow-scripts allow-downloads" srcdoc="{html.escape(page, quote=True)}"'
+        f' style="width:100%;height:{int(height)}px;border:1px solid #ccc"'
+        ' title="gradscope graph"></iframe>'
     )
 
 
@@ -151,11 +624,10 @@ def _render_html(graph: Graph, **options: Any) -> bytes:
     return to_html(graph, **options).encode("utf-8")
 
 
+#: What ``to_html`` takes; the CLI passes ``saved`` and ``notes`` to every format.
+HTML_OPTIONS = frozenset({"title", "depth", "full", "fold", "saved", "notes", "root", "max_nodes"})
+
 register_format(
-    OutputFormat(
-        "html",
-        _render_html,
-        frozenset({"title", "depth", "max_nodes"}),
-        "interactive page, self-contained and offline",
-    )
+    OutputFormat("html", _render_html, HTML_OPTIONS, "interactive page, self-contained and offline")
 )
+register_renderer("notebook_html", to_notebook_html)

@@ -11,11 +11,15 @@ from rich.text import Text
 
 from ..model.formats import register_renderer
 from ..model.graph import format_bytes
-from ..model.memory import Leak, LeakStep, MemoryReport
+from ..model.memory import Leak, LeakStep, MemoryReport, Split
 
 
 def render_memory(report: MemoryReport, *, depth: int | None = None, top: int = 20) -> Group:
     """A rich renderable: the summary, bytes per module (or per node), CUDA figures.
+
+    Rows are ranked by activation bytes (what only the graph holds; ``share`` is of all
+    activations); bytes of storages that alias parameters/inputs (and outputs, when there are
+    any) have their own columns, so a layer's weight does not pass for its activations.
 
     Args:
         report: what ``Graph.memory()`` or ``saved_memory`` measured.
@@ -26,16 +30,26 @@ def render_memory(report: MemoryReport, *, depth: int | None = None, top: int = 
     rows = _rows(report, depth)
     if rows:
         title = "module" if report.by_module and set(report.by_module) != {None} else "node"
+        outputs = any(sp.output for _, sp in rows)
         table = Table(title=None, box=None, pad_edge=False, show_edge=False)
         table.add_column(title)
-        table.add_column("saved", justify="right")
+        table.add_column("activations", justify="right")
         table.add_column("share", justify="right")
-        for label, n in rows[:top]:
-            share = f"{100.0 * n / report.total:.1f}%" if report.total else "-"
-            table.add_row(label, format_bytes(n), share)
+        table.add_column("params/inputs", justify="right")
+        if outputs:
+            table.add_column("outputs", justify="right")
+        total = report.activation_bytes
+
+        def cells(sp: Split) -> list[str]:
+            share = f"{100.0 * sp.activation / total:.1f}%" if total else "-"
+            out = [format_bytes(sp.activation), share, _bytes_or_dash(sp.leaf)]
+            return out + [_bytes_or_dash(sp.output)] if outputs else out
+
+        for label, sp in rows[:top]:
+            table.add_row(label, *cells(sp))
         if len(rows) > top:
-            rest = sum(n for _, n in rows[top:])
-            table.add_row(f"… {len(rows) - top} more", format_bytes(rest), "")
+            rest = Split(*(sum(col) for col in zip(*(sp for _, sp in rows[top:]))))
+            table.add_row(f"… {len(rows) - top} more", *cells(rest))
         parts.append(table)
     for snap in report.cuda:
         parts.append(
@@ -48,14 +62,21 @@ def render_memory(report: MemoryReport, *, depth: int | None = None, top: int = 
     return Group(*parts)
 
 
-def _rows(report: MemoryReport, depth: int | None) -> list[tuple[str, int]]:
+def _bytes_or_dash(n: int) -> str:
+    return format_bytes(n) if n else "-"
+
+
+def _rows(report: MemoryReport, depth: int | None) -> list[tuple[str, Split]]:
+    """(label, split) per module (or node), ranked by activation bytes, then alias bytes."""
     if report.by_module and set(report.by_module) != {None}:
-        items = report.module_bytes(depth).items()
-        rows = [("(outside modules)" if k is None else (k or "(root)"), n) for k, n in items]
+        items = report.module_split(depth).items()
+        rows = [("(outside modules)" if k is None else (k or "(root)"), sp) for k, sp in items]
     else:
         names = report.node_names
-        rows = [(f"{nid} {names.get(nid, '')}".rstrip(), n) for nid, n in report.by_node.items()]
-    return sorted((r for r in rows if r[1]), key=lambda r: -r[1])
+        rows = [(f"{nid} {names.get(nid, '')}".rstrip(), sp)
+                for nid, sp in report.node_split().items()]
+    return sorted((r for r in rows if r[1].total),
+                  key=lambda r: (-r[1].activation, -r[1].leaf - r[1].output))
 
 
 

@@ -16,6 +16,7 @@ from rich.console import Group
 from rich.text import Text
 
 from ..model.graph import Edge, Graph, Node, format_bytes
+from ..model.nodes import format_split
 from ..model.formats import register_renderer
 from .style import format_norm, norm_style, size_to_str
 
@@ -41,16 +42,21 @@ def _grad_text(edge: Edge | None) -> Text:
 
 
 def _module_text(node: Node) -> Text:
-    """A collapsed module box (``Graph.collapse``): path, class, node count, saved bytes."""
+    """A collapsed module box (``Graph.collapse``): path, class, node count, saved bytes
+    (activations apart from parameter/input aliases)."""
     text = Text(node.name or node.module or "", STYLES["module"])
     box = node.box
     cls = box.cls if box is not None else ""
     if cls:
         text.append(f" ({cls})", "yellow")
     text.append(f" · {box.nodes if box is not None else '?'} nodes", "dim")
-    nbytes = box.saved_bytes if box is not None else node.saved_bytes
-    if nbytes:
-        text.append(f"  saved {format_bytes(nbytes)}", "dim")
+    if box is not None and box.saved_bytes:  # activations apart from parameter aliases
+        text.append(
+            f"  saved {format_split(box.activation_bytes, box.leaf_bytes, box.output_bytes)}",
+            "dim",
+        )
+    elif box is None and node.saved_bytes:
+        text.append(f"  saved {format_bytes(node.saved_bytes)}", "dim")
     return text
 
 
@@ -111,6 +117,8 @@ def _label(node: Node, leaf: Node | None, ref: bool, edge: Edge | None = None) -
     if ref:
         text.append(" (shown above)", "dim")
         return text
+    if node.forward_nonfinite:
+        text.append(f"  ✗ {node.forward_nonfinite} first made here, in the forward", BAD)
     if bad:
         first = node.first_nonfinite
         text.append(f"  ✗ {'first ' if first else ''}{bad} gradient", BAD)
@@ -195,9 +203,17 @@ def _backward_header(graph: Graph) -> Text | None:
         f"backward: {len(ran)} nodes ran (#0 first); ‖∇‖ = norm of the gradient along each edge",
         "dim",
     )
+    origin = next((n for n in graph.nodes if n.forward_nonfinite), None)
+    if origin is not None:
+        text.append("\nthe forward already produced ", BAD)
+        where = f" in {origin.module}" if origin.module else ""
+        text.append(f"{origin.forward_nonfinite} at {origin.name} ({origin.id}){where}", BAD)
+        if origin.created_at:
+            text.append(f", created at {origin.created_at}", BAD)
     first = next((n for n in graph.nodes if n.first_nonfinite), None)
     if first is not None:
-        text.append("\nfirst non-finite gradient: ", BAD)
+        downstream = ", downstream of it" if origin is not None else ""
+        text.append(f"\nfirst non-finite gradient{downstream}: ", BAD)
         text.append(f"{first.nonfinite or 'nan'} from {first.name} ({first.id})", BAD)
         where = first.created_at
         if where:

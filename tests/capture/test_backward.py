@@ -488,3 +488,53 @@ def test_samples_render_through_the_cli(tmp_path, args):
         assert "MulBackward1" in text and "TanhBackwardBackward0" in text
     else:
         assert "AccumulateGrad" in text
+
+
+# ---------------------------------------------------------------------------- forward NaN
+def test_check_finite_names_the_first_non_finite_forward_op(monkeypatch):
+    """The first op whose output held a NaN, its module and line, with no host sync per op
+    (flags stay on the device) and one transfer when the block ends."""
+    mf = gs.load_model_file(SAMPLES / "nan_forward.py")
+    transfers = []
+    real_tolist, real_item = torch.Tensor.tolist, torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: transfers.append("tolist")
+                        or real_tolist(t))
+    monkeypatch.setattr(torch.Tensor, "item", lambda t: transfers.append("item") or real_item(t))
+    with gs.record_forward(check_finite=True) as fw:
+        fwd = mf.forward()
+        during = list(transfers)
+        loss = mf.loss(fwd.outputs)
+    monkeypatch.undo()
+    bad = fw.first_nonfinite
+    assert during == [] and transfers == ["tolist"]
+    assert bad is not None and bad.kind == "nan" and bad.node == "LogBackward0"
+    assert bad.module == "mid" and bad.op == "log"
+    assert bad.where.startswith("samples/nan_forward.py:") and "h.log()" in bad.where
+    assert bad.summary().startswith("the forward already produced nan at LogBackward0 in mid")
+    # ground truth: the same forward, op by op, by hand
+    h = fwd.model.mid.lin(torch.relu(fwd.model.inp(mf.get("example_input"))))
+    assert torch.isfinite(h).all() and not torch.isfinite(h.log()).all()
+    with gs.record_backward(loss, model=fwd.model) as rec:
+        loss.backward()
+    marked = [n for n in rec.graph.nodes if n.forward_nonfinite]
+    assert [(n.name, n.module, n.forward_nonfinite) for n in marked] == [
+        ("LogBackward0", "mid", "nan")]
+
+
+def test_check_finite_is_quiet_on_a_finite_forward_and_off_by_default():
+    x = torch.randn(4, requires_grad=True)
+    with gs.record_forward(check_finite=True) as fw:
+        (x.exp() * 2).sum()
+    assert fw.first_nonfinite is None
+    with gs.record_forward() as fw:
+        (x - 1e9).exp().log()  # -inf, but not asked for
+    assert fw.first_nonfinite is None
+
+
+def test_check_finite_reports_inf_and_ops_without_grad():
+    x = torch.tensor([1.0, 0.0])
+    with gs.record_forward(check_finite=True) as fw:
+        y = 1.0 / x  # no grad: still checked
+    assert fw.first_nonfinite.kind == "inf" and fw.first_nonfinite.node is None
+    assert "div" in fw.first_nonfinite.op
+    assert torch.isinf(y).any()

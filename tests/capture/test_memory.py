@@ -171,30 +171,37 @@ def test_memory_renders_as_a_table():
         nodes=[
             Node("n0", "MulBackward0", "op", module="enc.0", saved=[
                 SavedTensor("self", [256], "float32", "cpu", 1024, "s0"),
+                SavedTensor("other", [512], "float32", "cpu", 2048, "s2"),  # the weight w
             ]),
             Node("n1", "ExpBackward0", "op", module="enc.1", saved=[
                 SavedTensor("result", [768], "float32", "cpu", 3072, "s1"),
             ]),
+            Node("n2", "AccumulateGrad", "accumulate", module="enc.0"),
+            Node("n3", "w", "leaf", tensor=TensorInfo("w", [512], "float32", "cpu", "s2")),
         ],
-        edges=[Edge("n0", "n1", 0)],
+        edges=[Edge("n0", "n1", 0), Edge("n0", "n2", 1), Edge("n2", "n3", 0)],
         roots=["n0"],
     )
     console = Console(width=100, color_system=None, record=True)
     console.print(g.memory())
     text = console.export_text()
+    # ranked by activations: enc.0 holds more bytes, but most of them are its weight
     assert text.splitlines() == [
-        "saved tensors hold 4.0 KiB in 2 storages: 4.0 KiB activations (held only by the graph), "
-        "0 B alias ",
-        "leaves (parameters, inputs), 0 B alias outputs",
-        "module    saved  share",
-        "enc.1   3.0 KiB  75.0%",
-        "enc.0   1.0 KiB  25.0%",
+        "saved tensors hold 4.0 KiB of activations in 2 storages (held only by the graph), "
+        "2.0 KiB aliasing ",
+        "parameters/inputs (alive without the graph too); 6.0 KiB in 3 storages in all",
+        "module  activations  share  params/inputs",
+        "enc.1       3.0 KiB  75.0%              -",
+        "enc.0       1.0 KiB  25.0%        2.0 KiB",
     ]
     console = Console(width=100, color_system=None, record=True)
     console.print(g.memory().render(depth=0))  # depth 0: everything in the root module
-    assert "4.0 KiB  100.0%" in console.export_text()
+    assert "4.0 KiB  100.0%        2.0 KiB" in console.export_text()
     # depth counts levels as Graph.collapse does: enc.0 is one level (index with container)
-    assert g.memory().module_bytes(1) == {"enc.0": 1024, "enc.1": 3072}
+    assert g.memory().module_bytes(1) == {"enc.0": 3072, "enc.1": 3072}
+    assert g.memory().node_labels() == {
+        "n0": "1.0 KiB activations + 2.0 KiB params/inputs", "n1": "3.0 KiB activations"
+    }
 
 
 # ---------------------------------------------------------------------- live accounting

@@ -9,12 +9,15 @@ from conftest import SAMPLES, run_cli
 # sample -> (CLI arguments after the file, expected exit code, text the output must contain)
 CASES: dict[str, tuple[list[str], int, str]] = {
     "mlp": (["tree", "{f}", "--backward"], 0, "AccumulateGrad ← fc1.weight"),
+    "compiled": (["tree", "{f}"], 0, "aten.threshold_backward.default"),
     "cnn": (["render", "{f}", "-o", "{tmp}/cnn.svg"], 0, "wrote"),
     "transformer": (["render", "{f}", "--depth", "1", "-o", "{tmp}/t.dot"], 0, "wrote"),
     "custom_function": (["check", "{f}:ScaledTanh"], 0, "ScaledTanh"),
     "functions": (["check", "{f}:WrongClippedReLU", "--no-double"], 1, "input 0"),
     "double_backward": (["tree", "{f}"], 0, "MulBackward1"),
     "nan_backward": (["render", "{f}", "--backward", "-o", "{tmp}/n.dot"], 1, "SqrtBackward0"),
+    "nan_forward": (["tree", "{f}", "--backward"], 1,
+                    "the forward already produced nan at LogBackward0 in mid"),
     "inf_backward": (["tree", "{f}", "--backward"], 1, "inf"),
     "deep_encoder": (["render", "{f}", "-o", "{tmp}/deep.svg"], 0, "x64"),
     "checkpointing": (["tree", "{f}", "--depth", "1"], 0, "saved tensors hold"),

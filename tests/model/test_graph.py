@@ -42,7 +42,7 @@ def test_round_trip_after_backward_and_with_annotations():
 def test_schema_matches_the_design():
     g = gs.trace(*ALL["mlp"]())
     d = json.loads(g.to_json())
-    assert d["gradscope"] == 2
+    assert d["gradscope"] == 3
     assert set(d) == {"gradscope", "roots", "nodes", "edges"}
     node = next(n for n in d["nodes"] if n["saved"])
     assert set(node) == {"id", "name", "kind", "module", "attrs", "saved", "tensor"}

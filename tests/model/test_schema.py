@@ -80,13 +80,20 @@ def test_round_trip_of_every_typed_field():
                     nonfinite="nan", first_nonfinite=True),
             gs.Node("m0", "enc x4", "module", module="enc",
                     box=gs.Box("Enc", 12, 4096, repeat=4)),
+            gs.Node("m1", "head", "module", module="head",
+                    box=gs.Box("Linear", 3, 640, leaf_bytes=512, output_bytes=64,
+                               aliases={"s1": "leaf", "s2": "output"})),
         ],
-        edges=[gs.Edge("n0", "n1", 0, grad_norm=float("inf")), gs.Edge("n1", "m0", 1, count=3)],
+        edges=[gs.Edge("n0", "n1", 0, grad_norm=float("inf")), gs.Edge("n1", "m0", 1, count=3),
+               gs.Edge("m0", "m1", 0)],
         roots=["n0"],
     )
     back = gs.Graph.from_json(g.to_json())
     assert back == g
     assert back.nodes[2].box == gs.Box("Enc", 12, 4096, 4)
+    assert back.nodes[3].box.activation_bytes == 64
+    assert '"aliases": {"s1": "leaf", "s2": "output"}' in g.to_json()
+    assert '"leaf_bytes"' not in g.to_json().splitlines()[4]  # optional keys: only when set
 
 
 def test_bytes_and_paths_load_too(tmp_path):
@@ -127,6 +134,18 @@ def _doc() -> dict:
          'nodes[0].first_nonfinite: expected true or false, got "true"'),
         (lambda d: d["nodes"][0].update(box={"cls": "X", "nodes": "3", "saved_bytes": 0}),
          'nodes[0].box.nodes: expected an integer, got "3"'),
+        (lambda d: d["nodes"][0].update(box={"cls": "X", "nodes": 3, "saved_bytes": 8,
+                                             "leaf_bytes": -1}),
+         "nodes[0].box.leaf_bytes: expected an integer >= 0, got -1"),
+        (lambda d: d["nodes"][0].update(box={"cls": "X", "nodes": 3, "saved_bytes": 8,
+                                             "leaf_bytes": 8, "output_bytes": 4}),
+         "nodes[0].box: leaf_bytes + output_bytes (12) exceed saved_bytes (8)"),
+        (lambda d: d["nodes"][0].update(box={"cls": "X", "nodes": 3, "saved_bytes": 8,
+                                             "aliases": {"s0": "param"}}),
+         'nodes[0].box.aliases["s0"]: expected "leaf" or "output", got "param"'),
+        (lambda d: d["nodes"][0].update(box={"cls": "X", "nodes": 3, "saved_bytes": 8,
+                                             "aliases": ["s0"]}),
+         "nodes[0].box.aliases: expected an object, got list"),
     ],
 )
 def test_invalid_documents_name_the_json_path(mutate, message):

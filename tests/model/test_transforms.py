@@ -11,7 +11,7 @@ from torch import nn
 import gradscope as gs
 from gradscope.errors import ViewError
 from gradscope.model.paths import levels
-from gradscope.model.transforms import auto_depth, collapse, collapsed_size, fold
+from gradscope.model.transforms import auto_depth, collapse, collapsed_size, fold, fold_runs
 
 
 def traced(sample: str) -> tuple[gs.Graph, nn.Module]:
@@ -151,3 +151,59 @@ def test_class_names_survive_json() -> None:
     modules = dict(model.named_modules())
     boxes = [n for n in again.collapse(2).nodes if n.kind == "module"]
     assert boxes and all(b.box.cls == type(modules[b.module]).__name__ for b in boxes)
+
+
+def test_fold_keeping_the_first_member(deep: tuple[gs.Graph, nn.Module]) -> None:
+    graph, model = deep
+    view = fold(graph, keep_first=True)
+    boxes = [n for n in view.nodes if n.kind == "module"]
+    assert [(b.name, b.box.repeat, b.box.shown) for b in boxes] == [
+        ("encoder.layers.0-63 x64", 64, "encoder.layers.0")
+    ]
+    # layer 0 is kept node for node; the box stands for the other 63 (and nothing is lost)
+    kept = [n for n in view.nodes if n.kind != "module" and (n.module or "").startswith(
+        "encoder.layers.0")]
+    in_layer0 = [n for n in graph.nodes if (n.module or "").startswith("encoder.layers.0")
+                 and (n.module == "encoder.layers.0" or n.module.startswith("encoder.layers.0."))]
+    assert {n.id for n in kept} == {n.id for n in in_layer0}
+    assert total_nodes(view) == len(graph.nodes)
+    assert view.saved_bytes() == graph.saved_bytes()
+    # the gradient from layer 1 into layer 0 now comes from the box
+    assert any(e.src == boxes[0].id and e.dst in {n.id for n in kept} for e in view.edges)
+
+
+def test_fold_runs(deep: tuple[gs.Graph, nn.Module]) -> None:
+    graph, model = deep
+    runs = fold_runs(graph)
+    assert [(r.path, r.name, r.repeat, r.cls) for r in runs] == [
+        ("encoder.layers.0-63", "encoder.layers.0-63 x64", 64, "TransformerEncoderLayer")
+    ]
+    assert runs[0].members == tuple(f"encoder.layers.{i}" for i in range(64))
+    with pytest.raises(ViewError, match="inside must be"):
+        fold_runs(graph, inside="some")
+
+
+def test_nested_runs_inside_a_fold() -> None:
+    """Runs inside a run's members: searched in the first member only, or in all of them."""
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.heads = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for h in self.heads:
+                x = h(x)
+            return x
+
+    net = nn.Sequential(Block(), Block())
+    with gs.scopes(net):
+        out = net(torch.randn(2, 4, requires_grad=True))
+    graph = gs.trace(out, model=net)
+    assert [r.name for r in fold_runs(graph)] == ["0-1 x2"]
+    assert [r.name for r in fold_runs(graph, inside="first")] == ["0-1 x2", "0.heads.0-2 x3"]
+    names = sorted(r.name for r in fold_runs(graph, inside="all"))
+    assert names == ["0-1 x2", "0.heads.0-2 x3", "1.heads.0-2 x3"]
+    view = fold(graph, keep_first=True)
+    shown = sorted(n.box.shown for n in view.nodes if n.kind == "module")
+    assert shown == ["0", "0.heads.0"]
+    assert total_nodes(view) == len(graph.nodes)

@@ -95,8 +95,12 @@ def test_tree_max_lines():
     y = x
     for _ in range(50):
         y = y.sin()
-    text = tree_text(gs.trace(y), max_lines=10)
-    assert "more nodes not shown" in text and len(text.splitlines()) == 12
+    graph = gs.trace(y)
+    lines = tree_text(graph, max_lines=10).splitlines()
+    assert lines[-1] == "… 42 more nodes not shown (raise --max-lines)"
+    # 10 lines of tree, after the summary (which may wrap at 100 columns)
+    assert "".join(lines[:-11]).rstrip() == graph.summary()
+    assert [line.split()[0] for line in lines[-11:-1]] == ["output"] + ["SinBackward0"] * 9
 
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="needs the Graphviz binary")
@@ -128,6 +132,9 @@ def test_structured_dot_goldens(golden, monkeypatch):
     golden("net_clusters.dot", graph.to_dot())
     golden("net_depth1.dot", graph.collapse(1).to_dot())
     golden("net_folded.dot", graph.fold().to_dot())
+    # the CLI's default picture of a folded graph: one member drawn, the legend under it
+    view, _ = gs.readable_view(graph, fold_repeats=True)
+    golden("net_readable.dot", view.to_dot(legend=True))
     with gs.record_backward(loss, model=net) as rec:
         loss.backward()
     golden("net_backward.dot", rec.graph.to_dot(saved=False))
@@ -142,3 +149,6 @@ def test_html_data_block_golden(golden):
     import json
 
     golden("net_folded.html-data.json", json.dumps(data, indent=1, sort_keys=True) + "\n")
+    # the page of the whole graph: containers for the modules, a fold of the 4 blocks
+    data = graph_data(graph)
+    golden("net.html-data.json", json.dumps(data, indent=1, sort_keys=True) + "\n")

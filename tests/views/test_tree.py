@@ -81,13 +81,18 @@ def test_module_boxes_show_class_count_and_bytes():
             gs.Node("n0", "output", "output", tensor=gs.TensorInfo("output", [], "float32", "cpu")),
             gs.Node("m0", "encoder.layers", "module", module="encoder.layers",
                     box=gs.Box("ModuleList", 12, 3072), order=0),
+            gs.Node("m1", "embed", "module", module="embed",
+                    box=gs.Box("Embedding", 3, 5120, leaf_bytes=4096, output_bytes=512)),
         ],
-        edges=[gs.Edge("n0", "m0", 0, grad_norm=2.5)],
+        edges=[gs.Edge("n0", "m0", 0, grad_norm=2.5), gs.Edge("m0", "m1", 0)],
         roots=["n0"],
     )
     lines = tree_text(graph).splitlines()
-    expected = "#0 encoder.layers (ModuleList) · 12 nodes  saved 3.0 KiB  m0  ‖∇‖ 2.50e+00"
-    assert lines[-1] == expected
+    assert lines[-2:] == [
+        "#0 encoder.layers (ModuleList) · 12 nodes  saved 3.0 KiB activations  m0  ‖∇‖ 2.50e+00",
+        "embed (Embedding) · 3 nodes  saved 512 B activations + 4.0 KiB params/inputs + 512 B "
+        "outputs  m1",
+    ]
 
 
 def test_deferred_statistics_match_immediate_ones(monkeypatch):

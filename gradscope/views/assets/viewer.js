@@ -1,40 +1,127 @@
-// gradscope's HTML viewer: lays out the visible part of the graph with dagre (vendored, see
-// README.md here) and draws it as SVG. State: the set of expanded module paths; a node inside a
-// collapsed module is drawn as that module's box.
+// gradscope's HTML viewer. The graph is a tree of containers (modules, folds of repeated
+// layers, chunks of long runs); an open container is laid out on its own (layout.js, in a Web
+// Worker) with its open children as boxes of known size, and everything is drawn on a canvas,
+// culled to the viewport. window.gradscope is the scripting interface (README: "The HTML page").
 (function () {
   "use strict";
+  const T = { start: performance.now() };
   const D = JSON.parse(document.getElementById("gs-data").textContent);
-  const NS = "http://www.w3.org/2000/svg";
-  const byId = new Map(D.nodes.map((n) => [n.id, n]));
-  const mods = D.modules;
-  const expanded = new Set(D.expanded);
-  const svg = document.getElementById("graph");
-  const viewport = document.getElementById("viewport");
-  const details = document.getElementById("details");
-  const results = document.getElementById("results");
-  const search = document.getElementById("search");
-  const status = document.getElementById("status");
-  const COLORS = {
-    op: "#d3d3d3", accumulate: "#d3d3d3", custom: "#ffbbff", leaf: "#add8e6",
-    output: "#caff70", module: "#ffffe0", folded: "#ffec8b", base: "#a2cd5a",
-  };
-  let view = { x: 0, y: 0, k: 1 };
-  let layoutSize = { width: 1, height: 1 };
-  let selected = null;
-  const chains = new Map();
+  T.parsed = performance.now();
+  const COLORS = D.style.colors;
+  const NORM = D.style.norm;
+  const OPT = D.options;
+  const KINDS = ["op", "custom", "accumulate", "leaf", "output", "module"];
+  const $ = (id) => document.getElementById(id);
+  const canvas = $("graph"), ctx = canvas.getContext("2d");
+  const detailsEl = $("details"), resultsEl = $("results"), searchEl = $("search");
+  const statusEl = $("status"), progressEl = $("progress"), noteEl = $("note");
 
-  // ------------------------------------------------------------------ visible graph
-  function chainOf(key) {
-    const out = [];
-    while (key) { out.push(key); key = mods[key].parent; }
-    return out.reverse();
+  // ------------------------------------------------------------------ the data
+  // The header (containers, options) is one JSON block; nodes and edges come in blocks of
+  // rows (class gs-part), each parsed in its own task so a big graph never blocks the page.
+  const N = D.n_nodes, E = D.n_edges;
+  const nodeId = new Array(N), nodeName = new Array(N), nodeKind = new Uint8Array(N);
+  const nodeC = new Int32Array(N), nodeInfo = new Array(N);
+  const idIndex = new Map();
+  const eSrc = new Int32Array(E), eDst = new Int32Array(E), eNr = new Int32Array(E);
+  const eView = new Uint8Array(E), eCount = new Int32Array(E), eNorm = new Array(E);
+  const tick = () => new Promise((r) => setTimeout(r, 0)); // lets timers, input and paint run
+  async function loadParts() {
+    // the blocks follow this script: the HTML parser reads them in its own slices of time
+    if (document.readyState === "loading") await new Promise((r) => document.addEventListener("DOMContentLoaded", r));
+    await tick();
+    buildContainers();
+    let i = 0, k = 0;
+    for (const el of document.querySelectorAll("script.gs-part")) {
+      await tick();
+      const rows = JSON.parse(el.textContent);
+      if (el.dataset.kind === "nodes") {
+        for (const r of rows) {
+          nodeId[i] = r[0]; nodeName[i] = r[1]; nodeKind[i] = r[2]; nodeC[i] = r[3];
+          nodeInfo[i] = r[4] || null;
+          idIndex.set(r[0], i);
+          i++;
+        }
+      } else {
+        for (const r of rows) {
+          eSrc[k] = r[0]; eDst[k] = r[1]; eNr[k] = r[2] || 0; eView[k] = r[3] || 0;
+          eCount[k] = r[4] === undefined ? 1 : r[4];
+          eNorm[k] = r[5] === undefined ? null : r[5];
+          k++;
+        }
+      }
+    }
+    if (i !== N || k !== E) throw new Error("the page's data is incomplete: " + i + " of " + N + " nodes, " + k + " of " + E + " edges");
+    for (let n = 0; n < N; n++) C[nodeC[n]].nodes.push(n);
   }
-  function rep(node) { // [visible id, cluster it is drawn in]
-    let chain = chains.get(node.id);
-    if (!chain) { chain = chainOf(node.key); chains.set(node.id, chain); }
-    for (const key of chain) if (!expanded.has(key)) return ["box:" + key, mods[key].parent];
-    return [node.id, node.key];
+  const M = D.containers.length;
+  const C = new Array(M); // filled by buildContainers, in a task of its own
+  const ORDER = []; // containers, parents first
+  const byPath = new Map();
+  function buildContainers() {
+    D.containers.forEach((r, j) => {
+      C[j] = {
+        j, path: r[0], label: r[1], cls: r[2], kind: r[3], parent: r[4], depth: r[5],
+        count: r[6], bytes: r[7], members: r[8] || null, sumCount: r[9] || 0, sumBytes: r[10] || 0,
+        kids: [], nodes: [], fold: -1, level: 0,
+      };
+    });
+    for (const c of C) if (c.parent >= 0) C[c.parent].kids.push(c.j);
+    ORDER.push(0);
+    for (let q = 0; q < ORDER.length; q++) { // breadth-first (an index, not Array.shift: O(n))
+      const j = ORDER[q];
+      for (const k of C[j].kids) { C[k].level = C[j].level + 1; ORDER.push(k); }
+    }
+    for (const c of C) if (c.kind === "f") for (const m of c.members) C[m].fold = c.j;
+    for (const c of C) if (c.kind !== "k" && !byPath.has(c.path)) byPath.set(c.path, c.j);
+    for (const c of C) if (c.kind === "f") byPath.set(c.path, c.j); // a fold's path is its own
+    T.containers = performance.now();
   }
+
+  // ------------------------------------------------------------------ state
+  const expanded = new Uint8Array(M); // open containers (the root is always open)
+  const unfolded = new Uint8Array(M); // folds drawn member by member
+  expanded[0] = 1;
+  const toggles = { saved: !!OPT.saved, shapes: false, legend: true, minimap: true, pathOnly: false };
+  let selected = -1; // a visible item key (see below)
+  let userMoved = false; // until the user pans or zooms, a resize shows the first view again
+  let matches = new Set();
+
+  // Visible item keys: node i -> i; container j as a box or open frame -> N + j; the summary of
+  // fold j -> N + M + j.
+  const BOX = N, SUM = N + M;
+  const IN = -1, OUT = -2, ROUTE = 2 ** 24; // ports, and the base of a route's numeric key
+  const status = new Int32Array(M); // -1: open; else the key of the item that stands for it
+  const drawnParent = new Int32Array(M); // the open container a drawn container sits in
+
+  function computeStatus() {
+    for (const j of ORDER) {
+      const c = C[j];
+      if (j === 0) { status[0] = -1; drawnParent[0] = -1; continue; }
+      const f = c.fold;
+      if (f >= 0 && status[f] === -1 && !unfolded[f]) {
+        if (C[f].members[0] === j) {
+          status[j] = expanded[j] ? -1 : BOX + j; drawnParent[j] = f;
+        } else status[j] = SUM + f;
+        continue;
+      }
+      const p = c.parent;
+      if (status[p] !== -1) { status[j] = status[p]; continue; }
+      if (C[p].kind === "f" && !unfolded[p]) { status[j] = SUM + p; continue; } // a chunk of it
+      status[j] = expanded[j] ? -1 : BOX + j;
+      drawnParent[j] = p;
+    }
+  }
+  function visOf(i) { const s = status[nodeC[i]]; return s === -1 ? i : s; }
+  function containerOfItem(key) { // the open container an item is drawn in
+    if (key < N) return nodeC[key];
+    if (key < SUM) return drawnParent[key - BOX];
+    return C[key - SUM].j; // a summary sits inside its (open) fold
+  }
+
+  // ------------------------------------------------------------------ labels and sizes
+  let CW = 6.6; const LH = 13, FONT = "11px ui-monospace, SFMono-Regular, Menlo, monospace";
+  const PAD = [8, 22, 8, 8]; // an open container's frame: left, top (title), right, bottom
   function fmtBytes(n) {
     if (n < 1024) return n + " B";
     const units = ["KiB", "MiB", "GiB", "TiB"];
@@ -42,281 +129,1325 @@
     do { n /= 1024; i++; } while (n >= 1024 && i < units.length - 1);
     return n.toFixed(1) + " " + units[i];
   }
-  function shape(s) { return s ? "(" + s.join(", ") + ")" : "(?)"; }
-  function labelOf(v) {
-    if (v.key) {
-      const m = mods[v.key];
-      return [v.key, (m.cls ? m.cls + " · " : "") + m.nodes + " nodes", "saved " + fmtBytes(m.bytes)];
+  function shapeText(s) { return s ? "(" + s.join(", ") + ")" : "(?)"; }
+  function wrap(text, width) {
+    const out = [];
+    let line = "";
+    for (const word of text.split(/(\s+)/)) {
+      if ((line + word).length > width && line.trim()) { out.push(line.trimEnd()); line = word.trimStart(); }
+      else line += word;
+      while (line.length > width) { out.push(line.slice(0, width)); line = line.slice(width); }
     }
-    const n = v.node;
-    if (n.kind === "leaf" || n.kind === "output") return [n.name || n.kind, n.tensor ? shape(n.tensor.shape) : ""];
-    if (n.kind === "module") {
-      return [n.name, (n.box.cls ? n.box.cls + " · " : "") + n.box.nodes + " nodes",
-              "saved " + fmtBytes(Number(n.box.saved_bytes || 0))];
-    }
-    return n.kind === "custom" ? [n.name, "(custom Function)"] : [n.name];
+    if (line.trim()) out.push(line.trimEnd());
+    return out;
   }
-  function colorOf(v) {
-    if (v.key) return COLORS.module;
-    const n = v.node;
-    if (n.kind === "module") return n.box && n.box.repeat ? COLORS.folded : COLORS.module;
-    if (n.kind === "output" && n.view_base) return COLORS.base;
-    return COLORS[n.kind] || COLORS.op;
+  function locationLines(at) {
+    const m = /^(.*?:\d+):\s?(.*)$/s.exec(at);
+    return m ? [m[1] + ":", ...wrap(m[2], 40)] : wrap(at, 40);
+  }
+  function modulePathOf(i) {
+    const info = nodeInfo[i];
+    if (info && info.m) return info.m;
+    let j = nodeC[i];
+    while (j > 0 && C[j].kind === "k") j = C[j].parent;
+    return C[j].path;
+  }
+  function leafLabel(i) {
+    const name = nodeName[i] || KINDS[nodeKind[i]];
+    const path = modulePathOf(i);
+    return path && name.startsWith(path + ".") ? name.slice(path.length + 1) : name;
+  }
+  function nodeLines(i) {
+    const kind = KINDS[nodeKind[i]], info = nodeInfo[i] || {};
+    if (kind === "leaf" || kind === "output") {
+      const lines = [leafLabel(i), info.t ? shapeText(info.t[1]) : ""];
+      if (info.mem) lines.push(info.mem);
+      return lines;
+    }
+    if (kind === "module") {
+      const b = info.box || ["", 0, 0, 0];
+      return [nodeName[i], (b[0] ? b[0] + " · " : "") + b[1] + " nodes", "saved " + fmtBytes(b[2])];
+    }
+    const lines = [(info.o !== undefined ? "#" + info.o + " " : "") + nodeName[i]];
+    if (kind === "custom") lines.push("(custom Function)");
+    if (toggles.shapes && info.sh) lines.push("→ " + shapeText(info.sh));
+    if (info.mem) lines.push(info.mem);
+    if (info.fwd) lines.push(info.fwd + " first made here, in the forward");
+    if (info.bad) {
+      lines.push((info.first ? "first " : "") + info.bad + " gradient");
+      if (info.at && info.first) lines.push(...locationLines(info.at));
+    }
+    return lines;
+  }
+  function boxLines(j) {
+    const c = C[j];
+    if (c.kind === "k") return [c.label, c.count + " nodes (a run, opened in parts)"];
+    const head = c.kind === "f" ? c.label + " (" + c.members.length + " alike)" : c.label;
+    return [head, (c.cls ? c.cls + " · " : "") + c.count + " nodes", "saved " + fmtBytes(c.bytes)];
+  }
+  function summaryLines(f) {
+    const c = C[f], first = C[c.members[0]].label, last = C[c.members[c.members.length - 1]].label;
+    const rest = c.members.length - 1;
+    const range = rest === 1 ? last : C[c.members[1]].label + " … " + last;
+    return [range + " ×" + rest, "like " + first + " · " + c.sumCount + " nodes",
+            "saved " + fmtBytes(c.sumBytes) + " · click to open"];
+  }
+  function frameTitle(j) {
+    const c = C[j];
+    if (j === 0) return "";
+    if (c.kind === "f") return "− " + c.label + ": " + (c.cls || "?") + " — " + C[c.members[0]].label +
+      " drawn, " + (c.members.length - 1) + " alike summarised";
+    if (c.kind === "k") return "− " + c.label + " (" + c.count + " nodes)";
+    return "− " + c.label + (c.cls ? ": " + c.cls : "");
+  }
+  function savedBoxes(i) { // [lines, w] of each saved tensor drawn next to its node
+    const info = nodeInfo[i];
+    if (!toggles.saved || !info || !info.s || KINDS[nodeKind[i]] === "module") return null;
+    return info.s.map((s) => {
+      const lines = [s[0], s[5] ? "freed" : shapeText(s[1])];
+      return { lines, w: 10 + CW * Math.max(...lines.map((l) => l.length)), freed: !!s[5] };
+    });
+  }
+  function textWidth(lines) { return 12 + CW * Math.max(1, ...lines.map((l) => l.length)); }
+
+  // ------------------------------------------------------------------ the visible graph
+  // Returns {items: Map key -> item, open: [container j, parents first], edges: [...]}.
+  const labelCache = new Array(N); // a node's lines and widths, until a toggle changes them
+  let labelState = 0;
+  function buildView() {
+    computeStatus();
+    const items = new Map();
+    const open = [];
+    for (const j of ORDER) if (status[j] === -1) open.push(j);
+    const direct = new Map(open.map((j) => [j, []])); // open container -> item keys in it
+    function add(key, parent) {
+      if (items.has(key)) return;
+      const it = { key, parent, x: 0, y: 0 };
+      if (key < N) {
+        let lab = labelCache[key];
+        if (!lab || lab.state !== labelState) {
+          const lines = nodeLines(key);
+          lab = labelCache[key] = { state: labelState, lines, cw: textWidth(lines), saved: savedBoxes(key) };
+        }
+        it.lines = lab.lines;
+        it.cw = lab.cw;
+        it.saved = lab.saved;
+        it.w = it.cw + (it.saved ? it.saved.reduce((a, s) => a + s.w + 4, 6) : 0);
+        it.h = 6 + LH * it.lines.length;
+        if (it.saved) it.h = Math.max(it.h, 6 + LH * 2);
+      } else if (key < SUM) {
+        const j = key - BOX;
+        it.open = status[j] === -1;
+        if (!it.open) { it.lines = boxLines(j); it.cw = it.w = textWidth(it.lines); it.h = 8 + LH * it.lines.length; }
+      } else {
+        it.lines = summaryLines(key - SUM);
+        it.cw = it.w = textWidth(it.lines); it.h = 8 + LH * it.lines.length;
+      }
+      items.set(key, it);
+      direct.get(parent).push(key);
+    }
+    for (const j of open) {
+      if (j === 0) continue;
+      add(BOX + j, drawnParent[j]);
+    }
+    for (let i = 0; i < N; i++) {
+      const s = status[nodeC[i]];
+      if (s === -1) add(i, nodeC[i]);
+      else if (s < SUM) add(s, drawnParent[s - BOX]);
+      else add(s, s - SUM);
+    }
+    // edges between visible items, merged; each routed in the open container that holds both
+    const merged = new Map();
+    for (let k = 0; k < E; k++) {
+      const a = visOf(eDst[k]), b = visOf(eSrc[k]); // drawn forward: input -> consumer
+      if (a === b) continue;
+      const id = a * 4294967296 + b;
+      const m = merged.get(id);
+      if (m) { m.count += eCount[k]; m.norm = null; m.view = m.view && eView[k]; m.edges.push(k); }
+      else merged.set(id, { a, b, count: eCount[k], norm: eNorm[k], view: !!eView[k], edges: [k] });
+    }
+    const level = new Int32Array(M); // depth of each open container in the drawn tree
+    for (const j of open) level[j] = j === 0 ? 0 : level[drawnParent[j]] + 1;
+    // An edge is routed in every open container it crosses: from its start to the container's
+    // exit port (OUT, at the bottom of that container's layout), in the container holding both
+    // ends, then from each entry port (IN, at the top) to its end: so no segment cuts straight
+    // through an open module's contents.
+    const routes = new Map(open.map((j) => [j, new Map()])); // container -> "a,b" -> index
+    const route = (j, a, b) => { // a, b: item keys, or IN / OUT (the ports)
+      const r = routes.get(j), rk = (a + 2) * ROUTE + (b + 2);
+      let n = r.get(rk);
+      if (n === undefined) { n = r.size; r.set(rk, n); }
+      return n;
+    };
+    const edges = [];
+    for (const e of merged.values()) {
+      let ca = e.a, cb = e.b;
+      let pa = containerOfItem(ca), pb = containerOfItem(cb);
+      const up = [], down = [];
+      while (pa !== pb) {
+        if (level[pa] >= level[pb]) { up.push(pa, route(pa, ca, OUT)); ca = BOX + pa; pa = drawnParent[pa]; }
+        else { down.push(pb, route(pb, IN, cb)); cb = BOX + pb; pb = drawnParent[pb]; }
+      }
+      e.lca = pa; e.ca = ca; e.cb = cb;
+      e.route = route(pa, ca, cb);
+      e.up = up; e.down = down; // [container, route index, ...], innermost first
+      edges.push(e);
+    }
+    return { items, open, direct, routes, edges };
   }
 
-  function visibleGraph() {
-    const vis = new Map();
-    for (const n of D.nodes) {
-      const [vid, cluster] = rep(n);
-      if (!vis.has(vid)) {
-        const isBox = vid.startsWith("box:");
-        vis.set(vid, { id: vid, cluster, node: isBox ? null : n, key: isBox ? vid.slice(4) : null });
+  // Layout jobs in post-order (children first); job.key is the container it lays out.
+  function makeJobs(view) {
+    const jobs = [], jobOf = new Map();
+    const post = view.open.slice().reverse(); // ORDER is parents-first: reversed, children first
+    for (const j of post) {
+      const keys = view.direct.get(j);
+      const index = new Map(keys.map((k, n) => [k, n]));
+      const w = [], h = [], c = [];
+      keys.forEach((k, n) => {
+        const it = view.items.get(k);
+        if (it.open) { w.push(0); h.push(0); c.push(n, jobOf.get(k - BOX)); }
+        else { w.push(it.w); h.push(it.h); }
+      });
+      const e = [];
+      const port = [-1, -1]; // IN, OUT
+      const at = (k) => {
+        if (k >= 0) return index.get(k);
+        const q = k === IN ? 0 : 1;
+        if (port[q] < 0) { port[q] = w.length; w.push(1); h.push(1); } // a port: a 1 px node
+        return port[q];
+      };
+      for (const rk of view.routes.get(j).keys()) {
+        const a = Math.floor(rk / ROUTE) - 2, b = (rk % ROUTE) - 2;
+        e.push(at(a), at(b));
+      }
+      jobOf.set(j, jobs.length);
+      jobs.push({ w, h, c, e, pad: PAD, key: j });
+    }
+    return { jobs, jobOf };
+  }
+
+  // ------------------------------------------------------------------ the layout worker
+  const layoutSource = document.getElementById("gs-dagre").textContent + "\n" +
+    document.getElementById("gs-layout").textContent;
+  let worker = null;
+  try {
+    const url = URL.createObjectURL(new Blob([layoutSource], { type: "text/javascript" }));
+    worker = new Worker(url);
+    worker.onerror = () => { worker = null; };
+  } catch (err) { worker = null; }
+  let requestId = 0;
+  const pending = new Map();
+  if (worker) {
+    worker.onmessage = (ev) => {
+      const { id, progress, results } = ev.data;
+      const p = pending.get(id);
+      if (!p) return;
+      if (progress) { p.onProgress(progress); return; }
+      pending.delete(id);
+      p.resolve(results);
+    };
+  }
+  function runLayout(jobs, onProgress) {
+    const clean = jobs.map((j) => ({ w: j.w, h: j.h, c: j.c, e: j.e, pad: j.pad }));
+    if (worker) {
+      const id = ++requestId;
+      return new Promise((resolve, reject) => {
+        pending.set(id, { resolve, reject, onProgress });
+        try { worker.postMessage({ id, jobs: clean }); }
+        catch (err) { pending.delete(id); worker = null; runLayout(jobs, onProgress).then(resolve, reject); }
+      });
+    }
+    // no worker (a sandbox without blob workers): the same code, in slices of the main thread
+    return new Promise((resolve) => {
+      const t = window.gsLayout.task(clean);
+      (function slice() {
+        if (t.step(40)) resolve(t.results);
+        else { onProgress(t.progress()); setTimeout(slice, 0); }
+      })();
+    });
+  }
+
+  // ------------------------------------------------------------------ placing the scene
+  let scene = null; // {items, frames, edges, bounds, grid}
+  let generation = 0;
+  let busy = null; // the promise of the layout in flight
+  let again = false;
+
+  function place(view, jobs, results) {
+    const origin = new Map([[0, [0, 0]]]);
+    const frames = [];
+    const byJob = new Map();
+    jobs.jobs.forEach((job, n) => byJob.set(job.key, results[n]));
+    for (const j of view.open) {
+      const r = byJob.get(j), [ox, oy] = origin.get(j);
+      const keys = view.direct.get(j);
+      keys.forEach((k, n) => {
+        const it = view.items.get(k);
+        it.x = ox + r.x[n]; it.y = oy + r.y[n];
+        if (it.open) {
+          const rr = byJob.get(k - BOX);
+          it.w = rr.w + PAD[0] + PAD[2]; it.h = rr.h + PAD[1] + PAD[3];
+          origin.set(k - BOX, [it.x + PAD[0], it.y + PAD[1]]);
+          frames.push(it);
+        }
+      });
+    }
+    const edges = [];
+    const follow = (pts, j, r) => { // a route of container j, in page coordinates
+      const [ox, oy] = origin.get(j); // results are shared by identical containers: their own origin
+      const flat = byJob.get(j).p[r] || [];
+      for (let q = 0; q < flat.length; q += 2) pts.push(ox + flat[q], oy + flat[q + 1]);
+    };
+    for (const e of view.edges) {
+      const a = view.items.get(e.a), b = view.items.get(e.b);
+      const pts = [a.x + (a.cw || a.w) / 2, a.y + a.h];
+      for (let q = 0; q < e.up.length; q += 2) follow(pts, e.up[q], e.up[q + 1]);
+      follow(pts, e.lca, e.route);
+      for (let q = e.down.length - 2; q >= 0; q -= 2) follow(pts, e.down[q], e.down[q + 1]);
+      pts.push(b.x + (b.cw || b.w) / 2, b.y);
+      if (pts.length > 4) { pts.splice(2, 2); pts.splice(pts.length - 4, 2); } // ends: the boxes' own
+      e.pts = pts;
+      let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
+      for (let q = 0; q < pts.length; q += 2) {
+        x0 = Math.min(x0, pts[q]); x1 = Math.max(x1, pts[q]);
+        y0 = Math.min(y0, pts[q + 1]); y1 = Math.max(y1, pts[q + 1]);
+      }
+      e.bb = [x0, y0, x1, y1];
+      edges.push(e);
+    }
+    const root = byJob.get(0);
+    const nodes = [];
+    for (const it of view.items.values()) if (!it.open) nodes.push(it);
+    frames.sort((p, q) => containerLevel(p.key - BOX) - containerLevel(q.key - BOX));
+    const bounds = { w: Math.max(root.w, 1), h: Math.max(root.h, 1) };
+    const s = { items: view.items, nodes, frames, edges, bounds, view };
+    s.grid = makeGrid(s);
+    s.adj = adjacency(s);
+    return s;
+  }
+  function containerLevel(j) { return C[j].level; }
+
+  const CELL = 400;
+  function makeGrid(s) {
+    const g = new Map();
+    function put(obj, x0, y0, x1, y1, kind) {
+      const cx0 = Math.floor(x0 / CELL), cx1 = Math.floor(x1 / CELL);
+      const cy0 = Math.floor(y0 / CELL), cy1 = Math.floor(y1 / CELL);
+      for (let cx = cx0; cx <= cx1; cx++) for (let cy = cy0; cy <= cy1; cy++) {
+        const id = cx * 100003 + cy;
+        let cell = g.get(id);
+        if (!cell) { cell = { n: [], f: [], e: [] }; g.set(id, cell); }
+        cell[kind].push(obj);
       }
     }
-    const clusters = new Set();
-    for (const v of vis.values()) {
-      let k = v.cluster;
-      while (k && !clusters.has(k)) { clusters.add(k); k = mods[k].parent; }
+    for (const it of s.nodes) put(it, it.x, it.y, it.x + it.w, it.y + it.h, "n");
+    for (const it of s.frames) {
+      // a frame is drawn only where it is: its four sides and its title bar, not its inside
+      put(it, it.x, it.y, it.x + it.w, it.y + PAD[1], "f");
+      put(it, it.x, it.y, it.x, it.y + it.h, "f"); put(it, it.x + it.w, it.y, it.x + it.w, it.y + it.h, "f");
+      put(it, it.x, it.y + it.h, it.x + it.w, it.y + it.h, "f");
     }
-    const edges = new Map();
-    for (const [src, dst, kind, count] of D.edges) {
-      const a = rep(byId.get(src))[0], b = rep(byId.get(dst))[0];
-      if (a === b) continue;
-      const id = b + "\u0000" + a; // drawn forward: input -> op, as torchviz does
-      const e = edges.get(id);
-      if (e) e.count += count; else edges.set(id, { from: b, to: a, count, view: kind === "view" });
+    for (const e of s.edges) put(e, e.bb[0], e.bb[1], e.bb[2], e.bb[3], "e");
+    return g;
+  }
+  let stamp = 0;
+  function query(x0, y0, x1, y1) {
+    const out = { n: [], f: [], e: [] };
+    if (!scene) return out;
+    stamp++;
+    const cx0 = Math.floor(x0 / CELL), cx1 = Math.floor(x1 / CELL);
+    const cy0 = Math.floor(y0 / CELL), cy1 = Math.floor(y1 / CELL);
+    if ((cx1 - cx0 + 1) * (cy1 - cy0 + 1) > scene.grid.size) { // zoomed far out: everything
+      for (const it of scene.nodes) out.n.push(it);
+      for (const it of scene.frames) out.f.push(it);
+      for (const e of scene.edges) out.e.push(e);
+      return out;
     }
-    return { vis, clusters, edges };
+    for (let cx = cx0; cx <= cx1; cx++) for (let cy = cy0; cy <= cy1; cy++) {
+      const cell = scene.grid.get(cx * 100003 + cy);
+      if (!cell) continue;
+      for (const kind of ["n", "f", "e"]) for (const o of cell[kind]) {
+        if (o._s === stamp) continue;
+        o._s = stamp; out[kind].push(o);
+      }
+    }
+    out.f.sort((p, q) => containerLevel(p.key - BOX) - containerLevel(q.key - BOX));
+    return out;
+  }
+  function adjacency(s) {
+    const up = new Map(), down = new Map(); // item -> inputs, item -> consumers
+    for (const e of s.edges) {
+      if (!down.has(e.a)) down.set(e.a, []);
+      if (!up.has(e.b)) up.set(e.b, []);
+      down.get(e.a).push(e.b); up.get(e.b).push(e.a);
+    }
+    return { up, down };
   }
 
-  // ------------------------------------------------------------------ layout and drawing
-  function make(tag, attrs, parent) {
-    const el = document.createElementNS(NS, tag);
-    for (const k in attrs) el.setAttribute(k, attrs[k]);
-    if (parent) parent.appendChild(el);
-    return el;
+  // ------------------------------------------------------------------ drawing
+  let view = { x: 0, y: 0, k: 1 };
+  let cssW = 1, cssH = 1, dpr = 1;
+  let frameRequested = false;
+  let related = null; // {up: Set, down: Set} of the selection
+  function resizeCanvas() {
+    const r = canvas.parentElement.getBoundingClientRect();
+    dpr = window.devicePixelRatio || 1;
+    cssW = Math.max(1, r.width); cssH = Math.max(1, r.height);
+    canvas.width = Math.round(cssW * dpr); canvas.height = Math.round(cssH * dpr);
+    canvas.style.width = cssW + "px"; canvas.style.height = cssH + "px";
   }
-  function render(keepView) {
-    const { vis, clusters, edges } = visibleGraph();
-    const g = new dagre.graphlib.Graph({ compound: true });
-    g.setGraph({ rankdir: "TB", nodesep: 16, ranksep: 30, marginx: 30, marginy: 30 });
-    g.setDefaultEdgeLabel(() => ({}));
-    for (const k of clusters) g.setNode("c:" + k, { paddingTop: 24 });
-    for (const k of clusters) if (mods[k].parent) g.setParent("c:" + k, "c:" + mods[k].parent);
-    for (const v of vis.values()) {
-      v.lines = labelOf(v);
-      const width = 16 + 6.7 * Math.max(...v.lines.map((l) => l.length));
-      g.setNode(v.id, { width, height: 8 + 14 * v.lines.length });
-      if (v.cluster) g.setParent(v.id, "c:" + v.cluster);
+  function syncSize() { // the canvas follows its box (the first layout may end before styles settle)
+    const r = canvas.parentElement.getBoundingClientRect();
+    if (Math.abs(r.width - cssW) > 0.5 || Math.abs(r.height - cssH) > 0.5) resizeCanvas();
+  }
+  function requestDraw() {
+    if (frameRequested) return;
+    frameRequested = true;
+    requestAnimationFrame(() => { frameRequested = false; draw(); });
+  }
+  // The one gradient-norm scale (views/style.py NORM_BANDS): [name, upper or null, colour],
+  // lowest band first, the non-finite band last.
+  function normBand(norm) {
+    if (norm === null || norm === undefined) return null;
+    if (typeof norm === "string" || !isFinite(norm)) return NORM[NORM.length - 1];
+    for (let b = 0; b < NORM.length - 1; b++) if (NORM[b][1] === null || norm < NORM[b][1]) return NORM[b];
+    return NORM[NORM.length - 2];
+  }
+  function normColor(norm) { const b = normBand(norm); return b ? b[2] : null; }
+  function fillOf(it) {
+    const key = it.key;
+    if (key >= SUM) return COLORS.folded;
+    if (key >= BOX) return C[key - BOX].kind === "f" ? COLORS.folded : COLORS.module;
+    const kind = KINDS[nodeKind[key]], info = nodeInfo[key] || {};
+    if (info.bad) return info.first ? COLORS.bad : COLORS.bad_other;
+    if (info.fwd) return COLORS.bad_other;
+    if (kind === "module") return info.box && info.box[3] ? COLORS.folded : COLORS.module;
+    if (kind === "output" && info.base) return COLORS.base;
+    return COLORS[kind] || COLORS.op;
+  }
+  function hiddenByPath(it) {
+    return toggles.pathOnly && related && it.key !== selected && !related.down.has(it.key);
+  }
+  function edgeHidden(e) {
+    if (!toggles.pathOnly || !related) return false;
+    const onA = e.a === selected || related.down.has(e.a), onB = e.b === selected || related.down.has(e.b);
+    return !(onA && onB);
+  }
+  function paint(c, v, w, h, opts) {
+    c.setTransform(1, 0, 0, 1, 0, 0);
+    c.fillStyle = "#fff"; c.fillRect(0, 0, w * opts.scale, h * opts.scale);
+    if (!scene) return;
+    c.setTransform(v.k * opts.scale, 0, 0, v.k * opts.scale, v.x * opts.scale, v.y * opts.scale);
+    const x0 = -v.x / v.k, y0 = -v.y / v.k, x1 = x0 + w / v.k, y1 = y0 + h / v.k;
+    const q = query(x0, y0, x1, y1);
+    const text = v.k * 11 >= 5;
+    const lw = 1 / v.k;
+    c.font = FONT; c.textBaseline = "alphabetic";
+    // frames
+    for (const f of q.f) {
+      if (toggles.pathOnly && related) continue;
+      const j = f.key - BOX;
+      c.fillStyle = C[j].kind === "f" ? "rgba(255,236,139,0.16)" : "rgba(228,233,246,0.45)";
+      c.fillRect(f.x, f.y, f.w, f.h);
+      c.strokeStyle = C[j].kind === "f" ? "#b8a040" : "#8890a8"; c.lineWidth = lw;
+      c.setLineDash(C[j].kind === "k" ? [2 / v.k, 3 / v.k] : [5 / v.k, 3 / v.k]);
+      c.strokeRect(f.x, f.y, f.w, f.h);
+      c.setLineDash([]);
+      c.fillStyle = C[j].kind === "f" ? "#f5e7a8" : "#dde3f0";
+      c.fillRect(f.x, f.y, f.w, 17);
+      if (text) {
+        c.fillStyle = "#223";
+        const title = frameTitle(j);
+        const room = Math.max(1, Math.floor((f.w - 10) / CW));
+        c.fillText(title.length > room ? title.slice(0, room - 1) + "…" : title, f.x + 5, f.y + 12);
+      }
     }
-    for (const e of edges.values()) g.setEdge(e.from, e.to, e);
-    dagre.layout(g);
-    layoutSize = { width: g.graph().width || 1, height: g.graph().height || 1 };
-    viewport.textContent = "";
-    const sorted = [...clusters].sort((a, b) => mods[a].depth - mods[b].depth);
-    for (const k of sorted) drawCluster(k, g.node("c:" + k));
-    for (const e of edges.values()) drawEdge(e, g.edge(e.from, e.to));
-    for (const v of vis.values()) drawNode(v, g.node(v.id));
-    status.textContent = vis.size + " of " + D.nodes.length + " nodes shown · " + D.summary;
-    if (!keepView) fit();
-    if (selected) highlight(selected);
-  }
-  function drawCluster(key, c) {
-    const m = mods[key];
-    const grp = make("g", { class: "cluster", "data-path": key }, viewport);
-    const x = c.x - c.width / 2, y = c.y - c.height / 2 - 14;
-    make("rect", { class: "frame", x, y, width: c.width, height: c.height + 14 }, grp);
-    const title = make("g", { class: "title", "data-path": key }, grp);
-    const text = "− " + m.label + (m.cls ? ": " + m.cls : "");
-    make("rect", { x, y, width: Math.min(c.width, 14 + 6.7 * text.length), height: 17, rx: 4 }, title);
-    const t = make("text", { x: x + 5, y: y + 12 }, title);
-    t.textContent = text;
-    make("title", {}, title).textContent = key + " (click to collapse)";
-    title.addEventListener("click", (ev) => { ev.stopPropagation(); expanded.delete(key); render(true); });
-  }
-  function drawEdge(e, info) {
-    const pts = info.points;
-    const d = pts.map((p, i) => (i ? "L" : "M") + p.x.toFixed(1) + " " + p.y.toFixed(1)).join(" ");
-    make("path", { class: "edge" + (e.view ? " view" : ""), d, "marker-end": "url(#arrow)" }, viewport);
-    if (e.count > 1) {
-      const mid = pts[Math.floor(pts.length / 2)];
-      const t = make("text", { class: "elabel", x: mid.x + 4, y: mid.y }, viewport);
-      t.textContent = "x" + e.count;
+    // edges
+    const arrows = v.k > 0.25;
+    for (const e of q.e) {
+      if (edgeHidden(e)) continue;
+      const col = normColor(e.norm);
+      // the selection's inputs (upstream) and its path to the output (downstream) stay bright and
+      // thick in their own colours (a norm's colour is never replaced); every other edge fades
+      const on = related && (e.b === selected || related.up.has(e.b)) && (e.a === selected || related.up.has(e.a));
+      const down = related && (e.a === selected || related.down.has(e.a)) && related.down.has(e.b);
+      c.strokeStyle = col || (down || on ? "#222" : "#555");
+      c.globalAlpha = related && !on && !down && !toggles.pathOnly ? 0.18 : 1;
+      c.lineWidth = (down || on ? 2.4 : 1) * (col === COLORS.bad ? 2 : 1) * lw;
+      if (e.view) c.setLineDash([2 / v.k, 3 / v.k]);
+      curve(c, e.pts);
+      c.stroke();
+      c.setLineDash([]);
+      if (arrows) arrowHead(c, e.pts, 6 / Math.max(v.k, 0.6));
+      if (text && (e.count > 1 || e.norm !== null)) {
+        const n = e.pts.length >> 2 << 1;
+        const label = (e.count > 1 ? "×" + e.count + " " : "") + (e.norm !== null ? fmtNorm(e.norm) : "");
+        c.fillStyle = col || "#555";
+        c.fillText(label.trim(), e.pts[n] + 4, e.pts[n + 1]);
+      }
+      c.globalAlpha = 1;
+    }
+    // boxes
+    for (const it of q.n) {
+      if (hiddenByPath(it)) continue;
+      const dim = related && it.key !== selected && !related.up.has(it.key) && !related.down.has(it.key);
+      c.globalAlpha = dim && !toggles.pathOnly ? 0.3 : 1;
+      drawItem(c, it, text, lw, v.k);
+      c.globalAlpha = 1;
     }
   }
-  function drawNode(v, pos) {
-    const grp = make("g", { class: "node", "data-id": v.id, transform: `translate(${pos.x - pos.width / 2},${pos.y - pos.height / 2})` }, viewport);
-    if (v.key) grp.classList.add("box");
-    else grp.classList.add("kind-" + v.node.kind);
-    const isModule = v.key || v.node.kind === "module";
-    make("rect", { width: pos.width, height: pos.height, fill: colorOf(v), rx: isModule ? 1 : 3,
-                   "stroke-width": isModule ? 2 : 1 }, grp);
-    v.lines.forEach((line, i) => {
-      const t = make("text", { x: pos.width / 2, y: 15 + 14 * i, "text-anchor": "middle" }, grp);
-      t.textContent = line;
-    });
-    make("title", {}, grp).textContent = v.key ? v.key + " (click to expand)" : (v.node.module || v.node.name);
-    grp.addEventListener("click", (ev) => {
-      ev.stopPropagation();
-      if (v.key) { expanded.add(v.key); selected = "box:" + v.key; showModule(v.key); render(true); }
-      else { selected = v.id; showNode(v.node); highlight(v.id); }
-    });
+  function drawItem(c, it, text, lw, k) {
+    const key = it.key, isBox = key >= BOX;
+    c.fillStyle = fillOf(it);
+    c.fillRect(it.x, it.y, it.cw, it.h);
+    if (k * it.h > 3) {
+      let stroke = "#333", width = lw;
+      if (matches.has(key)) { stroke = "#0a66c2"; width = 2.5 * lw; }
+      if (key === selected) { stroke = "#d00"; width = 3 * lw; }
+      c.strokeStyle = stroke; c.lineWidth = isBox ? Math.max(width, 2 * lw) : width;
+      c.strokeRect(it.x, it.y, it.cw, it.h);
+      if (isBox) { // a box of many: a second outline behind it, as Graphviz's box3d
+        c.beginPath();
+        c.moveTo(it.x + 3, it.y); c.lineTo(it.x + 3, it.y - 3); c.lineTo(it.x + it.cw + 3, it.y - 3);
+        c.lineTo(it.x + it.cw + 3, it.y + it.h - 3); c.lineTo(it.x + it.cw, it.y + it.h - 3);
+        c.lineWidth = lw; c.strokeStyle = "#555"; c.stroke();
+      }
+      if (!isBox && KINDS[nodeKind[key]] === "custom") c.strokeRect(it.x + 2, it.y + 2, it.cw - 4, it.h - 4);
+    }
+    if (text) {
+      c.fillStyle = "#111";
+      c.textAlign = "center";
+      it.lines.forEach((line, n) => c.fillText(line, it.x + it.cw / 2, it.y + 11 + LH * n + (isBox ? 1 : 0)));
+      c.textAlign = "left";
+    }
+    if (it.saved) {
+      let x = it.x + it.cw + 6;
+      const y = it.y + 1;
+      c.strokeStyle = "#666"; c.lineWidth = lw;
+      c.beginPath(); c.moveTo(it.x + it.cw, it.y + it.h / 2); c.lineTo(x, it.y + it.h / 2); c.stroke();
+      for (const s of it.saved) {
+        c.fillStyle = s.freed ? COLORS.freed : COLORS.saved;
+        c.fillRect(x, y, s.w, 2 + LH * 2);
+        c.strokeStyle = "#333"; if (s.freed) c.setLineDash([3 * lw, 2 * lw]);
+        c.strokeRect(x, y, s.w, 2 + LH * 2); c.setLineDash([]);
+        if (text) {
+          c.fillStyle = "#111"; c.textAlign = "center";
+          s.lines.forEach((line, n) => c.fillText(line, x + s.w / 2, y + 11 + LH * n));
+          c.textAlign = "left";
+        }
+        x += s.w + 4;
+      }
+    }
   }
-  function highlight(id) {
-    for (const el of viewport.querySelectorAll(".node.selected")) el.classList.remove("selected");
-    const el = viewport.querySelector(`.node[data-id="${CSS.escape(id)}"]`);
-    if (el) el.classList.add("selected");
+  function curve(c, p) {
+    c.beginPath();
+    c.moveTo(p[0], p[1]);
+    if (p.length <= 4) { c.lineTo(p[2], p[3]); return; }
+    for (let q = 2; q < p.length - 2; q += 2) { // through the midpoints: a smooth B-spline-like path
+      const mx = (p[q] + p[q + 2]) / 2, my = (p[q + 1] + p[q + 3]) / 2;
+      c.quadraticCurveTo(p[q], p[q + 1], mx, my);
+    }
+    c.lineTo(p[p.length - 2], p[p.length - 1]);
+  }
+  function arrowHead(c, p, size) {
+    const n = p.length;
+    const x = p[n - 2], y = p[n - 1];
+    let dx = x - p[n - 4], dy = y - p[n - 3];
+    const len = Math.hypot(dx, dy) || 1;
+    dx /= len; dy /= len;
+    c.fillStyle = c.strokeStyle;
+    c.beginPath();
+    c.moveTo(x, y);
+    c.lineTo(x - dx * size - dy * size * 0.45, y - dy * size + dx * size * 0.45);
+    c.lineTo(x - dx * size + dy * size * 0.45, y - dy * size - dx * size * 0.45);
+    c.closePath(); c.fill();
+  }
+  function fmtNorm(x) {
+    if (x === "nan" || (typeof x === "number" && isNaN(x))) return "nan";
+    if (x === "inf" || x === "-inf" || !isFinite(x)) return "inf";
+    return x.toExponential(2);
+  }
+  let lastDrawMs = 0;
+  function draw() {
+    const t0 = performance.now();
+    paint(ctx, view, cssW, cssH, { scale: dpr });
+    drawMinimapView();
+    lastDrawMs = performance.now() - t0;
   }
 
-  // ------------------------------------------------------------------ details panel
+  // ------------------------------------------------------------------ minimap
+  const mini = $("minimap"), mctx = mini.getContext("2d");
+  let miniImage = null, miniX = 1, miniY = 1; // a very tall graph is widened in the minimap
+  function renderMinimap() {
+    if (!scene) return;
+    const big = scene.bounds.w * 0.6 > cssW || scene.bounds.h * 0.6 > cssH;
+    mini.style.display = toggles.minimap && big ? "block" : "none";
+    if (mini.style.display === "none") { miniImage = null; return; }
+    const W = 180, H = 140;
+    const H2 = scene.bounds.h > scene.bounds.w * 4 ? 260 : H; // tall: a taller strip
+    miniY = Math.min(W / scene.bounds.w, H2 / scene.bounds.h);
+    miniX = Math.max(miniY, Math.min(W / scene.bounds.w, (40 / scene.bounds.w) || miniY)); // >= 40 px wide
+    mini.width = Math.ceil(scene.bounds.w * miniX) + 2; mini.height = Math.ceil(scene.bounds.h * miniY) + 2;
+    const off = document.createElement("canvas");
+    off.width = mini.width; off.height = mini.height;
+    const o = off.getContext("2d");
+    o.fillStyle = "#fff"; o.fillRect(0, 0, off.width, off.height);
+    o.setTransform(miniX, 0, 0, miniY, 1, 1);
+    for (const f of scene.frames) { o.fillStyle = "rgba(150,160,190,0.25)"; o.fillRect(f.x, f.y, f.w, f.h); }
+    for (const it of scene.nodes) { o.fillStyle = fillOf(it); o.fillRect(it.x, it.y, Math.max(it.w, 2 / miniX), Math.max(it.h, 2 / miniY)); }
+    miniImage = off;
+  }
+  function drawMinimapView() {
+    if (!miniImage) return;
+    mctx.setTransform(1, 0, 0, 1, 0, 0);
+    mctx.drawImage(miniImage, 0, 0);
+    const x = (-view.x / view.k) * miniX + 1, y = (-view.y / view.k) * miniY + 1;
+    mctx.strokeStyle = "#d00"; mctx.lineWidth = 1.5;
+    mctx.strokeRect(x, y, (cssW / view.k) * miniX, Math.max(2, (cssH / view.k) * miniY));
+  }
+  function miniNavigate(ev) {
+    const r = mini.getBoundingClientRect();
+    const wx = (ev.clientX - r.left - 1) / miniX, wy = (ev.clientY - r.top - 1) / miniY;
+    view.x = cssW / 2 - wx * view.k; view.y = cssH / 2 - wy * view.k;
+    requestDraw();
+  }
+  let miniDrag = false;
+  mini.addEventListener("mousedown", (ev) => { ev.stopPropagation(); miniDrag = true; miniNavigate(ev); });
+  window.addEventListener("mousemove", (ev) => { if (miniDrag) miniNavigate(ev); });
+  window.addEventListener("mouseup", () => { miniDrag = false; });
+
+  // ------------------------------------------------------------------ refresh
+  let layoutMs = 0, lastLayoutJobs = 0, phases = null, drawnMs = 0;
+  function setProgress(done, total) {
+    if (total <= 0 || done >= total) { progressEl.hidden = true; return; }
+    progressEl.hidden = false;
+    progressEl.querySelector("span").textContent = "laying out " + done + " / " + total + " containers";
+    progressEl.querySelector("i").style.width = Math.round((100 * done) / total) + "%";
+  }
+  // Lay out and draw the current state; anchor(scene) then sets the view. Calls made while a
+  // layout runs are merged into one more run after it.
+  function refresh(anchor) {
+    if (busy) {
+      again = true;
+      const prev = refresh.waiting || [];
+      if (anchor) prev.push(anchor);
+      refresh.waiting = prev;
+      return busy;
+    }
+    busy = relayout(anchor).catch((err) => { busy = null; showError(err); throw err; });
+    return busy;
+  }
+  // Each step of a refresh is a task of its own (the page keeps responding between them): the
+  // visible graph, the layout jobs, the layout (in the worker), placing, then drawing.
+  async function relayout(anchor) {
+    const gen = ++generation;
+    const t0 = performance.now();
+    const v = buildView();
+    const t1 = performance.now();
+    await tick();
+    const jobs = makeJobs(v);
+    const t2 = performance.now();
+    lastLayoutJobs = jobs.jobs.length;
+    const showAfter = setTimeout(() => setProgress(0, jobs.jobs.length), 150);
+    const results = await runLayout(jobs.jobs, (p) => setProgress(p[0], p[1]));
+    clearTimeout(showAfter);
+    setProgress(1, 1);
+    layoutMs = performance.now() - t0;
+    const t3 = performance.now();
+    const placed = place(v, jobs, results);
+    phases = { build: t1 - t0, jobs: t2 - t1, layout: t3 - t2, place: performance.now() - t3 };
+    await tick();
+    scene = placed;
+    if (selected >= 0 && !scene.items.has(selected)) selected = -1;
+    updateRelated();
+    syncSize();
+    const settled = anchor ? anchor(scene) : null; // a promise when the view moves smoothly
+    renderMinimap();
+    draw();
+    drawnMs = performance.now() - t0; // the new view is on screen (a zoom may follow)
+    updateStatus();
+    updateNote();
+    busy = null;
+    if (again) {
+      again = false;
+      const waiting = refresh.waiting || [];
+      refresh.waiting = [];
+      return refresh((sc) => Promise.all(waiting.map((f) => f(sc))));
+    }
+    await settled;
+    return gen;
+  }
+
+  // The one-line note: while anything is closed or summarised, every way to see more.
+  function updateNote() {
+    let hidden = false;
+    for (let j = 1; j < M && !hidden; j++) hidden = status[j] !== -1 || (C[j].kind === "f" && !unfolded[j]);
+    noteEl.textContent = !hidden ? "" : "Some modules are closed: click a box to open it, a ×N " +
+      "summary to draw every repeat, or Expand all; the command line draws every node with --full " +
+      "(or --depth N, --no-fold).";
+  }
+  function showError(err) {
+    statusEl.textContent = "layout failed: " + (err && err.message ? err.message : err);
+    statusEl.classList.add("error");
+  }
+  function updateStatus() {
+    const shown = scene ? scene.nodes.length : 0;
+    statusEl.textContent = shown + " boxes shown for " + N + " nodes · " + D.summary;
+  }
+
+  // ------------------------------------------------------------------ view helpers
+  function fitRect(x, y, w, h, maxK) {
+    const k = Math.max(0.002, Math.min((cssW - 40) / Math.max(w, 1), (cssH - 40) / Math.max(h, 1), maxK || 1.5));
+    return { k, x: (cssW - w * k) / 2 - x * k, y: (cssH - h * k) / 2 - y * k };
+  }
+  function fit() {
+    if (!scene) return;
+    userMoved = true;
+    view = fitRect(0, 0, scene.bounds.w, scene.bounds.h);
+    requestDraw();
+  }
+  // The first view: the whole graph when it is readable so, else its top (the model's inputs)
+  // at a readable scale; the minimap shows the rest.
+  function firstView() {
+    if (!scene) return;
+    const whole = fitRect(0, 0, scene.bounds.w, scene.bounds.h);
+    if (whole.k >= 0.45) { view = whole; requestDraw(); return; }
+    const k = Math.min(0.75, Math.max(whole.k, (cssW - 40) / scene.bounds.w));
+    view = { k, x: Math.max(20, (cssW - scene.bounds.w * k) / 2), y: 20 };
+    requestDraw();
+  }
+  let anim = null;
+  function stopAnimation() {
+    if (anim) { cancelAnimationFrame(anim); anim = null; }
+    if (animDone) { const r = animDone; animDone = null; r(); }
+  }
+  let animDone = null;
+  function animateTo(target, ms) { // resolves once the view has arrived (or another move took over)
+    userMoved = true;
+    const from = { ...view };
+    const t0 = performance.now();
+    stopAnimation();
+    ms = ms || 220;
+    return new Promise((resolve) => {
+      animDone = resolve;
+      (function step() {
+        const t = Math.min(1, (performance.now() - t0) / ms), s = t * (2 - t);
+        view = { k: from.k + (target.k - from.k) * s, x: from.x + (target.x - from.x) * s, y: from.y + (target.y - from.y) * s };
+        draw();
+        if (t < 1) anim = requestAnimationFrame(step);
+        else { anim = null; animDone = null; resolve(); }
+      })();
+    });
+  }
+  // The opened module zoomed to a readable size: whole when it fits at >= 0.55, else its top
+  // at readable scale; the rest of the view follows.
+  function showRect(it) {
+    const fitK = Math.min((cssW - 40) / it.w, (cssH - 40) / it.h);
+    if (fitK >= 0.55) return fitRect(it.x, it.y, it.w, it.h, 1.25);
+    const k = 0.8;
+    return { k, x: cssW / 2 - (it.x + it.w / 2) * k, y: 20 - it.y * k };
+  }
+  function centerOn(it, minK) {
+    const k = Math.max(view.k, minK || 0.9);
+    return { k, x: cssW / 2 - (it.x + it.cw / 2) * k, y: cssH / 2 - (it.y + it.h / 2) * k };
+  }
+
+  // ------------------------------------------------------------------ expand and collapse
+  function chainOf(j) { const out = []; while (j > 0) { out.push(j); j = C[j].parent; } return out.reverse(); }
+  function openTo(j) { // make container j drawn (not hidden in a box or a summary)
+    for (const a of chainOf(j)) {
+      if (a === j) break;
+      if (C[a].kind === "f" && C[a].members[0] !== memberOf(j, a)) unfolded[a] = 1;
+      expanded[a] = 1;
+    }
+  }
+  function memberOf(j, fold) { // the member of fold that contains container j
+    for (const a of chainOf(j)) if (C[a].fold === fold) return a;
+    return -1;
+  }
+  function revealNode(i) {
+    openTo(nodeC[i]);
+    expanded[nodeC[i]] = 1;
+    const f = C[nodeC[i]].fold;
+    if (f >= 0 && C[f].members[0] !== nodeC[i]) unfolded[f] = 1;
+  }
+  function screenOf(key) {
+    const it = scene && scene.items.get(key);
+    return it ? { x: it.x * view.k + view.x, y: it.y * view.k + view.y } : null;
+  }
+  function expandContainer(j, opts) {
+    opts = opts || {};
+    const before = screenOf(BOX + j) || (C[j].fold >= 0 ? screenOf(SUM + C[j].fold) : null);
+    openTo(j);
+    if (C[j].kind === "f") unfolded[j] = opts.unfold === undefined ? unfolded[j] : opts.unfold ? 1 : 0;
+    expanded[j] = 1;
+    return refresh((s) => {
+      const it = s.items.get(BOX + j);
+      if (!it || opts.keepView) return;
+      if (before) { // steady: the frame opens where the box was, then zooms to readable size
+        view.x = before.x - it.x * view.k; view.y = before.y - it.y * view.k;
+      }
+      return animateTo(showRect(it));
+    });
+  }
+  function collapseContainer(j) {
+    const before = screenOf(BOX + j);
+    if (C[j].kind === "f" && unfolded[j]) unfolded[j] = 0; // fold first, then close
+    else expanded[j] = 0;
+    if (j === 0) expanded[0] = 1;
+    return refresh((s) => {
+      const it = s.items.get(BOX + j);
+      if (it && before) { view.x = before.x - it.x * view.k; view.y = before.y - it.y * view.k; }
+    });
+  }
+  function unfold(f) {
+    const before = screenOf(SUM + f);
+    unfolded[f] = 1;
+    return refresh((s) => {
+      const it = s.items.get(BOX + f);
+      if (it && before) { view.x = before.x - it.x * view.k; view.y = before.y - it.y * view.k; }
+    });
+  }
+  function expandAll() {
+    expanded.fill(1); unfolded.fill(1);
+    return refresh(() => fit());
+  }
+  function collapseAll() {
+    expanded.fill(0); unfolded.fill(0); expanded[0] = 1;
+    return refresh(() => fit());
+  }
+
+  // ------------------------------------------------------------------ selection and details
+  function updateRelated() {
+    if (!scene || selected < 0 || !scene.items.has(selected)) { related = null; return; }
+    const walk = (map) => {
+      const seen = new Set(), todo = [selected];
+      while (todo.length) for (const nxt of map.get(todo.pop()) || []) if (!seen.has(nxt)) { seen.add(nxt); todo.push(nxt); }
+      return seen;
+    };
+    related = { up: walk(scene.adj.up), down: walk(scene.adj.down) };
+    $("path-only").disabled = false;
+  }
+  function selectItem(key, opts) {
+    selected = key;
+    updateRelated();
+    showDetails(key);
+    if (opts && opts.center && scene && scene.items.has(key)) return animateTo(centerOn(scene.items.get(key)), 200);
+    requestDraw();
+    return Promise.resolve();
+  }
   function row(table, k, v) {
     const tr = document.createElement("tr");
     const th = document.createElement("th"); th.textContent = k;
     const td = document.createElement("td"); td.textContent = v;
     tr.append(th, td); table.appendChild(tr);
   }
-  function section(title) {
-    const h = document.createElement("h3"); h.textContent = title; details.appendChild(h);
-    const table = document.createElement("table"); details.appendChild(table);
+  function section(title, cls) {
+    const h = document.createElement("h3"); h.textContent = title; detailsEl.appendChild(h);
+    const table = document.createElement("table"); if (cls) table.className = cls;
+    detailsEl.appendChild(table);
     return table;
   }
   function header(text) {
-    details.textContent = "";
-    const h = document.createElement("h2"); h.textContent = text; details.appendChild(h);
+    detailsEl.textContent = "";
+    const h = document.createElement("h2"); h.textContent = text; detailsEl.appendChild(h);
   }
-  function showNode(n) {
-    header(n.name || n.kind);
-    const info = section("node");
-    row(info, "id", n.id);
-    row(info, "kind", n.kind);
-    row(info, "module", n.module === null ? n.key || "(none)" : n.module || "(root)");
-    if (n.key && mods[n.key]) row(info, "class", mods[n.key].cls);
-    if (n.tensor) {
-      row(info, "shape", shape(n.tensor.shape));
-      row(info, "dtype", n.tensor.dtype + " on " + n.tensor.device);
+  function showDetails(key) {
+    if (key < 0) { detailsEl.textContent = ""; return; }
+    if (key < N) return showNode(key);
+    if (key < SUM) return showContainer(key - BOX);
+    return showSummary(key - SUM);
+  }
+  function showNode(i) {
+    const info = nodeInfo[i] || {}, kind = KINDS[nodeKind[i]];
+    header(nodeName[i] || kind);
+    const t = section("node");
+    row(t, "id", nodeId[i]);
+    row(t, "kind", kind);
+    const path = modulePathOf(i);
+    row(t, "module", path || "(root)");
+    let j = nodeC[i];
+    while (j > 0 && C[j].kind !== "m") j = C[j].parent;
+    if (j > 0 && C[j].cls) row(t, "class", C[j].cls);
+    if (info.t) { row(t, "shape", shapeText(info.t[1])); row(t, "dtype", info.t[2] + " on " + info.t[3]); }
+    else if (info.sh) row(t, "output shape", shapeText(info.sh));
+    if (info.o !== undefined) row(t, "backward order", "#" + info.o + " (0 ran first)");
+    if (info.mem) row(t, "memory", info.mem);
+    if (info.box) { row(t, "class", info.box[0]); row(t, "nodes", String(info.box[1])); row(t, "saved", fmtBytes(info.box[2])); }
+    if (info.region) row(t, "torch.compile region", info.region[0] + " aten ops drawn" + (info.region[1] ? "; " + info.region[1] : ""));
+    if (info.fwd) {
+      const f = section("non-finite forward", "bad");
+      row(f, "forward output", info.fwd + ": the first op whose forward output was non-finite");
     }
-    if (n.saved.length) {
-      const t = section("saved tensors (" + fmtBytes(n.bytes) + ")");
-      t.classList.add("saved");
-      const LIMIT = 300; // a folded box may carry thousands: show the first ones
+    if (info.bad) {
+      const b = section("non-finite gradient", "bad");
+      row(b, "gradient", info.bad + (info.first ? " (the first in engine order)" : ""));
+      if (info.at) row(b, "forward line", info.at);
+    } else if (info.at) row(t, "forward line", info.at);
+    if (info.s && info.s.length) {
+      const total = info.s.reduce((a, s) => a + (s[5] ? 0 : s[3]), 0);
+      const st = section("saved tensors (" + fmtBytes(total) + ")", "saved");
       const head = document.createElement("tr");
-      for (const h of ["name", "shape", "dtype", "bytes"]) {
-        const th = document.createElement("th"); th.textContent = h; head.appendChild(th);
-      }
-      t.appendChild(head);
-      for (const s of n.saved.slice(0, LIMIT)) {
+      for (const h of ["name", "shape", "dtype", "bytes"]) { const th = document.createElement("th"); th.textContent = h; head.appendChild(th); }
+      st.appendChild(head);
+      const LIMIT = 300;
+      for (const s of info.s.slice(0, LIMIT)) {
         const tr = document.createElement("tr");
-        const bytes = s.freed ? "freed" : s.nbytes + " B (" + fmtBytes(s.nbytes) + ")";
-        for (const val of [s.name, shape(s.shape), s.dtype || "", bytes]) {
-          const td = document.createElement("td"); td.textContent = val; tr.appendChild(td);
-        }
-        t.appendChild(tr);
+        const bytes = s[5] ? "freed" : s[3] + " B (" + fmtBytes(s[3]) + ")";
+        for (const val of [s[0], shapeText(s[1]), s[2] || "", bytes]) { const td = document.createElement("td"); td.textContent = val; tr.appendChild(td); }
+        st.appendChild(tr);
       }
-      if (n.saved.length > LIMIT) {
-        const p = document.createElement("p");
-        p.textContent = "… and " + (n.saved.length - LIMIT) + " more saved tensors";
-        details.appendChild(p);
-      }
+      if (info.s.length > LIMIT) { const p = document.createElement("p"); p.textContent = "… and " + (info.s.length - LIMIT) + " more"; detailsEl.appendChild(p); }
     }
-    const keys = Object.keys(n.attrs);
-    if (keys.length) {
-      const t = section("attributes");
-      for (const k of keys.sort()) row(t, k, n.attrs[k]);
+    if (info.a) {
+      const at = section("attributes");
+      for (const k of Object.keys(info.a).sort()) row(at, k, info.a[k]);
+    }
+    const edges = section("gradient edges");
+    let shown = 0;
+    for (let k = 0; k < E && shown < 40; k++) {
+      if (eSrc[k] !== i && eDst[k] !== i) continue;
+      const other = eSrc[k] === i ? eDst[k] : eSrc[k];
+      const dir = eSrc[k] === i ? "to input " + eNr[k] : "from consumer";
+      row(edges, dir, nodeName[other] + " " + nodeId[other] + (eNorm[k] !== null ? "  ‖∇‖ " + fmtNorm(eNorm[k]) : "") + (eCount[k] > 1 ? " ×" + eCount[k] : ""));
+      shown++;
     }
   }
-  function showModule(key) {
-    const m = mods[key];
-    header(key);
-    const info = section("module");
-    row(info, "kind", "module");
-    row(info, "module", key);
-    row(info, "class", m.cls || "?");
-    row(info, "nodes", String(m.nodes));
-    row(info, "saved", m.bytes + " B (" + fmtBytes(m.bytes) + ")");
+  function showContainer(j) {
+    const c = C[j];
+    header(c.kind === "k" ? c.label : c.path || "(model)");
+    const t = section(c.kind === "f" ? "repeated layers" : c.kind === "k" ? "part of a long run" : "module");
+    row(t, "kind", { m: "module", f: "fold (identical consecutive layers)", k: "chunk", r: "model" }[c.kind]);
+    if (c.kind !== "k") row(t, "module", c.path || "(root)");
+    if (c.cls) row(t, "class", c.cls);
+    if (c.kind === "f") row(t, "members", c.members.length + " (" + C[c.members[0]].label + " … " + C[c.members[c.members.length - 1]].label + ")");
+    row(t, "nodes", String(c.count));
+    row(t, "saved", c.bytes + " B (" + fmtBytes(c.bytes) + ")");
+    row(t, "state", status[j] === -1 ? "open (click its title to close)" : "closed (click to open)");
+  }
+  function showSummary(f) {
+    const c = C[f];
+    header(summaryLines(f)[0]);
+    const t = section("summary of repeated layers");
+    row(t, "fold", c.path);
+    row(t, "like", C[c.members[0]].path + " (drawn)");
+    row(t, "members summarised", String(c.members.length - 1));
+    row(t, "nodes", String(c.sumCount));
+    row(t, "saved", fmtBytes(c.sumBytes));
+    row(t, "open", "click the box to draw every member");
   }
 
   // ------------------------------------------------------------------ search
-  function matches(q) {
-    q = q.trim().toLowerCase();
+  const searchText = new Array(N);
+  function haystack(i) {
+    if (searchText[i] === undefined) searchText[i] = (nodeName[i] + " " + modulePathOf(i) + " " + nodeId[i]).toLowerCase();
+    return searchText[i];
+  }
+  function findNodes(text) {
+    const q = (text || "").trim();
     if (!q) return [];
-    const out = [];
-    for (const n of D.nodes) {
-      if ((n.name || "").toLowerCase().includes(q) || (n.module || "").toLowerCase().includes(q)) {
-        out.push(n);
-        if (out.length >= 50) break;
-      }
+    let test;
+    const re = /^\/(.+)\/([a-z]*)$/.exec(q);
+    if (re) {
+      let rx;
+      try { rx = new RegExp(re[1], re[2].includes("i") ? re[2] : re[2] + "i"); } catch (err) { return []; }
+      test = (i) => rx.test(nodeName[i] + " " + modulePathOf(i) + " " + nodeId[i]);
+    } else {
+      const words = q.toLowerCase().split(/\s+/);
+      test = (i) => { const h = haystack(i); return words.every((w) => h.includes(w)); };
     }
+    const out = [];
+    for (let i = 0; i < N; i++) if (test(i)) out.push(i);
     return out;
   }
-  function reveal(n) {
-    for (const key of chainOf(n.key)) expanded.add(key);
-    selected = n.id;
-    render(true);
-    showNode(n);
-    center(n.id);
-  }
-  search.addEventListener("input", () => {
-    results.textContent = "";
-    for (const n of matches(search.value)) {
+  function showResults(found) {
+    resultsEl.textContent = "";
+    matches = new Set();
+    for (const i of found.slice(0, 2000)) { const v = scene ? visOf(i) : i; matches.add(v); }
+    const frag = document.createDocumentFragment();
+    for (const i of found.slice(0, 100)) {
       const li = document.createElement("li");
-      li.textContent = n.name + "  " + (n.module || "") + "  " + n.id;
-      li.dataset.id = n.id;
-      li.addEventListener("click", () => reveal(n));
-      results.appendChild(li);
+      li.textContent = nodeName[i] + "  " + (modulePathOf(i) || "") + "  " + nodeId[i];
+      li.dataset.id = nodeId[i];
+      li.addEventListener("click", () => selectNode(i));
+      frag.appendChild(li);
     }
+    if (found.length > 100) { const li = document.createElement("li"); li.className = "more"; li.textContent = "… " + (found.length - 100) + " more"; frag.appendChild(li); }
+    resultsEl.appendChild(frag);
+    requestDraw();
+  }
+  function selectNode(i) {
+    const key = scene ? visOf(i) : -1;
+    if (key === i && scene && scene.items.has(i)) return selectItem(i, { center: true });
+    revealNode(i);
+    return refresh((s) => {
+      if (!s.items.has(i)) return;
+      selected = i;
+      updateRelated();
+      view = centerOn(s.items.get(i), 1);
+    }).then(() => { showDetails(i); requestDraw(); });
+  }
+  let searchTimer = null;
+  searchEl.addEventListener("input", () => {
+    clearTimeout(searchTimer);
+    searchTimer = setTimeout(() => showResults(findNodes(searchEl.value)), 120);
   });
-  search.addEventListener("keydown", (ev) => {
+  searchEl.addEventListener("keydown", (ev) => {
+    if (ev.key === "Escape") { searchEl.value = ""; showResults([]); searchEl.blur(); return; }
     if (ev.key !== "Enter") return;
-    const found = matches(search.value);
-    if (found.length) reveal(found[0]);
-    else { details.textContent = "No node matches " + JSON.stringify(search.value) + "."; }
+    const found = findNodes(searchEl.value);
+    showResults(found);
+    if (found.length) selectNode(found[0]);
+    else detailsEl.textContent = "No node matches " + JSON.stringify(searchEl.value) + ".";
   });
 
-  // ------------------------------------------------------------------ pan and zoom
-  function apply() { viewport.setAttribute("transform", `translate(${view.x},${view.y}) scale(${view.k})`); }
-  function fit() {
-    const r = svg.getBoundingClientRect();
-    const k = Math.min(r.width / layoutSize.width, r.height / layoutSize.height, 1.5);
-    view = { k, x: (r.width - layoutSize.width * k) / 2, y: (r.height - layoutSize.height * k) / 2 };
-    apply();
+  // ------------------------------------------------------------------ pointer input
+  function toWorld(ev) {
+    const r = canvas.getBoundingClientRect();
+    return [(ev.clientX - r.left - view.x) / view.k, (ev.clientY - r.top - view.y) / view.k];
   }
-  function center(id) {
-    const el = viewport.querySelector(`.node[data-id="${CSS.escape(id)}"]`);
-    if (!el) return;
-    const box = el.getBBox();
-    const m = el.transform.baseVal.consolidate().matrix;
-    const r = svg.getBoundingClientRect();
-    view.k = Math.max(view.k, 1);
-    view.x = r.width / 2 - (m.e + box.width / 2) * view.k;
-    view.y = r.height / 2 - (m.f + box.height / 2) * view.k;
-    apply();
+  function hit(wx, wy) {
+    const q = query(wx - 2, wy - 2, wx + 2, wy + 2);
+    for (const it of q.n) if (!hiddenByPath(it) && wx >= it.x && wx <= it.x + it.w && wy >= it.y && wy <= it.y + it.h) return { item: it };
+    for (let n = q.f.length - 1; n >= 0; n--) {
+      const f = q.f[n];
+      if (wx >= f.x && wx <= f.x + f.w && wy >= f.y && wy <= f.y + 18) return { title: f };
+    }
+    return null;
   }
-  svg.addEventListener("wheel", (ev) => {
-    ev.preventDefault();
-    const r = svg.getBoundingClientRect();
-    const px = ev.clientX - r.left, py = ev.clientY - r.top;
-    const k = Math.min(Math.max(view.k * Math.exp(-ev.deltaY * 0.0015), 0.02), 8);
-    view.x = px - ((px - view.x) * k) / view.k;
-    view.y = py - ((py - view.y) * k) / view.k;
-    view.k = k;
-    apply();
-  }, { passive: false });
-  let drag = null;
-  svg.addEventListener("mousedown", (ev) => {
-    drag = { x: ev.clientX - view.x, y: ev.clientY - view.y };
-    svg.parentElement.classList.add("dragging");
+  function activate(it) {
+    const key = it.key;
+    if (key >= SUM) { selected = -1; return unfold(key - SUM); }
+    if (key >= BOX) { const j = key - BOX; selected = key; showContainer(j); return expandContainer(j); }
+    selectItem(key);
+    return Promise.resolve();
+  }
+  let drag = null, moved = false;
+  canvas.addEventListener("mousedown", (ev) => {
+    drag = { x: ev.clientX - view.x, y: ev.clientY - view.y, sx: ev.clientX, sy: ev.clientY };
+    moved = false;
+    canvas.classList.add("dragging");
   });
   window.addEventListener("mousemove", (ev) => {
     if (!drag) return;
-    view.x = ev.clientX - drag.x; view.y = ev.clientY - drag.y; apply();
+    if (Math.abs(ev.clientX - drag.sx) + Math.abs(ev.clientY - drag.sy) > 3) moved = true;
+    if (moved) { stopAnimation(); userMoved = true; view.x = ev.clientX - drag.x; view.y = ev.clientY - drag.y; requestDraw(); }
   });
-  window.addEventListener("mouseup", () => { drag = null; svg.parentElement.classList.remove("dragging"); });
-  document.getElementById("fit").addEventListener("click", fit);
-  document.getElementById("expand-all").addEventListener("click", () => {
-    for (const k in mods) expanded.add(k);
-    render(false);
+  window.addEventListener("mouseup", (ev) => {
+    if (!drag) return;
+    canvas.classList.remove("dragging");
+    const wasDrag = moved;
+    drag = null;
+    if (wasDrag || ev.target !== canvas) return;
+    const [wx, wy] = toWorld(ev);
+    const h = hit(wx, wy);
+    if (!h) { selected = -1; related = null; $("path-only").disabled = true; toggles.pathOnly = false; syncToggles(); requestDraw(); return; }
+    if (h.item) activate(h.item);
+    else { selected = h.title.key; showContainer(h.title.key - BOX); collapseContainer(h.title.key - BOX); }
   });
-  document.getElementById("collapse-all").addEventListener("click", () => { expanded.clear(); render(false); });
-  window.addEventListener("resize", fit);
-  render(false);
+  canvas.addEventListener("mousemove", (ev) => {
+    if (drag) return;
+    const [wx, wy] = toWorld(ev);
+    const h = hit(wx, wy);
+    canvas.title = !h ? "" : h.title ? frameTitle(h.title.key - BOX).slice(2) + " (click to close)"
+      : h.item.key >= SUM ? "click to draw every repeat" : h.item.key >= BOX ? "click to open" : nodeName[h.item.key] + " " + nodeId[h.item.key];
+    canvas.style.cursor = h ? "pointer" : "";
+  });
+  canvas.addEventListener("wheel", (ev) => {
+    ev.preventDefault();
+    stopAnimation();
+    userMoved = true;
+    const r = canvas.getBoundingClientRect();
+    const px = ev.clientX - r.left, py = ev.clientY - r.top;
+    const k = Math.min(Math.max(view.k * Math.exp(-ev.deltaY * 0.0015), 0.005), 8);
+    view.x = px - ((px - view.x) * k) / view.k;
+    view.y = py - ((py - view.y) * k) / view.k;
+    view.k = k;
+    requestDraw();
+  }, { passive: false });
+  new ResizeObserver(() => { // resize keeps the view: the same point stays in the middle
+    const cx = (cssW / 2 - view.x) / view.k, cy = (cssH / 2 - view.y) / view.k;
+    resizeCanvas();
+    if (scene && !userMoved) firstView();
+    else if (scene) { view.x = cssW / 2 - cx * view.k; view.y = cssH / 2 - cy * view.k; }
+    if (scene) renderMinimap();
+    draw();
+  }).observe(canvas.parentElement);
+
+  // ------------------------------------------------------------------ keyboard
+  function neighbour(dir) {
+    if (!scene || selected < 0) return -1;
+    const it = scene.items.get(selected);
+    if (!it) return -1;
+    let list;
+    if (dir === "up") list = scene.adj.up.get(selected) || [];
+    else if (dir === "down") list = scene.adj.down.get(selected) || [];
+    else {
+      const sibs = scene.view.direct.get(it.parent).map((k) => scene.items.get(k)).filter((s) => !s.open)
+        .sort((p, q) => (Math.abs(p.y - it.y) < 10 ? p.x - q.x : p.y - q.y));
+      const n = sibs.indexOf(it);
+      const next = sibs[n + (dir === "right" ? 1 : -1)];
+      return next ? next.key : -1;
+    }
+    let best = -1, bestD = Infinity;
+    for (const k of list) {
+      const o = scene.items.get(k);
+      const d = Math.hypot(o.x - it.x, o.y - it.y);
+      if (d < bestD) { bestD = d; best = k; }
+    }
+    return best;
+  }
+  document.addEventListener("keydown", (ev) => {
+    if (ev.target === searchEl || ev.ctrlKey || ev.metaKey || ev.altKey) return;
+    const keys = { ArrowUp: "up", ArrowDown: "down", ArrowLeft: "left", ArrowRight: "right" };
+    if (keys[ev.key]) {
+      ev.preventDefault();
+      if (selected < 0 && scene && scene.nodes.length) { selectItem(scene.nodes[0].key, { center: true }); return; }
+      const n = neighbour(keys[ev.key]);
+      if (n >= 0) selectItem(n, { center: true });
+      return;
+    }
+    if (ev.key === "Enter" && selected >= 0 && scene && scene.items.has(selected)) { ev.preventDefault(); activate(scene.items.get(selected)); }
+    else if (ev.key === "Backspace" && selected >= 0 && scene) {
+      const it = scene.items.get(selected);
+      if (it && it.parent > 0) { ev.preventDefault(); const j = it.parent; selected = BOX + j; collapseContainer(j); }
+    } else if (ev.key === "Escape") { selected = -1; related = null; toggles.pathOnly = false; syncToggles(); requestDraw(); }
+    else if (ev.key === "/") { ev.preventDefault(); searchEl.focus(); }
+    else if (ev.key === "f") fit();
+    else if (ev.key === "+" || ev.key === "=") zoomBy(1.25);
+    else if (ev.key === "-") zoomBy(0.8);
+    else if (ev.key === "p" && selected >= 0) { toggles.pathOnly = !toggles.pathOnly; syncToggles(); requestDraw(); }
+    else if (ev.key === "n" && D.first >= 0) goFirst();
+  });
+  function zoomBy(f) {
+    const k = Math.min(Math.max(view.k * f, 0.005), 8);
+    view.x = cssW / 2 - ((cssW / 2 - view.x) * k) / view.k; view.y = cssH / 2 - ((cssH / 2 - view.y) * k) / view.k; view.k = k;
+    requestDraw();
+  }
+
+  // ------------------------------------------------------------------ export
+  function download(blob, name) {
+    const url = URL.createObjectURL(blob);
+    const a = document.createElement("a");
+    a.href = url; a.download = name; document.body.appendChild(a); a.click(); a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 1000);
+  }
+  function exportPng() {
+    const off = document.createElement("canvas");
+    const scale = 2;
+    off.width = Math.round(cssW * scale); off.height = Math.round(cssH * scale);
+    paint(off.getContext("2d"), view, cssW, cssH, { scale });
+    off.toBlob((b) => download(b, "gradscope-view.png"));
+  }
+  function esc(s) { return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;"); }
+  function viewSvg() { // the current view as SVG text (what is inside the window)
+    const x0 = -view.x / view.k, y0 = -view.y / view.k, w = cssW / view.k, h = cssH / view.k;
+    const q = query(x0, y0, x0 + w, y0 + h);
+    const out = [`<svg xmlns="http://www.w3.org/2000/svg" viewBox="${x0.toFixed(1)} ${y0.toFixed(1)} ${w.toFixed(1)} ${h.toFixed(1)}" width="${Math.round(cssW)}" height="${Math.round(cssH)}" font-family="monospace" font-size="11">`];
+    out.push(`<rect x="${x0}" y="${y0}" width="${w}" height="${h}" fill="#fff"/>`);
+    for (const f of q.f) {
+      const j = f.key - BOX;
+      out.push(`<rect x="${f.x}" y="${f.y}" width="${f.w}" height="${f.h}" fill="#eef1f8" fill-opacity="0.5" stroke="#8890a8" stroke-dasharray="5 3"/>`);
+      out.push(`<text x="${f.x + 5}" y="${f.y + 12}">${esc(frameTitle(j))}</text>`);
+    }
+    for (const e of q.e) {
+      if (edgeHidden(e)) continue;
+      let d = "M" + e.pts[0] + " " + e.pts[1];
+      for (let k = 2; k < e.pts.length; k += 2) d += " L" + e.pts[k] + " " + e.pts[k + 1];
+      out.push(`<path d="${d}" fill="none" stroke="${normColor(e.norm) || "#555"}"${e.view ? ' stroke-dasharray="2 3"' : ""}/>`);
+    }
+    for (const it of q.n) {
+      if (hiddenByPath(it)) continue;
+      out.push(`<rect x="${it.x}" y="${it.y}" width="${it.cw}" height="${it.h}" fill="${fillOf(it)}" stroke="#333"/>`);
+      it.lines.forEach((line, n) => out.push(`<text x="${it.x + it.cw / 2}" y="${it.y + 11 + LH * n}" text-anchor="middle">${esc(line)}</text>`));
+      if (it.saved) {
+        let x = it.x + it.cw + 6;
+        for (const s of it.saved) {
+          out.push(`<rect x="${x}" y="${it.y + 1}" width="${s.w}" height="${2 + LH * 2}" fill="${s.freed ? COLORS.freed : COLORS.saved}" stroke="#333"/>`);
+          s.lines.forEach((line, n) => out.push(`<text x="${x + s.w / 2}" y="${it.y + 12 + LH * n}" text-anchor="middle">${esc(line)}</text>`));
+          x += s.w + 4;
+        }
+      }
+    }
+    out.push("</svg>");
+    return out.join("\n");
+  }
+
+  // ------------------------------------------------------------------ legend
+  function buildLegend() {
+    const el = $("legend");
+    const sw = (fill, label, extra) => `<div class="row"><span class="sw${extra ? " " + extra : ""}" style="background:${fill}"></span>${label}</div>`;
+    const parts = ["<b>Legend</b>",
+      sw(COLORS.op, "op (backward node)"), sw(COLORS.leaf, "leaf: parameter, input"),
+      sw(COLORS.custom, "custom Function", "double"), sw(COLORS.output, "output"),
+      sw(COLORS.saved, "saved tensor (Saved)"), sw(COLORS.base, "output, a view's base"),
+      sw(COLORS.module, "module: click to open", "box"), sw(COLORS.folded, "repeats: one drawn", "box"),
+      `<div class="row"><span class="sw frame"></span>open module: title closes</div>`,
+      `<div class="row"><span class="ln dotted"></span>view → its base</div>`,
+      `<div class="row"><span class="ln"></span><span class="cnt">×3</span> merged edges</div>`];
+    if (OPT.backward) {
+      parts.push(sw(COLORS.bad, "first NaN/Inf"), sw(COLORS.bad_other, "later NaN/Inf"),
+        `<div class="row">#N: backward order</div>`,
+        `<div class="row wide">edge colour: ‖∇‖ of the gradient along it (as in SVG and tree)</div>`);
+      let lower = null;
+      const num = (v) => (v < 0.01 || v >= 1000 ? v.toExponential(0).replace("e+", "e") : String(v));
+      for (const [name, upper, color] of NORM) {
+        const range = name === "non-finite" ? "NaN or Inf" : lower === null ? "< " + num(upper) : upper === null ? "≥ " + num(lower) : num(lower) + " – " + num(upper);
+        parts.push(`<div class="row"><span class="ln" style="border-top:2.5px solid ${color}"></span>${name}: ${range}</div>`);
+        if (upper !== null) lower = upper;
+      }
+    }
+    el.innerHTML = parts.join("");
+  }
+
+  // ------------------------------------------------------------------ controls
+  function syncToggles() {
+    for (const [id, key] of [["t-saved", "saved"], ["t-shapes", "shapes"], ["t-legend", "legend"], ["t-minimap", "minimap"], ["path-only", "pathOnly"]]) {
+      const b = $(id);
+      b.setAttribute("aria-pressed", toggles[key] ? "true" : "false");
+    }
+    $("legend").hidden = !toggles.legend;
+    if (selected < 0) $("path-only").disabled = true;
+  }
+  function toggle(key, relayout) {
+    toggles[key] = !toggles[key];
+    labelState++;
+    syncToggles();
+    if (relayout) {
+      const c = scene ? { x: (cssW / 2 - view.x) / view.k, y: (cssH / 2 - view.y) / view.k } : null;
+      return refresh(() => { if (c) { view.x = cssW / 2 - c.x * view.k; view.y = cssH / 2 - c.y * view.k; } });
+    }
+    if (key === "minimap") renderMinimap();
+    requestDraw();
+    return Promise.resolve();
+  }
+  $("t-saved").addEventListener("click", () => toggle("saved", true));
+  $("t-shapes").addEventListener("click", () => toggle("shapes", true));
+  $("t-legend").addEventListener("click", () => toggle("legend", false));
+  $("t-minimap").addEventListener("click", () => toggle("minimap", false));
+  $("path-only").addEventListener("click", () => { if (selected >= 0) toggle("pathOnly", false); });
+  $("fit").addEventListener("click", fit);
+  $("expand-all").addEventListener("click", () => expandAll());
+  $("collapse-all").addEventListener("click", () => collapseAll());
+  $("export-png").addEventListener("click", exportPng);
+  $("export-svg").addEventListener("click", () => download(new Blob([viewSvg()], { type: "image/svg+xml" }), "gradscope-view.svg"));
+  function goFirst() { return D.first >= 0 ? selectNode(D.first) : Promise.resolve(); }
+  if (D.first >= 0) {
+    const b = $("first-bad");
+    b.hidden = false;
+    b.textContent = "Go to first " + (nodeInfo[D.first] && nodeInfo[D.first].bad === "inf" ? "Inf" : "NaN");
+    b.addEventListener("click", goFirst);
+  }
+
+  // ------------------------------------------------------------------ the first view
+  function initialState() {
+    const noDepth = OPT.depth === null || OPT.depth === undefined;
+    if (OPT.full || (noDepth && N <= OPT.budget && !OPT.fold_always)) { expanded.fill(1); unfolded.fill(1); return; }
+    if (OPT.depth !== null && OPT.depth !== undefined) {
+      for (const c of C) if (c.kind === "m" && c.depth < OPT.depth) expanded[c.j] = 1;
+      for (const c of C) if (c.kind === "f" && c.depth <= OPT.depth) expanded[c.j] = 1;
+    }
+    // breadth-first, open what fits the budget (a folded fold costs two boxes)
+    const budget = OPT.budget;
+    computeStatus();
+    let shown = 0;
+    for (const j of ORDER) if (status[j] === -1) shown += directCount(j) - (j === 0 ? 0 : 1);
+    const queue = [0];
+    for (let q = 0; q < queue.length; q++) {
+      const j = queue[q];
+      for (const k of drawnKids(j)) {
+        if (status[k] === -1) { queue.push(k); continue; }
+        if (OPT.depth !== null && OPT.depth !== undefined && C[k].kind === "m" && C[k].depth >= OPT.depth) continue;
+        const cost = directCount(k) - 1;
+        if (shown + cost > budget) continue;
+        expanded[k] = 1; shown += cost;
+        computeStatus();
+        queue.push(k);
+      }
+    }
+  }
+  function drawnKids(j) {
+    const c = C[j];
+    if (c.kind === "f" && !unfolded[j]) return [c.members[0]];
+    return c.kids;
+  }
+  function directCount(j) {
+    const c = C[j];
+    if (c.kind === "f" && !unfolded[j]) return 2;
+    return c.nodes.length + c.kids.length;
+  }
+
+  function measure() {
+    ctx.font = FONT;
+    const w = ctx.measureText("MMMMMMMMMM").width / 10;
+    if (w > 3 && w < 12) CW = w;
+  }
+
+  // ------------------------------------------------------------------ window.gradscope
+  function findContainer(path) {
+    if (byPath.has(path)) return byPath.get(path);
+    for (const c of C) if (c.label === path || (c.kind === "f" && c.path + " x" + c.members.length === path)) return c.j;
+    return -1;
+  }
+  const api = {
+    version: 2,
+    visible: () => (scene ? scene.nodes.length : 0),
+    expand(path) {
+      const j = findContainer(path);
+      if (j < 0) return Promise.reject(new Error("no module " + JSON.stringify(path)));
+      return expandContainer(j, { unfold: C[j].kind === "f" ? true : undefined }).then(() => undefined);
+    },
+    collapse(path) {
+      const j = findContainer(path);
+      if (j < 0) return Promise.reject(new Error("no module " + JSON.stringify(path)));
+      expanded[j] = 0; if (C[j].kind === "f") unfolded[j] = 0;
+      if (j === 0) expanded[0] = 1;
+      return refresh(null).then(() => undefined);
+    },
+    expandAll: () => expandAll().then(() => undefined),
+    collapseAll: () => collapseAll().then(() => undefined),
+    search(text) { const found = findNodes(text); showResults(found); return found.map((i) => nodeId[i]); },
+    select(id) {
+      const i = idIndex.get(id);
+      if (i !== undefined) return selectNode(i).then(() => undefined);
+      const j = findContainer(String(id).replace(/^box:/, ""));
+      if (j < 0) return Promise.reject(new Error("no node " + JSON.stringify(id)));
+      openTo(j);
+      return refresh((s) => { if (s.items.has(BOX + j)) { selected = BOX + j; view = centerOn(s.items.get(BOX + j), 0.9); } })
+        .then(() => { showContainer(j); requestDraw(); });
+    },
+    details: () => detailsEl.innerText,
+    firstNonfinite: () => (D.first >= 0 ? nodeId[D.first] : null),
+    selected: () => (selected < 0 ? null : selected < N ? nodeId[selected] : selected < SUM ? "box:" + C[selected - BOX].path : "sum:" + C[selected - SUM].path),
+    toggle: (name) => (name in toggles ? toggle(name, name === "saved" || name === "shapes") : Promise.reject(new Error("no toggle " + name))),
+    exportSvg: () => viewSvg(),
+    stats: () => ({ readyMs, drawnMs, timings: T, phases, bounds: scene ? scene.bounds : null, layoutMs, jobs: lastLayoutJobs, drawMs: lastDrawMs, worker: !!worker, boxes: scene ? scene.nodes.length : 0, frames: scene ? scene.frames.length : 0, edges: scene ? scene.edges.length : 0 }),
+    view: () => ({ ...view, width: cssW, height: cssH }),
+    boxAt(id) { // where a node (or "box:path") is drawn now, in CSS pixels of the canvas
+      let key = idIndex.get(id);
+      if (key === undefined) { const j = findContainer(String(id).replace(/^box:/, "")); key = j < 0 ? -1 : BOX + j; }
+      const it = scene && scene.items.get(key);
+      return it ? { x: it.x * view.k + view.x, y: it.y * view.k + view.y, w: (it.cw || it.w) * view.k, h: it.h * view.k } : null;
+    },
+  };
+  let resolveReady, readyMs = null;
+  api.ready = new Promise((r) => { resolveReady = r; });
+  window.gradscope = api;
+
+  // ------------------------------------------------------------------ start
+  measure();
+  resizeCanvas();
+  buildLegend();
+  syncToggles();
+  T.setup = performance.now();
+  loadParts().then(() => {
+    T.loaded = performance.now();
+    initialState();
+    T.initial = performance.now();
+    return refresh(() => firstView());
+  }).then(() => {
+    readyMs = performance.now(); // since the navigation started
+    resolveReady();
+  }, (err) => showError(err));
 })();

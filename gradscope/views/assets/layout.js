@@ -1,0 +1,104 @@
+// gradscope's layout core: lays out containers one at a time with dagre (vendored, see
+// README.md here). It runs in a Web Worker (built by viewer.js from a Blob of this script and
+// dagre's, so the page stays one file) and, where a worker cannot start, on the main thread in
+// short slices. A job is one container's direct items; an item that is itself an open container
+// refers to an earlier job, whose laid-out size (plus its frame's padding) is the item's size.
+// So no dagre call sees more than one container's direct contents, and identical containers
+// (the 64 layers of an encoder) are laid out once: results are cached by their exact input.
+(function (root) {
+  "use strict";
+  const cache = new Map(); // exact layout input -> result
+  const MAX_CACHE = 20000;
+
+  // job: {w: [..], h: [..], c: [itemIndex, jobIndex, ...], e: [a0, b0, a1, b1, ...],
+  //       pad: [left, top, right, bottom]} (pad: the frame drawn around this job when it is a
+  //       child of another). result: {w, h, x: [..], y: [..] (item top-left), p: [[x0, y0, ...]]}
+  function layoutOne(job, results) {
+    const n = job.w.length;
+    const w = job.w.slice(), h = job.h.slice();
+    for (let k = 0; k < job.c.length; k += 2) {
+      const r = results[job.c[k + 1]];
+      const pad = job.pads[job.c[k + 1]];
+      w[job.c[k]] = r.w + pad[0] + pad[2];
+      h[job.c[k]] = r.h + pad[1] + pad[3];
+    }
+    let key = n + "|";
+    for (let i = 0; i < n; i++) key += Math.round(w[i]) + "," + Math.round(h[i]) + ";";
+    key += "|" + job.e.join(",");
+    const hit = cache.get(key);
+    if (hit) return hit;
+    const result = n > 0 ? run(n, w, h, job.e) : { w: 0, h: 0, x: [], y: [], p: [] };
+    if (cache.size > MAX_CACHE) cache.clear();
+    cache.set(key, result);
+    return result;
+  }
+
+  function run(n, w, h, e) {
+    const g = new root.dagre.graphlib.Graph({ multigraph: false });
+    g.setGraph({ rankdir: "TB", nodesep: 14, ranksep: 26, edgesep: 8, marginx: 0, marginy: 0 });
+    g.setDefaultEdgeLabel(() => ({}));
+    for (let i = 0; i < n; i++) g.setNode(String(i), { width: w[i], height: h[i] });
+    for (let k = 0; k < e.length; k += 2) g.setEdge(String(e[k]), String(e[k + 1]));
+    root.dagre.layout(g);
+    const x = new Array(n), y = new Array(n);
+    let minX = Infinity, minY = Infinity, maxX = -Infinity, maxY = -Infinity;
+    for (let i = 0; i < n; i++) {
+      const v = g.node(String(i));
+      x[i] = v.x - w[i] / 2; y[i] = v.y - h[i] / 2;
+      minX = Math.min(minX, x[i]); minY = Math.min(minY, y[i]);
+      maxX = Math.max(maxX, x[i] + w[i]); maxY = Math.max(maxY, y[i] + h[i]);
+    }
+    const raw = [];
+    for (let k = 0; k < e.length; k += 2) {
+      const pts = g.edge(String(e[k]), String(e[k + 1])).points || [];
+      raw.push(pts);
+      for (const q of pts) { // routes can bulge past the boxes: keep them inside the frame
+        minX = Math.min(minX, q.x); minY = Math.min(minY, q.y);
+        maxX = Math.max(maxX, q.x); maxY = Math.max(maxY, q.y);
+      }
+    }
+    const p = raw.map((pts) => {
+      const flat = [];
+      for (const q of pts) flat.push(Math.round((q.x - minX) * 10) / 10, Math.round((q.y - minY) * 10) / 10);
+      return flat;
+    });
+    for (let i = 0; i < n; i++) { x[i] -= minX; y[i] -= minY; }
+    return { w: maxX - minX, h: maxY - minY, x, y, p };
+  }
+
+  // A layout task over many jobs, run in slices: step(ms) works for about ms milliseconds and
+  // says whether it is done; progress() is [jobs done, jobs].
+  function task(jobs) {
+    const results = new Array(jobs.length);
+    const pads = jobs.map((j) => j.pad);
+    let next = 0;
+    return {
+      step(ms) {
+        const end = Date.now() + ms;
+        while (next < jobs.length) {
+          const job = jobs[next];
+          job.pads = pads;
+          results[next] = layoutOne(job, results);
+          next++;
+          if (Date.now() >= end) break;
+        }
+        return next >= jobs.length;
+      },
+      progress() { return [next, jobs.length]; },
+      results,
+    };
+  }
+
+  root.gsLayout = { task, cacheSize: () => cache.size };
+
+  // In a worker: answer {id, jobs} with progress messages and then {id, results}.
+  if (typeof root.document === "undefined" && typeof root.postMessage === "function") {
+    root.onmessage = (ev) => {
+      const { id, jobs } = ev.data;
+      const t = task(jobs);
+      const t0 = Date.now();
+      while (!t.step(100)) root.postMessage({ id, progress: t.progress() });
+      root.postMessage({ id, results: t.results, ms: Date.now() - t0 });
+    };
+  }
+})(typeof self !== "undefined" ? self : this);
