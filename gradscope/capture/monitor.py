@@ -501,8 +501,9 @@ class GradMonitor:
 
     def _advance(self) -> None:
         """End the current step: count it, and look for graphs of earlier steps still alive."""
-        if self._checked_params and not (self._module_index or self._act_index):
-            self._global_hooks.remove()  # only the first-forward check needed them (idempotent)
+        if not (self._module_index or self._act_index):
+            # only the first-forward check needed them, and its forward is over (idempotent)
+            self._global_hooks.remove()
         step = self.step
         if self._logged():
             self._logged_steps += 1
