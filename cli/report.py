@@ -135,7 +135,8 @@ def _train(mf: gs.ModelFile, steps: int, every: int, err: Console) -> gs.GradMon
     opt = _optimizer(mf, model)
     model.train()
     with (
-        gs.GradMonitor(model, every=every, optimizer=opt, activations=True) as mon,
+        # a diagnostic run of a few steps: full statistics at every logged step
+        gs.GradMonitor(model, every=every, optimizer=opt, activations=True, full_every=1) as mon,
         _progress(err) as bar,
     ):
         task = bar.add_task("train", total=steps, norm="-")

@@ -17,11 +17,14 @@ Hierarchy::
     ├── CheckInputError         ``gs.check`` / ``gradscope check`` got inputs it cannot use
     ├── ExplainInputError       ``gs.explain`` got something that is not a strided tensor
     ├── MonitorError            ``GradMonitor`` was given arguments or a set-up it cannot use
+    │   └── UnsupportedSetupError   a training set-up it cannot measure (a tensor subclass,
+    │                               DTensors sharded over several mesh dimensions...)
     ├── MemoryHooksError        saved-tensor hooks could not be installed or removed in order
     └── MissingExtraError       an optional dependency (an extra of the package) is missing
 
     UserWarning
-    └── GraphLeakWarning        ``leak_check`` found the graph of an earlier step still alive
+    ├── GraphLeakWarning        ``leak_check`` found the graph of an earlier step still alive
+    └── MonitorWarning          ``GradMonitor`` stopped itself rather than break a training step
 
 The CLI turns each ``GradscopeError`` into one line on stderr and exit code 2.
 """
@@ -92,6 +95,11 @@ class MonitorError(GradscopeError):
     """GradMonitor was given arguments, or a training set-up, it cannot use."""
 
 
+class UnsupportedSetupError(MonitorError):
+    """A training set-up GradMonitor cannot measure correctly; said when the monitor is built
+    or at the first step, never by a wrong figure."""
+
+
 class MemoryHooksError(GradscopeError):
     """Saved-tensor hooks could not be installed, or were removed out of order."""
 
@@ -102,6 +110,11 @@ class MissingExtraError(GradscopeError):
 
 class GraphLeakWarning(UserWarning):
     """An autograd graph from an earlier training step is still alive."""
+
+
+class MonitorWarning(UserWarning):
+    """GradMonitor hit an unexpected failure in a hook, removed its hooks and let the training
+    step go on unmonitored."""
 
 
 __all__ = [
@@ -116,10 +129,12 @@ __all__ = [
     "MissingExtraError",
     "ModelFileError",
     "MonitorError",
+    "MonitorWarning",
     "NoGradError",
     "OutputError",
     "ReportError",
     "SchemaError",
     "ScopesError",
+    "UnsupportedSetupError",
     "ViewError",
 ]

@@ -1,392 +1,351 @@
-"""Gradient statistics on the device: nine ops, one packed tensor, one host transfer.
+"""Gradient statistics on the device, at the cost of about one read of the gradients.
 
-Every logged step packs the statistics of all watched tensors into one float64 matrix (one row
-per statistic, the rows below; one column per tensor) that is moved to the host with a single
-``.tolist()``. Nothing here synchronises with the device; the caller decides when the one
-transfer happens.
+The cost model (what a logged step pays, by setting):
 
-On a small model the cost of a logged step is the number of ops (each a dispatcher call and a
-kernel launch, and right after a training step each distinct one starts with cold caches), not
-the bytes. So the number of ops is fixed, whatever the number of parameters, and so is their
-variety:
+* **norms** (every logged step): one ``torch._foreach_norm`` per dtype group of gradients (one
+  pass over the gradients, no work buffer: the kernel reads them where they lie), stacked into
+  one vector. A non-finite norm is how NaN/Inf is detected: a p-norm (p > 0) is NaN when the
+  tensor holds a NaN and infinite when it holds an infinity (or overflows), so a finite norm
+  proves the tensor finite. The exact counts (``nonfinite_counts``) run only for the tensors of
+  a step whose norm is not finite, after the host has seen the norms.
+* **full statistics** (every ``full_every``-th logged step, or when asked): per tensor one
+  ``aminmax`` (max abs) and one ``count_nonzero`` (zero fraction), and |g| summed in pieces of
+  64K elements through one scratch buffer of that size (mean abs; float32 sums of a piece stay
+  accurate): about three more reads, and no per-element buffer.
+* **update-to-weight ratios** (full steps, with an optimizer): estimated on a fixed lattice
+  sample of each weight (``sample_views``): at most ``k`` elements per tensor, every ``s``-th
+  element from a random offset, with the stride ``s`` made coprime with the last dimension so
+  the sample walks across rows and columns alike. A tensor of at most ``k`` elements is
+  sampled whole (exact ratio). Only the sampled elements are copied before the step (a
+  transient buffer of ``sum(min(numel, k))`` elements, freed after it), so no weight is copied
+  whole; ``k`` (default 4096) is lowered when needed so that buffer stays under 0.4% of the
+  parameters' elements (``sample_size``). With Gaussian-like weights and updates the relative
+  error of the estimate is about ``1 / sqrt(k)`` (1.6% at ``k = 4096``, 3% at 1024;
+  ``tests/test_monitor.py`` checks it against the exact ratio).
 
-1. one ``_foreach_copy_`` copies every gradient into row ``SUM_ABS`` of a reused float64 work
-   buffer (float64 accumulation, whatever the gradients' dtype), each tensor starting on a block
-   of ``_BLOCK`` elements, so that no block holds two tensors;
-2. ``abs_`` on that row, ``mul`` (or ``pow``) into row ``POW``, and one broadcast ``gt`` against
-   the column ``(0, max float, -1)`` into rows ``NONZERO`` (non-zero, not NaN), ``INF`` and
-   ``NOT_NAN`` (not NaN: the padding counts too, see ``SLOTS``);
-3. per block: one ``sum`` of all rows, one ``amax`` of ``|g|``;
-4. one ``gather`` lays the block results out as ``[tensor, block]``, padded with an empty
-   block, and one ``sum`` and one ``amax`` over the blocks write each tensor's sums and max
-   straight into the output (NaN propagates through the maxima, as it should; a NaN or an
-   infinity stays in the column of its own tensor).
-
-Zero padding maps to zero in every row but ``NOT_NAN``, where each tensor's column counts
-``SLOTS`` elements in all, so ``NaN count = SLOTS - NOT_NAN``. The buffers, the views of the work
-buffer shaped like the gradients, the index and the output (whose constant rows ``NUMEL`` and
-``SLOTS`` are filled once) form a ``_Layout``, kept in the caller's cache from step to step (the
-shapes repeat every step), so a step allocates nothing. When padding every tensor to the block
-count of the largest would waste too much, step 4 is a sparse product with a 0/1 CSR matrix and
-a ``segment_reduce`` instead. A model larger than ``_CHUNK_NUMEL`` elements is processed chunk
-by chunk, with layouts made afresh each step whose rows share one work buffer kept in the cache
-(cleared where padding must be zero), so the work buffers never take more than ~90 MB.
-
-With an optimizer, ``snapshot`` copies the weights into a flat buffer laid out like a row before
-the step, and ``add_update`` then reduces ``(w_new - w_old)^2`` and ``w_old^2`` per tensor the
-same way, in rows ``NONZERO`` and ``INF`` of the work buffer (the next step rewrites them).
-
-The norm is not taken on the device: the matrix holds the sum of ``|g|^p``, which is additive,
-and the host takes its p-th root (``norm_of``). So every row but ``MAX_ABS`` is a sum, and across
-processes the matrix is all-gathered in one collective and reduced locally: sums for the
-additive rows, a max for the maxima. One all-gather of a few floats per tensor replaces a SUM
-and a MAX all-reduce, which would be two.
+Everything here queues device work and returns device tensors; nothing synchronises with the
+device. The caller moves one packed vector to the host per logged step. The statistics are
+additive or maxima (the norm's p-th power, |g| sums, counts; max abs), so shards of one
+tensor on several processes combine exactly: ``combine_shards`` reduces them on the host after
+one all-gather.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-# Rows of the packed matrix (one column per tensor). POW: sum |g|^p (left 0 for p = 1 and
-# p = inf, whose norms are SUM_ABS and MAX_ABS); NONZERO: values neither 0 nor NaN; NOT_NAN:
-# values that are not NaN, padding included; SLOTS: elements counted by NOT_NAN (constant);
-# NUMEL: the tensor's size, 0 for a tensor without gradient (constant).
-POW, SUM_ABS, NONZERO, INF, NOT_NAN, MAX_ABS, NUMEL, SLOTS, UPDATE_SQ, WEIGHT_SQ = range(10)
-NCOLS = 10
-# rows POW..NOT_NAN of the work buffer are summed into the rows of the same names
-_ROWS = 5
-# what |g| is compared with (greater than) to fill rows NONZERO, INF and NOT_NAN
-_THRESHOLDS = (0.0, torch.finfo(torch.float64).max, -1.0)
+# rows of a full-statistics matrix (one column per tensor); NORM alone on other steps
+NORM, MAX_ABS, SUM_ABS, NONZERO = range(4)
+FULL_ROWS = 4
+# rows of the update matrix: norm of the sampled change, norm of the sampled old weights
+UPD, WGT = range(2)
 
-# each tensor starts on a block of this many elements: per-block sums and maxima are dense
-# reductions over contiguous memory, and few enough to be combined per tensor cheaply
-_BLOCK = 64
+#: |g| is summed in pieces of at most this many elements, through a scratch buffer that size
+_SUM_CHUNK = 1 << 16
 
-# a model larger than this is processed in chunks of about this many elements (a larger single
-# tensor is a chunk of its own): 5 float64 rows of it are ~84 MB
-_CHUNK_NUMEL = 1 << 21
+#: elements per tensor in the update-ratio sample (a smaller tensor is taken whole)
+UPDATE_SAMPLE = 4096
+#: the whole sample stays under this fraction of the parameters' elements (or SAMPLE_FLOOR)
+SAMPLE_FRACTION = 0.004
+SAMPLE_FLOOR = 1 << 16
 
-# layouts kept per cache: a monitor's gradients, and its parameters when some have no gradient
-_CACHE_SIZE = 4
-
+_HALF = (torch.float16, torch.bfloat16)
 _F64 = torch.float64
 
 
-def to_device(values: Sequence[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A small constant tensor on ``device`` without waiting for the device: a blocking copy
-    from host memory (what ``torch.tensor(..., device=...)`` does) synchronises the stream,
-    which would add host syncs to a logged step on a GPU. The copy is queued instead; pageable
-    host memory is staged by the driver at once, so the source may go away."""
-    t = torch.tensor(values, dtype=dtype)
+def local(grad: torch.Tensor) -> torch.Tensor:
+    """The local tensor of a DTensor (its shard on this process); other tensors as they are."""
+    inner = getattr(grad, "_local_tensor", None)
+    return inner if inner is not None else grad
+
+
+def _groups(tensors: Sequence[torch.Tensor]) -> list[list[int]]:
+    """Indices of ``tensors`` grouped by (device, dtype), in first-seen order."""
+    first = tensors[0]
+    key0 = (first.device, first.dtype)
+    if all((t.device, t.dtype) == key0 for t in tensors):
+        return [list(range(len(tensors)))]
+    groups: dict[Any, list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    return list(groups.values())
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype | None:
+    # half-precision gradients are reduced in float32, as get_total_norm's kernels do
+    return torch.float32 if dtype in _HALF else None
+
+
+def norms(tensors: Sequence[torch.Tensor], norm_type: float) -> tuple[torch.Tensor, list[int]]:
+    """The norm of every tensor: one ``_foreach_norm`` per (device, dtype) group.
+
+    Returns the norms as one vector (float32 for float32/half tensors, float64 once a float64
+    group is present) and ``order``: entry ``j`` of the vector is the norm of
+    ``tensors[order[j]]``.
+    """
+    groups = _groups(tensors)
+    if len(groups) == 1:
+        acc = _acc(tensors[0].dtype)
+        out = torch._foreach_norm(list(tensors), norm_type, dtype=acc)
+        return torch.stack(out), groups[0]
+    parts, order = [], []
+    for idx in groups:
+        group = [tensors[i] for i in idx]
+        parts.append(torch.stack(torch._foreach_norm(group, norm_type, dtype=_acc(group[0].dtype))))
+        order += idx
+    dtype = _F64 if any(p.dtype == _F64 for p in parts) else torch.float32
+    return torch.cat([p.to(dtype) for p in parts]), order
+
+
+def to_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """A small int64 constant on ``device`` without waiting for the device: a blocking copy
+    from host memory (what ``torch.tensor(..., device=...)`` does) synchronises the stream. The
+    copy is queued instead; pageable host memory is staged by the driver at once."""
+    t = torch.tensor(values, dtype=torch.int64)
     return t if device.type == "cpu" else t.to(device, non_blocking=True)
 
 
-def _chunks(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
-    out: list[list[torch.Tensor]] = [[]]
-    size = 0
-    for t in tensors:
-        if out[-1] and size + t.numel() > _CHUNK_NUMEL:
-            out.append([])
-            size = 0
-        out[-1].append(t)
-        size += t.numel()
-    return out
+def _abs_sums(ordered: Sequence[torch.Tensor]) -> torch.Tensor:
+    """sum |t| of each tensor (float64 vector): |t| goes through one scratch buffer of
+    ``_SUM_CHUNK`` elements per dtype, a piece of a contiguous tensor at a time, and each piece
+    is summed on its own (float32 sums of 64K elements stay accurate, and a piece's NaN stays
+    in its tensor); the pieces' sums are added per tensor by one ``segment_reduce``."""
+    scratch: dict[torch.dtype, torch.Tensor] = {}
+    runs: list[torch.Tensor] = []  # the piece sums, stacked per run of one sum dtype
+    run: list[torch.Tensor] = []
+    pieces: list[int] = []
+    for t in ordered:
+        parts = t.view(-1).split(_SUM_CHUNK) if t.is_contiguous() and t.numel() else (t,)
+        acc = _F64 if t.dtype == _F64 else torch.float32
+        if run and run[-1].dtype != acc:
+            runs.append(torch.stack(run).to(_F64))
+            run = []
+        for part in parts:
+            if part.is_contiguous() and 0 < part.numel() <= _SUM_CHUNK:
+                buf = scratch.get(t.dtype)
+                if buf is None or buf.numel() < part.numel():  # grows to _SUM_CHUNK at most
+                    buf = scratch[t.dtype] = torch.empty_like(part.view(-1))
+                view = buf[: part.numel()]
+                torch.abs(part.view(-1), out=view)
+                run.append(view.sum(dtype=acc))
+            else:  # empty, or not contiguous: a temporary of its own
+                run.append(part.abs().sum(dtype=acc))
+        pieces.append(len(parts))
+    if run:
+        runs.append(torch.stack(run).to(_F64))
+    sums = runs[0] if len(runs) == 1 else torch.cat(runs)
+    if len(sums) == len(ordered):
+        return sums
+    return torch.segment_reduce(sums, "sum", lengths=to_device(pieces, sums.device))
 
 
-class _Geometry:
-    """Where each tensor of a chunk lies in a row of the work buffer: from a block boundary;
-    one empty block more at the end (the padding of step 4)."""
+def full_rows(tensors: Sequence[torch.Tensor], order: Sequence[int]) -> torch.Tensor:
+    """``[3, n]`` float64: max abs, sum of |g|, non-zero count (NaN counts as non-zero), per
+    tensor in ``order`` (as returned by ``norms``), each from one more read of the tensors:
+    one ``aminmax`` and one ``count_nonzero`` per tensor, and ``_abs_sums``."""
+    ordered = [tensors[i] for i in order]
+    maxima, nonzero = [], []
+    for t in ordered:
+        if t.numel() == 0:  # an empty shard of a sharded tensor: it adds nothing
+            zero = torch.zeros((), dtype=_F64, device=t.device)
+            maxima.append(zero)
+            nonzero.append(zero)
+            continue
+        lo, hi = torch.aminmax(t.reshape(-1))
+        maxima.append(torch.maximum(hi.abs(), lo.abs()).to(_F64))
+        nonzero.append(torch.count_nonzero(t))
+    counts = torch.stack(nonzero).to(_F64)
+    return torch.stack([torch.stack(maxima), _abs_sums(ordered), counts])
 
-    def __init__(self, shapes: tuple[torch.Size, ...], device: torch.device) -> None:
-        self.shapes = shapes
-        self.device = device
-        self.sizes = [math.prod(s) for s in shapes]
-        self.blocks = [-(-n // _BLOCK) for n in self.sizes]
-        self.starts = [_BLOCK * b for b in itertools.accumulate(self.blocks[:-1], initial=0)]
-        self.nblocks = sum(self.blocks) + 1
-        self.width = _BLOCK * self.nblocks
 
-    def place(self, row: torch.Tensor) -> list[torch.Tensor]:
-        """Views of ``row`` shaped like the tensors."""
-        return [
-            row[s : s + n].view(shape)
-            for s, n, shape in zip(self.starts, self.sizes, self.shapes, strict=True)
+def sparse_stats(grad: torch.Tensor, norm_type: float) -> torch.Tensor:
+    """``[4]`` float64: norm, max abs, sum |g|, non-zero count of a sparse COO gradient, from its
+    coalesced values (its implicit zeros are zeros; nothing is densified)."""
+    values = grad.coalesce().values().reshape(-1)
+    acc = torch.float32 if values.dtype in _HALF else None
+    norm = torch.linalg.vector_norm(values, norm_type, dtype=acc).to(_F64)
+    if values.numel() == 0:
+        zero = torch.zeros((), dtype=_F64, device=values.device)
+        return torch.stack([norm, zero, zero, zero])
+    return torch.stack(
+        [
+            norm,
+            values.abs().amax().to(_F64),
+            values.abs().sum(dtype=torch.float32 if acc else None).to(_F64),
+            torch.count_nonzero(values).to(_F64),
         ]
+    )
 
 
-class _Layout(_Geometry):
-    """The float64 work buffer of one chunk of tensors (``_ROWS`` rows), views of its row
-    ``SUM_ABS`` shaped like the tensors, and the buffers and indices that reduce it per tensor
-    into ``out``; made once per list of shapes.
+def nonfinite_counts(tensors: Sequence[torch.Tensor], norm_type: float) -> torch.Tensor:
+    """``[3, n]`` float64: NaN count, Inf count and the norm computed in float64 (finite when
+    a float32 norm only overflowed), for the few tensors of a step whose norm is not finite."""
+    rows = []
+    for t in tensors:
+        v = t.coalesce().values() if t.is_sparse else t
+        rows.append(
+            torch.stack(
+                [
+                    torch.isnan(v).sum().to(_F64),
+                    torch.isinf(v).sum().to(_F64),
+                    torch.linalg.vector_norm(v, norm_type, dtype=_F64),
+                ]
+            )
+        )
+    return torch.stack(rows, dim=1)
 
-    ``work``: a flat float64 buffer that the rows are carved from instead of a buffer of their
-    own, shared by the chunks of a large model (a fresh buffer of that size per chunk and step
-    would cost more than the statistics). Other chunks leave data in it, so the rows whose
-    padding must be zero are cleared before each use (``shared``)."""
 
-    def __init__(
-        self,
-        shapes: tuple[torch.Size, ...],
-        device: torch.device,
-        work: torch.Tensor | None = None,
-    ) -> None:
-        super().__init__(shapes, device)
-        n, nb = len(shapes), self.nblocks
-        self.shared = work is not None
-        if work is None:
-            self.rows = torch.zeros(_ROWS, self.width, dtype=_F64, device=device)
+# ---------------------------------------------------------------- update-to-weight ratios
+def _lattice(numel: int, last: int, k: int, seed: int) -> tuple[int, int, int]:
+    """(offset, stride, count) of a lattice sample of ``k`` of ``numel`` elements."""
+    if numel <= k:
+        return 0, 1, numel
+    stride = numel // k
+    while stride > 1 and math.gcd(stride, last) != 1:
+        stride -= 1
+    span = stride * (k - 1) + 1
+    offset = seed % (numel - span + 1)
+    return offset, stride, k
+
+
+def sample_size(numels: Sequence[int], k: int) -> int:
+    """The per-tensor sample size: ``k``, lowered until the whole sample, sum(min(numel, k)),
+    is at most SAMPLE_FRACTION of all the elements (or SAMPLE_FLOOR elements, so a small model
+    is sampled whole)."""
+    budget = max(SAMPLE_FLOOR, int(SAMPLE_FRACTION * sum(numels)))
+    if sum(min(n, k) for n in numels) <= budget:
+        return k
+    lo, hi = 1, k  # the largest size that fits the budget
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sum(min(n, mid) for n in numels) <= budget:
+            lo = mid
         else:
-            self.rows = work[: _ROWS * self.width].view(_ROWS, self.width)
-        self.row = self.rows.unbind(0)
-        self.cleared = self.rows[: SUM_ABS + 1]  # POW (left 0 for p = 1, inf) and SUM_ABS
-        mag = self.row[SUM_ABS]
-        self.views = self.place(mag)
-        self.mag_2d = mag.view(1, -1)
-        self.thresholds = to_device(_THRESHOLDS, _F64, device).view(-1, 1)
-        self.counts = self.rows[NONZERO : NOT_NAN + 1]
-        # per block: rows 0.._ROWS-1 the sums of the rows, row _ROWS (= MAX_ABS) the max of |g|
-        self.block = torch.empty(_ROWS + 1, nb, dtype=_F64, device=device)
-        self.by_block = self.rows.view(_ROWS, nb, _BLOCK)
-        self.mag_by_block = mag.view(nb, _BLOCK)
-        # rows NONZERO and INF, side by side: the work rows of the update-to-weight ratios
-        self.update_rows = self.rows[NONZERO : INF + 1]
-        self.update_by_block = self.update_rows.view(2, nb, _BLOCK)
-        self.out = torch.zeros(NCOLS, n, dtype=_F64, device=device)
-        widest = max(self.blocks, default=0)
-        # step 4 dense (padded to the widest tensor) unless that is much more than the blocks
-        self.dense = n * widest <= 4 * nb + 1024
-        if self.dense:
-            # row i: the blocks of tensor i, then the empty last block as often as needed
-            blocks = to_device(self.blocks, torch.int64, device)
-            first = torch.cumsum(blocks, 0) - blocks
-            j = torch.arange(widest, device=device)
-            index = torch.where(j < blocks[:, None], first[:, None] + j, nb - 1)
-            # one row of block indices per row of ``block`` (torch.gather wants it so)
-            self.index = index.view(1, -1).expand(_ROWS + 1, -1).contiguous()
-            self.gathered = torch.empty(_ROWS + 1, n * widest, dtype=_F64, device=device)
-            self.per_tensor = self.gathered.view(_ROWS + 1, n, widest)
-            slots = [_BLOCK * widest] * n
-        else:
-            # int32 indices when they fit: the sparse kernels would convert int64 ones each call
-            itype = torch.int32 if nb < 2**31 else torch.int64
-            crow = to_device((0, *self.blocks), torch.int64, device).cumsum(0).to(itype)
-            with warnings.catch_warnings():  # "sparse CSR tensor support is in beta state"
-                warnings.simplefilter("ignore", UserWarning)
-                self.segments = torch.sparse_csr_tensor(
-                    crow,
-                    torch.arange(nb - 1, device=device, dtype=itype),
-                    torch.ones(nb - 1, dtype=_F64, device=device),
-                    size=(n, nb),
-                )
-            self.lengths = to_device(self.blocks, torch.int64, device)
-            slots = [_BLOCK * b for b in self.blocks]
-        self.out[NUMEL] = to_device(self.sizes, _F64, device)
-        self.out[SLOTS] = to_device(slots, _F64, device)
-        self.snapshots: dict[torch.dtype, tuple[torch.Tensor, list[torch.Tensor]]] = {}
-
-    def per_tensor_sums(self, rows: slice, out: torch.Tensor) -> None:
-        """Write into ``out`` (``[rows, n]``) the per-tensor sums of ``self.block[rows]``."""
-        if self.dense:
-            torch.gather(self.block[rows], 1, self.index[rows], out=self.gathered[rows])
-            torch.sum(self.per_tensor[rows], dim=2, out=out)
-        else:
-            out.copy_(torch.mm(self.segments, self.block[rows].T).T)
-
-    def snapshot_buffer(self, dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """A zeroed buffer laid out like one row, in ``dtype``, and its views per tensor."""
-        found = self.snapshots.get(dtype)
-        if found is None:
-            flat = torch.zeros(self.width, dtype=dtype, device=self.device)
-            found = self.snapshots[dtype] = (flat, self.place(flat))
-        return found
+            hi = mid - 1
+    return lo
 
 
-def _key(tensors: Sequence[torch.Tensor]) -> tuple[tuple[torch.Size, ...], torch.device]:
-    return tuple([t.shape for t in tensors]), tensors[0].device
-
-
-def _cached(tensors: Sequence[torch.Tensor], cache: dict | None) -> _Layout | None:
-    """The layout of ``tensors`` from ``cache``, made and kept there if need be; None when
-    there is no cache or ``tensors`` are more than one chunk."""
-    if cache is None:
-        return None
-    key = _key(tensors)
-    found = cache.get(key)
-    if found is None and len(_chunks(tensors)) == 1:
-        if len(cache) >= _CACHE_SIZE:
-            cache.clear()
-        found = cache[key] = _Layout(*key)
-    return found
-
-
-def _chunk_matrix(grads: list[torch.Tensor], norm_type: float, lay: _Layout) -> torch.Tensor:
-    """``[NCOLS, len(grads)]`` float64 (update rows zero): ``lay.out``, overwritten next call."""
-    row, out = lay.row, lay.out
-    mag = row[SUM_ABS]
-    if lay.shared:
-        lay.cleared.zero_()
-    torch._foreach_copy_(lay.views, grads)  # to float64, whatever the gradients' dtype
-    mag.abs_()
-    if norm_type == 2:
-        torch.mul(mag, mag, out=row[POW])
-    elif not (norm_type == 1 or math.isinf(norm_type)):
-        torch.pow(mag, norm_type, out=row[POW])
-    torch.gt(lay.mag_2d, lay.thresholds, out=lay.counts)
-    torch.sum(lay.by_block, dim=2, out=lay.block[:_ROWS])
-    torch.amax(lay.mag_by_block, dim=1, out=lay.block[_ROWS])
-    if lay.dense:
-        torch.gather(lay.block, 1, lay.index, out=lay.gathered)
-        torch.sum(lay.per_tensor[:_ROWS], dim=2, out=out[:_ROWS])
-        torch.amax(lay.per_tensor[_ROWS], dim=1, out=out[MAX_ABS])
-    else:
-        out[:_ROWS] = torch.mm(lay.segments, lay.block[:_ROWS].T).T
-        out[MAX_ABS] = torch.segment_reduce(lay.block[_ROWS, :-1], "max", lengths=lay.lengths)
+def sample_views(
+    params: Sequence[torch.Tensor], k: int, seeds: Sequence[int]
+) -> list[torch.Tensor]:
+    """1-D strided views of each parameter's sampled elements (no copy)."""
+    out = []
+    for p, seed in zip(params, seeds, strict=True):
+        t = local(p).detach()
+        flat = t.view(-1) if t.is_contiguous() else t.reshape(-1)
+        last = t.shape[-1] if t.dim() else 1
+        offset, stride, count = _lattice(flat.numel(), last, k, seed)
+        step = flat.stride(0)
+        out.append(
+            flat.as_strided((count,), (stride * step,), flat.storage_offset() + offset * step)
+        )
     return out
 
 
-def grad_matrix(
-    grads: list[torch.Tensor], norm_type: float, cache: dict | None = None
-) -> torch.Tensor:
-    """The packed ``[NCOLS, len(grads)]`` float64 statistics of ``grads`` (on their device),
-    update rows zero. Call under ``torch.no_grad()`` or inference mode (the layout's buffers
-    are then inference tensors, to be used in inference mode only); the gradients are only read.
+class UpdateSample:
+    """The sampled weights of one optimizer step, copied before it (``take``) and compared with
+    the weights after it (``rows``)."""
 
-    ``cache``: a dict the caller keeps from step to step, for the layout (buffers) of a model
-    that is one chunk; the result is then a buffer of that layout, valid until the next call.
-    The chunks of a larger model get fresh layouts, one at a time, whose rows share one work
-    buffer kept in ``cache``.
-    """
-    lay = _cached(grads, cache)
-    if lay is not None:
-        return _chunk_matrix(grads, norm_type, lay)
-    chunks = _chunks(grads)
-    work = _work([_Geometry(*_key(c)) for c in chunks], cache)
-    parts = [_chunk_matrix(c, norm_type, _Layout(*_key(c), work)) for c in chunks]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    def __init__(self, params: Sequence[torch.Tensor], k: int, seeds: Sequence[int]) -> None:
+        self.params = list(params)
+        self.k = k
+        self.seeds = list(seeds)
+        views = sample_views(self.params, k, self.seeds)
+        self.old = [torch.empty_like(v) for v in views]
+        torch._foreach_copy_(self.old, views)
 
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.old)
 
-def _work(geos: Sequence[_Geometry], cache: dict | None) -> torch.Tensor | None:
-    """The work buffer that the layouts of the chunks ``geos`` share, kept in ``cache``
-    (None without a cache: each layout then has buffers of its own)."""
-    if cache is None:
-        return None
-    device = geos[0].device
-    size = _ROWS * max(g.width for g in geos)
-    found = cache.get(("work", device))
-    if found is None or found.numel() < size:
-        cache.pop(("work", device), None)  # freed before its successor is made
-        found = cache[("work", device)] = torch.empty(size, dtype=_F64, device=device)
-    return found
+    def rows(self, order: Sequence[int] | None = None) -> torch.Tensor:
+        """``[2, n]`` float64: norm of the sampled change and of the sampled old weights."""
+        new = sample_views(self.params, self.k, self.seeds)
+        wgt, _ = norms(self.old, 2.0)
+        torch._foreach_sub_(self.old, new)  # old - new, in place: no second sample-sized buffer
+        upd, _ = norms(self.old, 2.0)
+        out = torch.stack([upd.to(_F64), wgt.to(_F64)])
+        return out if order is None else out[:, list(order)]
 
 
-Snapshot = list[tuple[_Geometry, torch.Tensor]]
-
-
-def snapshot(params: list[torch.Tensor], cache: dict | None = None) -> Snapshot:
-    """Copies of the weights before an optimizer step, for ``add_update``: per chunk, one flat
-    buffer in the weights' (promoted) dtype, laid out like a row of the work buffer."""
-    lay = _cached(params, cache)
-    out: Snapshot = []
-    for chunk in [params] if lay is not None else _chunks(params):
-        dtype = chunk[0].dtype
-        for p in chunk[1:]:
-            if p.dtype != dtype:
-                dtype = torch.promote_types(dtype, p.dtype)
-        if lay is not None:
-            geo: _Geometry = lay
-            flat, views = lay.snapshot_buffer(dtype)
-        else:  # a chunk of a large model: a fresh buffer, and no work buffer held meanwhile
-            geo = _Geometry(*_key(chunk))
-            flat = torch.zeros(geo.width, dtype=dtype, device=geo.device)
-            views = geo.place(flat)
-        torch._foreach_copy_(views, chunk)
-        out.append((geo, flat))
-    return out
-
-
-def add_update(
-    matrix: torch.Tensor, old: Snapshot, new: Sequence[torch.Tensor], cache: dict | None = None
-) -> torch.Tensor:
-    """Fill the update rows of ``matrix`` (in place, and return it), in float64:
-    ``||w_new - w_old||^2`` and ``||w_old||^2`` per tensor. ``old``: the ``snapshot`` of the same
-    tensors before the step; ``cache``: the one given to ``snapshot``."""
-    work = None if isinstance(old[0][0], _Layout) else _work([g for g, _ in old], cache)
-    start = 0
-    for geo, flat in old:
-        lay = geo if isinstance(geo, _Layout) else _Layout(geo.shapes, geo.device, work)
-        n = len(lay.shapes)
-        part = list(new[start : start + n])
-        rows = lay.update_rows  # [new - old, old], in rows the next measure rewrites
-        rows[1].copy_(flat)
-        if lay.shared:
-            lay.row[SUM_ABS].zero_()
-        torch._foreach_copy_(lay.views, part)
-        torch.sub(lay.row[SUM_ABS], rows[1], out=rows[0])
-        rows.square_()
-        torch.sum(lay.update_by_block, dim=2, out=lay.block[:2])
-        lay.per_tensor_sums(slice(0, 2), matrix[UPDATE_SQ:, start : start + n])
-        start += n
-    return matrix
-
-
-def norm_of(pow_sum: float, sum_abs: float, max_abs: float, norm_type: float) -> float:
-    """The norm of one tensor from its packed statistics."""
-    if norm_type == 2:
-        return math.sqrt(pow_sum)
-    if norm_type == 1:
-        return sum_abs
-    if math.isinf(norm_type):
-        return max_abs
-    return pow_sum ** (1.0 / norm_type)
-
-
-def combine(stacked: torch.Tensor, *, mean: bool = False) -> torch.Tensor:
-    """Reduce a ``[k, NCOLS, n]`` stack of matrices over its first axis: maxima by max,
-    everything else (sums of ``|g|^p`` included) summed, or averaged when ``mean``."""
-    out = stacked.sum(dim=0)
-    if mean:
-        out = out / stacked.shape[0]
-    out[MAX_ABS] = stacked[:, MAX_ABS].amax(dim=0)
-    return out
-
-
-def reduce_across_ranks(
-    matrix: torch.Tensor, *, replicated: bool, group: Any = None
-) -> torch.Tensor:
-    """Combine every rank's matrix with ONE collective (an all-gather) and reduce locally.
-
-    ``replicated``: every rank holds the same (already averaged) gradients, as under DDP; the
-    additive rows are then averaged rather than summed so figures are not counted twice.
-    """
-    import torch.distributed as dist
-
-    world = dist.get_world_size(group)
-    rows, cols = matrix.shape
-    # concatenated along dim 0 (the layout every backend accepts), then viewed per rank
-    gathered = torch.empty((world * rows, cols), dtype=matrix.dtype, device=matrix.device)
-    dist.all_gather_into_tensor(gathered, matrix.contiguous(), group=group)
-    return combine(gathered.view(world, rows, cols), mean=replicated)
-
-
-def total_norm(stats: Sequence[Sequence[float]], norm_type: float) -> float:
-    """The norm over all tensors, as ``torch.nn.utils.get_total_norm`` defines it (the norm of
-    the per-tensor norms), from the rows of a packed matrix moved to the host: the p-th root of
-    the sum of the tensors' sums of ``|g|^p``. NaN if any value is NaN."""
-    if math.isinf(norm_type):
-        maxima = [m for m, n in zip(stats[MAX_ABS], stats[NUMEL], strict=True) if n > 0]
-        return max(maxima, key=lambda v: math.inf if math.isnan(v) else v, default=0.0)
-    if norm_type == 1:
-        return sum(stats[SUM_ABS])
-    total = sum(stats[POW])
-    return math.sqrt(total) if norm_type == 2 else total ** (1.0 / norm_type)
-
-
+# ---------------------------------------------------------------- module gradient outputs
 def module_row(grad: torch.Tensor, norm_type: float) -> torch.Tensor:
-    """The packed statistics of one module's gradient output (one column)."""
-    return grad_matrix([grad], norm_type)[:, 0]
+    """``[7]`` float64 statistics of one module output's gradient: norm, max abs, sum |g|,
+    non-zero count, NaN count, Inf count, numel (combined over calls by ``combine_calls``)."""
+    g = grad.detach()
+    acc = torch.float32 if g.dtype in _HALF else None
+    flat = g.reshape(-1)
+    lo, hi = torch.aminmax(flat)
+    return torch.stack(
+        [
+            torch.linalg.vector_norm(flat, norm_type, dtype=acc).to(_F64),
+            torch.maximum(hi.abs(), lo.abs()).to(_F64),
+            flat.abs().sum(dtype=acc).to(_F64),
+            torch.count_nonzero(flat).to(_F64),
+            torch.isnan(flat).sum().to(_F64),
+            torch.isinf(flat).sum().to(_F64),
+            torch.full((), flat.numel(), dtype=_F64, device=flat.device),
+        ]
+    )
+
+
+MODULE_ROW = 7
+
+
+# ---------------------------------------------------------------- host-side arithmetic
+def pnorm(values: Sequence[float], norm_type: float) -> float:
+    """The p-norm of a list of norms (how get_total_norm combines per-tensor norms, and how
+    the norms of a tensor's shards combine); NaN if any is NaN."""
+    if any(v != v for v in values):
+        return math.nan
+    if not values:
+        return 0.0
+    if math.isinf(norm_type):
+        return max(values)
+    if norm_type == 2:
+        return math.sqrt(math.fsum(v * v for v in values))
+    if norm_type == 1:
+        return math.fsum(values)
+    return math.fsum(v**norm_type for v in values) ** (1.0 / norm_type)
+
+
+def combine_calls(calls: Sequence[Sequence[float]], norm_type: float) -> list[float]:
+    """Combine the ``module_row``s of the calls of one module in one step."""
+    if len(calls) == 1:
+        return list(calls[0])
+    cols = list(zip(*calls))
+    return [
+        pnorm(cols[0], norm_type),
+        max(cols[1], key=_nan_first),
+        math.fsum(cols[2]),
+        *[math.fsum(c) for c in cols[3:]],
+    ]
+
+
+def combine_shards(
+    per_rank: Sequence[Sequence[Sequence[float]]], kinds: Sequence[str], norm_type: float
+) -> list[list[float]]:
+    """The rows of whole tensors from the same rows of their shards on every rank.
+
+    ``per_rank[r][i]``: row ``i`` on rank ``r``; ``kinds[i]`` says how that row combines:
+    ``"norm"`` (the p-norm of the shards' norms), ``"norm2"`` (the same with p = 2), ``"max"``
+    or ``"sum"``."""
+    out = []
+    for i, kind in enumerate(kinds):
+        cols = list(zip(*(rank[i] for rank in per_rank)))
+        if kind == "norm":
+            out.append([pnorm(c, norm_type) for c in cols])
+        elif kind == "norm2":
+            out.append([pnorm(c, 2.0) for c in cols])
+        elif kind == "max":
+            out.append([max(c, key=_nan_first) for c in cols])
+        else:
+            out.append([math.fsum(c) for c in cols])
+    return out
+
+
+def _nan_first(v: float) -> float:
+    return math.inf if v != v else v

@@ -1,6 +1,7 @@
 """Views of a GradMonitor's history: rich report, JSON Lines, CSV, TensorBoard, PNG plot.
 
-Each takes the monitor's plain-data history and returns a value or writes a file; none prints.
+Each takes the monitor's plain-data ``MonitorLog`` (never the live monitor) and returns a value
+or writes a file; none prints.
 """
 
 from __future__ import annotations
@@ -18,11 +19,7 @@ from rich.text import Text
 from ..errors import MissingExtraError
 from ..model.files import atomic_path, write_atomic, write_with
 from ..model.formats import register_renderer
-
-# The monitor is passed in (its history, alerts, names and settings are read); views import
-# nothing of capture, so it is typed loosely here.
-GradMonitor = Any
-ParamStats = Any
+from ..model.monitor import ALERT_KINDS, MonitorLog, ParamStats
 
 _BARS = "▁▂▃▄▅▆▇█"
 _MAX_ALERT_LINES = 5
@@ -46,17 +43,30 @@ def sparkline(values: list[float], width: int) -> str:
     return "".join(out)
 
 
-def _status(mon: GradMonitor, name: str) -> str:
-    kinds = sorted({a.kind for a in mon.alerts if a.name == name}, key=_severity)
-    return kinds[0] if kinds else "ok"
+def _statuses(log: MonitorLog) -> dict[str, str]:
+    """The most severe alert kind of each parameter (an alert concerns all of its names)."""
+    out: dict[str, str] = {}
+    for a in log.alerts:
+        for name in a.names:
+            if name not in out or _severity(a.kind) < _severity(out[name]):
+                out[name] = a.kind
+    return out
 
 
 def _severity(kind: str) -> int:
-    return ("nan", "inf", "exploding", "vanishing", "forward_nonfinite", "leak").index(kind)
+    return ALERT_KINDS.index(kind) if kind in ALERT_KINDS else len(ALERT_KINDS)
 
 
-def render_report(mon: GradMonitor, *, width: int = 24) -> Group:
-    """The terminal report (see ``GradMonitor.report``)."""
+def _most(counts: list[int | None]) -> str:
+    """The largest count of one logged step ("?" when one could not be counted)."""
+    known = [c for c in counts if c is not None]
+    top = max(known, default=0)
+    return str(top) if len(known) == len(counts) or top else ">0"
+
+
+def render_report(log: MonitorLog, *, width: int = 24) -> Group:
+    """The terminal report (see ``GradMonitor.report``). The nan and inf columns are per-step
+    counts: the most seen in one logged step (not a sum over steps)."""
     table = Table(title="gradient report", title_justify="left", show_edge=False)
     for col, just in (
         ("parameter", "left"),
@@ -68,47 +78,60 @@ def render_report(mon: GradMonitor, *, width: int = 24) -> Group:
         ("status", "left"),
     ):
         table.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
-    for name in mon.names:
-        seen = [st.params[name] for st in mon.history if name in st.params]
+    statuses = _statuses(log)
+    for name in log.names:
+        seen = [st.params[name] for st in log.steps if name in st.params]
         if not seen:
             table.add_row(name, "-", "", "-", "0", "0", "no grad")
             continue
         last = seen[-1]
-        status = _status(mon, name)
+        max_abs = next((s.max_abs for s in reversed(seen) if s.max_abs is not None), None)
+        status = statuses.get(name, "ok")
         table.add_row(
             name,
             f"{last.norm:.3g}",
             sparkline([s.norm for s in seen], width),
-            f"{last.max_abs:.3g}",
-            str(sum(s.nan for s in seen)),
-            str(sum(s.inf for s in seen)),
+            "-" if max_abs is None else f"{max_abs:.3g}",
+            _most([s.nan for s in seen]),
+            _most([s.inf for s in seen]),
             Text(status, style="" if status == "ok" else "bold red"),
         )
-    lines = [Text(summary(mon))]
-    first = next((a for a in mon.alerts if a.kind in ("nan", "inf", "forward_nonfinite")), None)
+    lines = [Text(summary(log))]
+    if log.distributed:
+        lines.append(Text(f"distributed: {log.distributed}"))
+    first = next((a for a in log.alerts if a.kind in ("nan", "inf", "forward_nonfinite")), None)
     if first is not None:
         lines.append(Text(f"first non-finite: {first.name} at step {first.step}", style="bold red"))
-    shown = mon.alerts[:_MAX_ALERT_LINES]
+    shown = log.alerts[:_MAX_ALERT_LINES]
     lines.extend(Text(f"  {a.kind}: {a.message}") for a in shown)
-    if len(mon.alerts) > len(shown):
-        lines.append(Text(f"  ... {len(mon.alerts) - len(shown)} more alerts in .alerts / --json"))
+    if len(log.alerts) > len(shown):
+        lines.append(Text(f"  ... {len(log.alerts) - len(shown)} more alerts in .alerts / --json"))
     return Group(table, *lines)
 
 
-def summary(mon: GradMonitor) -> str:
-    """One line: logged steps, the latest total norm and its range, the alerts by kind."""
-    if not mon.history:
+def summary(log: MonitorLog) -> str:
+    """One line: logged steps, the latest total norm and its range, non-finite and skipped
+    steps, the alerts by kind."""
+    if not log.steps:
         return "no step logged yet: run a backward (or optimizer step) inside the monitor"
-    totals = [st.total_norm for st in mon.history]
+    totals = [st.total_norm for st in log.steps if not st.skipped]
     finite = [t for t in totals if math.isfinite(t)]
     span = f" (min {min(finite):.3g}, max {max(finite):.3g})" if finite else ""
+    latest = f"{totals[-1]:.3g}" if totals else "-"
     counts: dict[str, int] = {}
-    for a in mon.alerts:
+    for a in log.alerts:
         counts[a.kind] = counts.get(a.kind, 0) + 1
     alerts = ", ".join(f"{k} {v}" for k, v in counts.items()) or "none"
+    extra = ""
+    bad = sum(1 for st in log.steps if not st.skipped and not math.isfinite(st.total_norm))
+    if bad:
+        extra += f"; {bad} with non-finite gradients"
+    skipped = sum(1 for st in log.steps if st.skipped)
+    if skipped:
+        extra += f"; {skipped} skipped by the GradScaler"
     return (
-        f"{len(mon.history)} logged steps (every {mon.every}), total norm {totals[-1]:.3g}"
-        f"{span}; alerts: {alerts}"
+        f"{len(log.steps)} logged steps (every {log.every}), total norm {latest}"
+        f"{span}{extra}; alerts: {alerts}"
     )
 
 
@@ -123,18 +146,29 @@ def _stats_dict(ps: ParamStats) -> dict[str, Any]:
     }
 
 
-def write_jsonl(mon: GradMonitor, path: Path) -> Path:
-    """One JSON object per logged step: step, total_norm, params, modules, alerts."""
+def write_jsonl(log: MonitorLog, path: Path) -> Path:
+    """One JSON object per logged step: step, total_norm, full, skipped, scope, measured_at,
+    params, modules, alerts (each with the names it concerns)."""
     by_step: dict[int, list[dict[str, Any]]] = {}
-    for a in mon.alerts:
+    for a in log.alerts:
         by_step.setdefault(a.step, []).append(
-            {"kind": a.kind, "name": a.name, "message": a.message}
+            {
+                "kind": a.kind,
+                "name": a.name,
+                "message": a.message,
+                "count": a.count,
+                "names": list(a.names),
+            }
         )
     lines = []
-    for st in mon.history:
+    for st in log.steps:
         obj = {
             "step": st.step,
             "total_norm": _finite_or_none(st.total_norm),
+            "full": st.full,
+            "skipped": st.skipped,
+            "scope": st.scope,
+            "measured_at": st.measured_at,
             "params": {n: _stats_dict(ps) for n, ps in st.params.items()},
             "modules": {n: _stats_dict(ps) for n, ps in st.modules.items()},
             "alerts": by_step.get(st.step, []),
@@ -143,12 +177,14 @@ def write_jsonl(mon: GradMonitor, path: Path) -> Path:
     return write_atomic(path, "".join(lines))
 
 
-def write_csv(mon: GradMonitor, path: Path) -> Path:
-    """Long format: one row per (step, parameter), with the step's total norm on each row."""
+def write_csv(log: MonitorLog, path: Path) -> Path:
+    """Long format: one row per (step, parameter), with the step's total norm on each row (an
+    empty cell: not measured at that step)."""
+
     def write(f: Any) -> None:
         w = csv.writer(f)
         w.writerow(["step", "param", *_FIELDS, "total_norm"])
-        for st in mon.history:
+        for st in log.steps:
             for name, ps in st.params.items():
                 row = ["" if v is None else v for v in (getattr(ps, x) for x in _FIELDS)]
                 w.writerow([st.step, name, *row, st.total_norm])
@@ -156,15 +192,16 @@ def write_csv(mon: GradMonitor, path: Path) -> Path:
     return write_with(path, write)
 
 
-def write_tensorboard(mon: GradMonitor, writer: Any) -> None:
+def write_tensorboard(log: MonitorLog, writer: Any) -> None:
     """Scalars per step and a histogram of the per-parameter norms per step."""
     import numpy as np
 
-    for st in mon.history:
+    for st in log.steps:
         writer.add_scalar("grad_norm/total", st.total_norm, st.step)
         for name, ps in st.params.items():
             writer.add_scalar(f"grad_norm/{name}", ps.norm, st.step)
-            writer.add_scalar(f"grad_nonfinite/{name}", ps.nan + ps.inf, st.step)
+            if ps.nan is not None and ps.inf is not None:
+                writer.add_scalar(f"grad_nonfinite/{name}", ps.nan + ps.inf, st.step)
             if ps.update_ratio is not None:
                 writer.add_scalar(f"update_ratio/{name}", ps.update_ratio, st.step)
         norms = np.array([ps.norm for ps in st.params.values() if math.isfinite(ps.norm)])
@@ -186,18 +223,52 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_png(mon: GradMonitor, path: Path) -> Path:
-    """Gradient flow per layer (latest and max norm) and the total norm over steps, as a PNG."""
+def plot_series(log: MonitorLog) -> dict[str, list[Any]]:
+    """What ``plot_png`` draws in its total-norm panel: the steps with a finite positive total
+    norm and their values, the steps whose total norm is not finite, the skipped steps."""
+    ok = [st for st in log.steps if not st.skipped and _plottable(st.total_norm) == st.total_norm]
+    return {
+        "steps": [st.step for st in ok],
+        "total": [st.total_norm for st in ok],
+        "nonfinite": [
+            st.step for st in log.steps if not st.skipped and not math.isfinite(st.total_norm)
+        ],
+        "skipped": [st.step for st in log.steps if st.skipped],
+    }
+
+
+def plot_png(log: MonitorLog, path: Path) -> Path:
+    """Gradient flow per layer (latest and max norm) and the total norm over steps, as a PNG;
+    steps with non-finite gradients are red marks along the top of the total-norm panel
+    (skipped steps grey), so the panel covers every logged step."""
     plt = _pyplot()
-    names = [n for n in mon.names if any(n in st.params for st in mon.history)]
+    names = [n for n in log.names if any(n in st.params for st in log.steps)]
     fig, (ax_flow, ax_total) = plt.subplots(
         1, 2, figsize=(max(10, 0.25 * len(names) + 6), 4.5), gridspec_kw={"width_ratios": [3, 1]}
     )
     try:
-        _flow(ax_flow, mon, names)
-        steps = [st.step for st in mon.history]
-        ax_total.plot(steps, [_plottable(st.total_norm) for st in mon.history], marker=".")
-        ax_total.set(title="total gradient norm", xlabel="step", yscale="log")
+        _flow(ax_flow, log, names)
+        series = plot_series(log)
+        ax_total.plot(series["steps"], series["total"], marker=".")
+        top = ax_total.get_xaxis_transform()  # x in data, y in axes fraction
+        if series["nonfinite"]:
+            ax_total.scatter(
+                series["nonfinite"], [0.97] * len(series["nonfinite"]), transform=top,
+                color="red", marker="x", label="NaN/Inf", zorder=3, clip_on=False,
+            )
+        if series["skipped"]:
+            ax_total.scatter(
+                series["skipped"], [0.92] * len(series["skipped"]), transform=top,
+                color="gray", marker="|", label="skipped (GradScaler)", zorder=3,
+            )
+        steps = [st.step for st in log.steps]
+        if steps:
+            ax_total.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
+        if series["nonfinite"] or series["skipped"]:
+            ax_total.legend(fontsize=7)
+        ax_total.set(title="total gradient norm", xlabel="step")
+        if series["total"]:
+            ax_total.set_yscale("log")
         fig.tight_layout()
         with atomic_path(path) as tmp:
             fig.savefig(tmp, format="png", dpi=100)
@@ -210,12 +281,12 @@ def _plottable(v: float) -> float:
     return v if math.isfinite(v) and v > 0 else float("nan")
 
 
-def _flow(ax: Any, mon: GradMonitor, names: list[str]) -> None:
+def _flow(ax: Any, log: MonitorLog, names: list[str]) -> None:
     latest = [
-        next(st.params[n].norm for st in reversed(mon.history) if n in st.params) for n in names
+        next(st.params[n].norm for st in reversed(log.steps) if n in st.params) for n in names
     ]
     peak = [
-        max((st.params[n].norm for st in mon.history if n in st.params), key=_plottable_key)
+        max((st.params[n].norm for st in log.steps if n in st.params), key=_plottable_key)
         for n in names
     ]
     xs = list(range(len(names)))

@@ -1,0 +1,39 @@
+"""What the integrations share: checking the monitor options a callback is given."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from ..errors import MonitorError
+
+#: set by the callback from the framework's loop, never by the user
+_SUPPLIED = ("model", "optimizer", "scaler")
+
+
+def check_options(framework: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Refuse options that ``GradMonitor`` does not take, or that the framework supplies."""
+    from ..capture.monitor import GradMonitor
+
+    known = [
+        name
+        for name, p in inspect.signature(GradMonitor.__init__).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    for name in options:
+        if name in _SUPPLIED:
+            raise MonitorError(
+                f"GradscopeCallback({name}=...) is not needed: the {framework} loop supplies "
+                f"the {name}; pass only monitor options ({', '.join(known)})"
+            )
+        if name not in known:
+            raise MonitorError(
+                f"GradscopeCallback got an unknown option {name!r}; it takes GradMonitor's "
+                f"options: {', '.join(n for n in known if n not in _SUPPLIED)}"
+            )
+    return dict(options)
+
+
+def alert_lines(alerts: list[Any], start: int) -> list[str]:
+    """One log line per alert from index ``start`` on."""
+    return [f"gradscope {a.kind}: {a.message}" for a in alerts[start:]]

@@ -1,0 +1,108 @@
+"""``GradscopeCallback`` for Lightning (``lightning.pytorch``, or ``pytorch_lightning``).
+
+    from gradscope.integrations.lightning import GradscopeCallback
+
+    callback = GradscopeCallback(every=10)              # any GradMonitor option
+    trainer = lightning.pytorch.Trainer(callbacks=[callback], ...)
+    trainer.fit(module, data)
+    print(callback.monitor.history[-1].total_norm)      # callback.monitor: the GradMonitor
+
+When training starts the callback builds a ``GradMonitor`` on the LightningModule and its
+optimizer (and the precision plugin's ``GradScaler`` under 16-bit mixed precision), so one
+logged step is one optimizer step, ``accumulate_grad_batches`` included. Lightning runs the
+backward inside ``optimizer.step(closure)`` and clips after it; the monitor measures when the
+last backward ends, so its figures are the gradients before ``gradient_clip_val`` clipping.
+With ``log=True`` (default) the total norm of each logged step is logged as ``grad_norm/total``
+through ``LightningModule.log``; alerts are warnings on the ``lightning.pytorch`` logger. When
+training ends (or fails) the monitor's hooks are removed; its history stays on
+``callback.monitor``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+try:
+    import lightning.pytorch as pl
+except ImportError:  # the older package name
+    import pytorch_lightning as pl  # type: ignore[no-redef]
+
+from ..capture.monitor import GradMonitor
+from ..errors import UnsupportedSetupError
+from ._options import alert_lines, check_options
+
+logger = logging.getLogger("lightning.pytorch")
+
+
+class GradscopeCallback(pl.Callback):
+    """Watch gradients during ``Trainer.fit()``.
+
+    Args:
+        log: log each logged step's total norm as ``grad_norm/total``.
+        **monitor_options: ``GradMonitor`` options (``every``, ``norm_type``, ``params``,
+            ``full_every``, ``measure``, ``vanish``, ``explode``...); the model, optimizer and
+            scaler come from the Trainer.
+
+    Attributes:
+        monitor: the ``GradMonitor`` (None until training starts).
+
+    Raises:
+        MonitorError: an option GradMonitor does not take, or one Lightning supplies.
+        UnsupportedSetupError: the module has several optimizers (use one GradMonitor per
+            optimizer, built in the module's own code).
+    """
+
+    def __init__(self, *, log: bool = True, **monitor_options: Any) -> None:
+        self.options = check_options("Lightning", monitor_options)
+        self.log_norm = log
+        self.monitor: GradMonitor | None = None
+        self._told = 0
+        self._logged = 0
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        optimizers = trainer.optimizers
+        if len(optimizers) != 1:
+            raise UnsupportedSetupError(
+                f"GradscopeCallback watches one optimizer, and this module has "
+                f"{len(optimizers)}; build a gs.GradMonitor(module, optimizer=...) per "
+                "optimizer in the module instead"
+            )
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        self.monitor = GradMonitor(
+            pl_module, optimizer=optimizers[0], scaler=scaler, **self.options
+        )
+        self._told = self._logged = 0
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        mon = self.monitor
+        if mon is None:
+            return
+        if self.log_norm and len(mon.history) > self._logged:
+            total = mon.history[-1].total_norm
+            if math.isfinite(total):
+                pl_module.log("grad_norm/total", total, on_step=True, on_epoch=False)
+            self._logged = len(mon.history)
+        self._tell()
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._close()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self.monitor is not None:
+            self._tell()
+            self.monitor.remove()
+
+    def _tell(self) -> None:
+        mon = self.monitor
+        if mon is None or len(mon.alerts) == self._told:
+            return
+        for line in alert_lines(mon.alerts, self._told):
+            logger.warning(line)
+        self._told = len(mon.alerts)
