@@ -79,6 +79,30 @@ MEASURE_POINTS = ("backward", "optimizer")
 
 
 # ---------------------------------------------------------------- set-up checks
+def _select_modules(
+    model: torch.nn.Module, modules: bool | str | Iterable[str]
+) -> list[tuple[str, torch.nn.Module]]:
+    """The submodules ``modules=`` names: True for all, False for none, else names or globs
+    (``"encoder.*"``), each of which must match at least one submodule."""
+    if isinstance(modules, bool):
+        return [(n, m) for n, m in model.named_modules() if n] if modules else []
+    patterns = [modules] if isinstance(modules, str) else list(modules)
+    if not all(isinstance(p, str) for p in patterns):
+        raise MonitorError(
+            f"modules={modules!r} must be True, False, or submodule names/globs such as "
+            "'encoder.layers.*'"
+        )
+    named = [(n, m) for n, m in model.named_modules() if n]
+    unknown = [p for p in patterns if not any(fnmatch.fnmatchcase(n, p) for n, _ in named)]
+    if unknown:
+        shown = ", ".join(n for n, _ in named[:8]) + (", ..." if len(named) > 8 else "")
+        raise MonitorError(
+            f"modules= names no submodule of {type(model).__name__}: {', '.join(unknown)}; "
+            f"give names as in named_modules() or globs (its submodules: {shown or 'none'})"
+        )
+    return [(n, m) for n, m in named if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+
 def _select(
     model: torch.nn.Module, params: str | Iterable[str] | None
 ) -> list[tuple[str, torch.nn.Parameter]]:
@@ -258,7 +282,9 @@ class GradMonitor:
         every: log one step in ``every``; the others cost nothing measurable.
         norm_type: the p of the norms (``math.inf`` for the max norm), as in ``clip_grad_norm_``.
         params: parameter names or globs (``"encoder.*"``) to watch; default all trainable ones.
-        modules: also record each submodule's gradient-output statistics (``StepStats.modules``).
+        modules: also record submodules' gradient-output statistics (``StepStats.modules``):
+            True for every submodule, or names/globs (``"encoder.*"``); a name that matches no
+            submodule raises ``MonitorError`` listing the known ones.
         activations: check module outputs in the forward and name the first non-finite one.
         optimizer: make its ``step()`` the step boundary (gradient accumulation is then one
             step) and measure update-to-weight ratios on full-statistics steps.
@@ -299,7 +325,7 @@ class GradMonitor:
         every: int = 1,
         norm_type: float = 2.0,
         params: str | Iterable[str] | None = None,
-        modules: bool = False,
+        modules: bool | str | Iterable[str] = False,
         activations: bool = False,
         optimizer: torch.optim.Optimizer | None = None,
         measure: str = "backward",
@@ -344,7 +370,7 @@ class GradMonitor:
         self._dp_probe = self.optimizer is not None and measure == "backward"
         # the same lattice on every run and rank (str hash() is salted per process)
         self._seeds = [zlib.crc32(n.encode()) for n in self.names]
-        self._modules = [(n, m) for n, m in model.named_modules() if n] if modules else []
+        self._modules = _select_modules(model, modules)
         self._module_names = [n for n, _ in self._modules]
         self._module_calls: list[list[torch.Tensor]] = [[] for _ in self._modules]
         self._act_names = (

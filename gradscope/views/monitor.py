@@ -66,36 +66,10 @@ def _most(counts: list[int | None]) -> str:
 
 def render_report(log: MonitorLog, *, width: int = 24) -> Group:
     """The terminal report (see ``GradMonitor.report``). The nan and inf columns are per-step
-    counts: the most seen in one logged step (not a sum over steps)."""
-    table = Table(title="gradient report", title_justify="left", show_edge=False)
-    for col, just in (
-        ("parameter", "left"),
-        ("norm", "right"),
-        ("history", "left"),
-        ("max abs", "right"),
-        ("nan", "right"),
-        ("inf", "right"),
-        ("status", "left"),
-    ):
-        table.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
-    statuses = _statuses(log)
-    for name in log.names:
-        seen = [st.params[name] for st in log.steps if name in st.params]
-        if not seen:
-            table.add_row(name, "-", "", "-", "0", "0", "no grad")
-            continue
-        last = seen[-1]
-        max_abs = next((s.max_abs for s in reversed(seen) if s.max_abs is not None), None)
-        status = statuses.get(name, "ok")
-        table.add_row(
-            name,
-            f"{last.norm:.3g}",
-            sparkline([s.norm for s in seen], width),
-            "-" if max_abs is None else f"{max_abs:.3g}",
-            _most([s.nan for s in seen]),
-            _most([s.inf for s in seen]),
-            Text(status, style="" if status == "ok" else "bold red"),
-        )
+    counts: the most seen in one logged step (not a sum over steps).
+
+    Numbers are never cut: their columns do not wrap; at 80 columns a long parameter name wraps
+    onto a second line (whole) and the history sparkline shortens to what fits."""
     lines = [Text(summary(log))]
     if log.distributed:
         lines.append(Text(f"distributed: {log.distributed}"))
@@ -106,7 +80,94 @@ def render_report(log: MonitorLog, *, width: int = 24) -> Group:
     lines.extend(Text(f"  {a.kind}: {a.message}") for a in shown)
     if len(log.alerts) > len(shown):
         lines.append(Text(f"  ... {len(log.alerts) - len(shown)} more alerts in .alerts / --json"))
-    return Group(table, *lines)
+    return Group(_ReportTable(log, width), *lines)
+
+
+def wrap_dotted(name: str, width: int) -> str:
+    """``name`` on lines of at most ``width`` characters, broken after dots where it can be
+    (``encoder.layers.0.`` / ``self_attn.in_proj_weight``): whole, never elided.
+
+    Example:
+        >>> print(wrap_dotted("encoder.layers.0.self_attn.in_proj_weight", 24))
+        encoder.layers.0.
+        self_attn.in_proj_weight
+    """
+    if len(name) <= width or width < 1:
+        return name
+    parts = [p + "." for p in name.split(".")]
+    parts[-1] = parts[-1][:-1]
+    lines: list[str] = []
+    line = ""
+    for part in parts:
+        while len(part) > width:  # one component longer than the column: cut it hard
+            if line:
+                lines.append(line)
+                line = ""
+            lines.append(part[:width])
+            part = part[width:]
+        if len(line) + len(part) > width:
+            lines.append(line)
+            line = ""
+        line += part
+    if line:
+        lines.append(line)
+    return "\n".join(lines)
+
+
+class _ReportTable:
+    """The per-parameter table, sized to the console it is printed on."""
+
+    #: narrowest name column before the sparkline gives way (names fold beyond it)
+    MIN_NAME = 24
+    MIN_SPARK = 6
+
+    def __init__(self, log: MonitorLog, width: int) -> None:
+        self.log, self.width = log, width
+
+    def rows(self) -> list[tuple[str, str, list[float], str, str, str, str]]:
+        log = self.log
+        statuses = _statuses(log)
+        out = []
+        for name in log.names:
+            seen = [st.params[name] for st in log.steps if name in st.params]
+            if not seen:
+                out.append((name, "-", [], "-", "0", "0", "no grad"))
+                continue
+            last = seen[-1]
+            max_abs = next((s.max_abs for s in reversed(seen) if s.max_abs is not None), None)
+            out.append((
+                name,
+                f"{last.norm:.3g}",
+                [s.norm for s in seen],
+                "-" if max_abs is None else f"{max_abs:.3g}",
+                _most([s.nan for s in seen]),
+                _most([s.inf for s in seen]),
+                statuses.get(name, "ok"),
+            ))
+        return out
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        rows = self.rows()
+        heads = ("parameter", "norm", "history", "max abs", "nan", "inf", "status")
+        fixed = sum(max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(heads)
+                    if i not in (0, 2))
+        longest = max([len(heads[0])] + [len(r[0]) for r in rows])
+        overhead = 3 * len(heads) - 1  # padding of each column, a rule between two
+        room = options.max_width - fixed - overhead
+        spark = max(self.MIN_SPARK, min(self.width, room - min(longest, self.MIN_NAME)))
+        steps = max((len(r[2]) for r in rows), default=0)
+        drawn = max(len(heads[2]), min(spark, steps))  # what the history column will take
+        name_width = max(len(heads[0]), min(longest, room - drawn))
+        table = Table(title="gradient report", title_justify="left", show_edge=False)
+        table.add_column(heads[0], no_wrap=True, width=name_width)
+        for col, just in zip(heads[1:], ("right", "left", "right", "right", "right", "left")):
+            table.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+        for name, norm, norms, max_abs, nan, inf, status in rows:
+            table.add_row(
+                wrap_dotted(name, name_width), norm, sparkline(norms, spark), max_abs, nan, inf,
+                Text(status, style="" if status == "ok" else "bold red"),
+            )
+        yield table
 
 
 def summary(log: MonitorLog) -> str:

@@ -1237,3 +1237,47 @@ def test_a_wrapped_optimizer_is_unwrapped() -> None:
     assert mon.optimizer is inner
     assert [st.step for st in mon.history] == [0, 1]
     assert all(ps.update_ratio > 0 for ps in mon.history[1].params.values())
+
+
+def test_modules_by_name_and_unknown_names_are_refused():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    with pytest.raises(gs.MonitorError, match=r"names no submodule of Sequential: nope, 9") as e:
+        gs.GradMonitor(model, modules=["nope", "0", "9"])
+    assert "its submodules: 0, 1, 2" in str(e.value)
+    with gs.GradMonitor(model, modules=["2", "1"]) as mon:
+        model(torch.randn(5, 3)).sum().backward()
+    assert sorted(mon.history[0].modules) == ["1", "2"]
+    with pytest.raises(gs.MonitorError, match="must be True, False"):
+        gs.GradMonitor(model, modules=[1])
+
+
+def test_report_at_80_columns_keeps_names_and_numbers_whole(golden) -> None:
+    """As when piped at COLUMNS=80: long names wrap after a dot, numbers are never cut."""
+
+    class Deep(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder_stack = nn.ModuleList(
+                [nn.Linear(4, 4) for _ in range(2)]
+            )
+            self.a_rather_long_projection_name = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.encoder_stack:
+                x = layer(x)
+            return self.a_rather_long_projection_name(x)
+
+    torch.manual_seed(0)
+    model = Deep()
+    with gs.GradMonitor(model, full_every=1) as mon:
+        for _ in range(3):
+            model.zero_grad()
+            (model(torch.randn(8, 4)) * 1e-4).pow(2).sum().backward()
+    console = Console(color_system=None, width=80, record=True, file=io.StringIO())
+    console.print(mon.report())
+    text = console.export_text()
+    assert "…" not in text and all(len(line) <= 80 for line in text.splitlines())
+    last = mon.history[-1].params
+    for name, ps in last.items():
+        assert f"{ps.norm:.3g}" in text
+    golden("monitor_report_80.txt", text)
