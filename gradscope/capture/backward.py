@@ -24,7 +24,6 @@ import torch
 from ..model.backward import BackwardTrace, GradStat, NodeStep, NonFinite
 from ..model.graph import Graph, Node
 from . import regions as _regions
-from . import walk as _walk
 from .forward import created_at
 from .handles import HookHandle
 from .stamps import FORWARD_NONFINITE_KEY
@@ -369,10 +368,10 @@ def record_backward(
     recorder = _Recorder(ids, roots)
     result = BackwardTrace(graph=graph)
     watch = None
-    if _walk.REGIONS_SEEN:
-        expanded = {n.id for n in graph.nodes if n.compiled is not None and n.compiled.ops}
-        if expanded:
-            watch = _regions.Watch({nid: fn for fn, nid in ids.items() if nid in expanded})
+    # one pass over the plain graph (the recorder hooks every node anyway)
+    expanded = {n.id for n in graph.nodes if n.compiled is not None and n.compiled.ops}
+    if expanded:
+        watch = _regions.Watch({nid: fn for fn, nid in ids.items() if nid in expanded})
     recorder.install()
     if watch is not None:
         try:

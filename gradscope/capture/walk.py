@@ -50,17 +50,17 @@ _CLASS_INFO: dict[type, _ClassInfo] = {}
 _CUSTOM_BASE = torch.autograd.function.BackwardCFunction
 
 
-#: Set once a compiled region's node class has been seen: until then ``trace`` does not look
-#: for regions among the walked nodes (a plain graph pays nothing for them).
-REGIONS_SEEN = False
+#: Set once a compiled region's node class has been seen (a cache private to this file): until
+#: then ``trace`` does not look for regions among the walked nodes (a plain graph pays nothing).
+_REGIONS_SEEN = False
 
 
 def _class_info(cls: type) -> _ClassInfo:
     info = _CLASS_INFO.get(cls)
     if info is None:
-        global REGIONS_SEEN
+        global _REGIONS_SEEN
         if cls.__name__ == compiled.REGION_NODE:
-            REGIONS_SEEN = True
+            _REGIONS_SEEN = True
         names = dir(cls)
         if issubclass(cls, _CUSTOM_BASE):
             kind = "custom"
@@ -596,7 +596,7 @@ def _trace_with_ids(
             if nid not in roots:
                 roots.append(nid)
         graph = walker.finish(roots)
-        if regions and REGIONS_SEEN:
+        if regions and _REGIONS_SEEN:
             from . import regions as _regions
 
             found = _regions.find(walker.ids)
