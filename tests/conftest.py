@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from gradscope.capture import walk as _walk
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -81,3 +83,32 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: int = 240):
     return subprocess.run(
         [str(exe), *args], capture_output=True, text=True, cwd=cwd or ROOT, timeout=timeout, env=env
     )
+
+
+# ---------------------------------------------------------------------------- capture fixtures
+#: The compiled walk as imported (None when it was not built or GRADSCOPE_PURE_PYTHON=1).
+COMPILED_WALK = _walk.CWALK
+
+
+@pytest.fixture(params=["compiled", "python"])
+def walker(request, monkeypatch):
+    """Run the test once with each walker (the compiled one skipped when it is off)."""
+    if request.param == "compiled":
+        if COMPILED_WALK is None:
+            pytest.skip("compiled walk off (not built, or GRADSCOPE_PURE_PYTHON=1)")
+        monkeypatch.setattr(_walk, "CWALK", COMPILED_WALK)
+    else:
+        monkeypatch.setattr(_walk, "CWALK", None)
+    return request.param
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches and counters empty before and after the test."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()

@@ -21,13 +21,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from gradscope.capture import compiled
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 class Net(nn.Module):

@@ -24,7 +24,6 @@ import gradscope as gs
 from gradscope.capture import walk as _walk
 
 _ORIGINAL = _walk.CWALK
-WALKERS = ["compiled", "python"]
 N_GRAPHS = 60
 
 
@@ -365,17 +364,6 @@ def check_graph(outputs, leaves, *, after_backward: bool) -> gs.Graph:
     assert all(n.name in src for n in graph.backward_nodes)
     assert src.count("(freed)") == sum(s.freed for n in graph.nodes for s in n.saved)
     return graph
-
-
-@pytest.fixture(params=WALKERS)
-def walker(request, monkeypatch):
-    if request.param == "compiled":
-        if _ORIGINAL is None:
-            pytest.skip("compiled walk off (not built, or GRADSCOPE_PURE_PYTHON=1)")
-        monkeypatch.setattr(_walk, "CWALK", _ORIGINAL)
-    else:
-        monkeypatch.setattr(_walk, "CWALK", None)
-    return request.param
 
 
 def test_the_ops_cover_list_saving_nodes():

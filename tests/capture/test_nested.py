@@ -21,17 +21,6 @@ _ORIGINAL = _walk.CWALK
 LAYOUTS = {"strided": torch.strided, "jagged": torch.jagged}
 
 
-@pytest.fixture(params=["compiled", "python"])
-def walker(request, monkeypatch):
-    if request.param == "compiled":
-        if _ORIGINAL is None:
-            pytest.skip("compiled walk off (not built, or GRADSCOPE_PURE_PYTHON=1)")
-        monkeypatch.setattr(_walk, "CWALK", _ORIGINAL)
-    else:
-        monkeypatch.setattr(_walk, "CWALK", None)
-    return request.param
-
-
 def expected_shape(parts: list[torch.Tensor]) -> list[int | None]:
     """The recorded form: the number of components, then each dimension's size where every
     component has the same one, else None (a ragged dimension)."""

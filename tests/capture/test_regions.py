@@ -25,12 +25,7 @@ from gradscope.errors import SchemaError
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 class Net(nn.Module):

@@ -15,13 +15,7 @@ from torch._dynamo.utils import counters
 
 import gradscope as gs
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 class Net(nn.Module):

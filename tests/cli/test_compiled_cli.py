@@ -19,11 +19,7 @@ from gradscope.capture import compiled
 SAMPLE = str(SAMPLES / "compiled.py")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def run(*args: str):
