@@ -37,3 +37,29 @@ def check_options(framework: str, options: dict[str, Any]) -> dict[str, Any]:
 def alert_lines(alerts: list[Any], start: int) -> list[str]:
     """One log line per alert from index ``start`` on."""
     return [f"gradscope {a.kind}: {a.message}" for a in alerts[start:]]
+
+
+class AlertRelay:
+    """Passes a monitor's new alerts to a framework's logger, each once, as a warning."""
+
+    def __init__(self, logger: Any) -> None:
+        self.logger = logger
+        self.told = 0
+
+    def reset(self) -> None:
+        """A fresh monitor: nothing told yet."""
+        self.told = 0
+
+    def tell(self, monitor: Any) -> None:
+        """Log the alerts ``monitor`` raised since the last call."""
+        if monitor is None or len(monitor.alerts) == self.told:
+            return
+        for line in alert_lines(monitor.alerts, self.told):
+            self.logger.warning(line)
+        self.told = len(monitor.alerts)
+
+    def close(self, monitor: Any) -> None:
+        """Log what is left and remove the monitor's hooks (its history stays)."""
+        if monitor is not None:
+            self.tell(monitor)
+            monitor.remove()

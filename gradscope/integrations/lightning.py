@@ -31,7 +31,7 @@ except ImportError:  # the older package name
 
 from ..capture.monitor import GradMonitor
 from ..errors import UnsupportedSetupError
-from ._options import alert_lines, check_options
+from ._options import AlertRelay, check_options
 
 logger = logging.getLogger("lightning.pytorch")
 
@@ -58,7 +58,7 @@ class GradscopeCallback(pl.Callback):
         self.options = check_options("Lightning", monitor_options)
         self.log_norm = log
         self.monitor: GradMonitor | None = None
-        self._told = 0
+        self._alerts = AlertRelay(logger)
         self._logged = 0
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -73,7 +73,8 @@ class GradscopeCallback(pl.Callback):
         self.monitor = GradMonitor(
             pl_module, optimizer=optimizers[0], scaler=scaler, **self.options
         )
-        self._told = self._logged = 0
+        self._alerts.reset()
+        self._logged = 0
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -95,14 +96,7 @@ class GradscopeCallback(pl.Callback):
         self._close()
 
     def _close(self) -> None:
-        if self.monitor is not None:
-            self._tell()
-            self.monitor.remove()
+        self._alerts.close(self.monitor)
 
     def _tell(self) -> None:
-        mon = self.monitor
-        if mon is None or len(mon.alerts) == self._told:
-            return
-        for line in alert_lines(mon.alerts, self._told):
-            logger.warning(line)
-        self._told = len(mon.alerts)
+        self._alerts.tell(self.monitor)

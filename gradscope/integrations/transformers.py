@@ -24,7 +24,7 @@ from transformers import TrainerCallback
 from transformers.utils import logging
 
 from ..capture.monitor import GradMonitor
-from ._options import alert_lines, check_options
+from ._options import AlertRelay, check_options
 
 logger = logging.get_logger("transformers.trainer")
 
@@ -47,7 +47,7 @@ class GradscopeCallback(TrainerCallback):
     def __init__(self, **monitor_options: Any) -> None:
         self.options = check_options("Trainer", monitor_options)
         self.monitor: GradMonitor | None = None
-        self._told = 0
+        self._alerts = AlertRelay(logger)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is not None:  # a second train() call: start a fresh history
@@ -57,20 +57,13 @@ class GradscopeCallback(TrainerCallback):
         self.monitor = GradMonitor(
             kwargs["model"], optimizer=optimizer, scaler=scaler, **self.options
         )
-        self._told = 0
+        self._alerts.reset()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._tell()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.monitor is not None:
-            self._tell()
-            self.monitor.remove()
+        self._alerts.close(self.monitor)
 
     def _tell(self) -> None:
-        mon = self.monitor
-        if mon is None or len(mon.alerts) == self._told:
-            return
-        for line in alert_lines(mon.alerts, self._told):
-            logger.warning(line)
-        self._told = len(mon.alerts)
+        self._alerts.tell(self.monitor)
