@@ -386,26 +386,23 @@ def read_region(fn: Any) -> RegionGraph:
     if cached is not None:
         return cached
     version = torch_version()
+    n_inputs = len(fn.next_functions)
+
+    def opaque(note: str) -> RegionGraph:
+        return RegionGraph(aot_id=getattr(cls, "_aot_id", None), outputs=[None] * n_inputs,
+                           opaque=True, note=f"drawn opaque: {note}")
+
     if version not in SUPPORTED:
         known = ", ".join("%d.%d" % v for v in sorted(SUPPORTED))
-        region = RegionGraph(
-            aot_id=getattr(cls, "_aot_id", None),
-            outputs=[None] * len(fn.next_functions),
-            opaque=True,
-            note=f"drawn opaque: gradscope reads AOTAutograd's backward graphs on torch {known}, "
-            f"this is torch {torch.__version__}",
-        )
+        region = opaque(f"gradscope reads AOTAutograd's backward graphs on torch {known}, "
+                        f"this is torch {torch.__version__}")
     else:
         try:
-            region = _read(cls, len(fn.next_functions))
+            region = _read(cls, n_inputs)
         except Exception as exc:  # internals we did not expect: say so, never fail a trace
-            region = RegionGraph(
-                aot_id=getattr(cls, "_aot_id", None),
-                outputs=[None] * len(fn.next_functions),
-                opaque=True,
-                note=f"drawn opaque: could not read its AOTAutograd backward graph "
-                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
-            )
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            region = opaque(f"could not read its AOTAutograd backward graph "
+                            f"({type(exc).__name__}: {first})")
     try:
         _REGIONS[cls] = region
     except TypeError:
