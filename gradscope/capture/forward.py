@@ -135,13 +135,15 @@ class _ForwardMode(TorchFunctionMode):
     def _flag(self, func: Any, out: Any, frame: Any = None) -> None:
         """Queue device-side NaN/Inf flags of the call's floating outputs (no host sync)."""
         outs = out if isinstance(out, (tuple, list)) else (out,)
+        loc: Any = _UNSET  # the user's line, looked up once per call (only if one is checked)
         for t in outs:
             if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
                 continue
             if not (t.is_floating_point() or t.is_complex()) or t.device.type == "meta":
                 continue
-            user = _user_frame(sys._getframe(2) if frame is None else frame)  # 2: the caller
-            loc = None if user is None else (user.f_code.co_filename, user.f_lineno)
+            if loc is _UNSET:
+                user = _user_frame(sys._getframe(2) if frame is None else frame)  # 2: the caller
+                loc = None if user is None else (user.f_code.co_filename, user.f_lineno)
             with torch.no_grad():
                 d = t.detach()
                 flag = torch.stack([d.isnan().any(), d.isinf().any()])
