@@ -51,10 +51,6 @@ def _target(mf: gs.ModelFile, name: str) -> Any:
     return obj
 
 
-def _call(mf: gs.ModelFile, label: str, fn: Any) -> Any:
-    return mf.call(f"calling {label}()", fn)
-
-
 def load_inputs(mf: gs.ModelFile, name: str) -> tuple[Any, ...]:
     """The arguments to check ``name`` with: ``NAME_inputs()`` or else ``example_inputs``."""
     label = f"{name}_inputs"
@@ -67,7 +63,7 @@ def load_inputs(mf: gs.ModelFile, name: str) -> tuple[Any, ...]:
             f"{mf.path}: no {name}_inputs() or example_inputs to call {name} with; "
             + _HINT.format(name=name)
         )
-    value = _call(mf, label, source) if callable(source) else source
+    value = mf.call(f"calling {label}()", source) if callable(source) else source
     if isinstance(value, torch.Tensor):
         return (value,)
     if isinstance(value, (tuple, list)) and not value:

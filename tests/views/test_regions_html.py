@@ -1,5 +1,5 @@
 """A compiled region in the HTML page: a box like a module's, that expands and collapses in a
-real headless Chromium (the same set-up as tests/test_html.py)."""
+real headless Chromium (the same set-up as tests/views/test_html.py)."""
 
 from __future__ import annotations
 
