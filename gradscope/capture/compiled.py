@@ -1,6 +1,7 @@
 """``torch.compile`` support: the one module that reads Dynamo's and AOTAutograd's internals.
 
-Two jobs, both version-specific (tested on the pinned torch, see ``SUPPORTED``):
+Two jobs, both on torch internals, which are read through ``torchcompat`` (probed by feature,
+not by version; tested on torch 2.13 and 2.14):
 
 1. **Stay invisible to Dynamo.** gradscope's hooks must never change what Dynamo compiles.
    Hooks that Dynamo would trace inline (global module hooks inside a compiled ``_call_impl``,
@@ -23,8 +24,9 @@ Two jobs, both version-specific (tested on the pinned torch, see ``SUPPORTED``):
    tangent, a saved activation), its module path and forward line from the FX metadata
    (``fwd_nn_module_stack`` / ``nn_module_stack``, ``stack_trace``), the saved activations
    (placeholder names, shapes, dtypes) and which op produces each gradient the node returns.
-   On a torch version this module was not written for, or when the graph is not kept, the
-   ``RegionGraph`` is opaque and says why in one line; nothing here raises on user programs.
+   On a torch that lacks the AOTAutograd internals read here (``torchcompat.aot_region_support``),
+   or when the graph is not kept, the ``RegionGraph`` is opaque and says why in one line;
+   nothing here raises on user programs.
 
 ``first_nonfinite_op`` re-runs a region's backward graph op by op (``torch.fx.Interpreter``) on
 the inputs the node received, to name the aten op that first produced a NaN/Inf.
@@ -37,7 +39,6 @@ from __future__ import annotations
 import functools
 import operator
 import re
-import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
@@ -47,10 +48,7 @@ from typing import Any
 import torch
 
 from ..model import paths
-
-#: (major, minor) torch versions whose AOTAutograd internals ``read_region`` was written for and
-#: is tested on. Elsewhere regions are drawn opaque with a note.
-SUPPORTED = {(2, 13)}
+from . import torchcompat
 
 REGION_NODE = "CompiledFunctionBackward"
 #: The module-path component of a compiled region (``<compiled>``, ``<compiled>#1``...).
@@ -59,21 +57,13 @@ REGION_PART = paths.REGION_PART
 REGION_CLASS = "torch.compile region"
 
 
-def torch_version() -> tuple[int, int]:
-    """``(major, minor)`` of the running torch."""
-    m = re.match(r"(\d+)\.(\d+)", torch.__version__)
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-
+torch_version = torchcompat.torch_version
 
 # ====================================================================== Dynamo transparency
 #: ``torch.compiler.is_compiling``: True while Dynamo traces (a constant it folds) and during a
 #: compile session; hooks that Dynamo may inline test it first and return.
-compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", lambda: False)
-
-
-def dynamo_loaded() -> bool:
-    """Whether the program imported ``torch._dynamo`` (nothing can be compiled before that)."""
-    return "torch._dynamo" in sys.modules
+compiling: Callable[[], bool] = torchcompat.compiling
+dynamo_loaded = torchcompat.dynamo_loaded
 
 
 _PENDING: set[Any] = set()  # code objects waiting for torch._dynamo to be imported
@@ -105,16 +95,12 @@ def arm() -> bool:
     if not dynamo_loaded():
         return False
     if _PENDING:
-        try:
-            from torch._dynamo.eval_frame import set_code_exec_strategy
-            from torch._dynamo.types import FrameAction, FrameExecStrategy
-
-            skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
-        except (ImportError, AttributeError):  # another torch: nothing to mark with
+        mark = torchcompat.frame_skipper()
+        if mark is None:  # another torch: nothing to mark with (torchcompat noted it)
             _PENDING.clear()
             return True
         for code in list(_PENDING):
-            set_code_exec_strategy(code, skip)
+            mark(code)
             _MARKED.add(code)
         _PENDING.clear()
     return True
@@ -267,25 +253,12 @@ class ModuleHooks:
         return None
 
 
-def _callback_handler() -> Any:
-    mod = sys.modules.get("torch._dynamo.callback")
-    return getattr(mod, "callback_handler", None)
-
+_callback_handler = torchcompat.compile_callbacks
 
 # -------------------------------------------------------------------- torch function modes
-def mode_on_top(mode: Any) -> bool:
-    """``mode`` is the innermost torch function mode."""
-    n = torch._C._len_torch_function_stack()
-    return n > 0 and torch._C._get_function_stack_at(n - 1) is mode
-
-
-def pop_mode() -> Any:
-    """Pop the innermost torch function mode (see ``mode_on_top``)."""
-    return torch._C._pop_torch_function_stack()
-
-
-def push_mode(mode: Any) -> None:
-    torch._C._push_on_torch_function_stack(mode)
+mode_on_top = torchcompat.mode_on_top
+pop_mode = torchcompat.pop_mode
+push_mode = torchcompat.push_mode
 
 
 # ====================================================================== compiled regions
@@ -385,17 +358,15 @@ def read_region(fn: Any) -> RegionGraph:
         cached = None
     if cached is not None:
         return cached
-    version = torch_version()
     n_inputs = len(fn.next_functions)
 
     def opaque(note: str) -> RegionGraph:
-        return RegionGraph(aot_id=getattr(cls, "_aot_id", None), outputs=[None] * n_inputs,
+        return RegionGraph(aot_id=torchcompat.aot_id(cls), outputs=[None] * n_inputs,
                            opaque=True, note=f"drawn opaque: {note}")
 
-    if version not in SUPPORTED:
-        known = ", ".join("%d.%d" % v for v in sorted(SUPPORTED))
-        region = opaque(f"gradscope reads AOTAutograd's backward graphs on torch {known}, "
-                        f"this is torch {torch.__version__}")
+    unsupported = torchcompat.aot_region_support()
+    if unsupported is not None:
+        region = opaque(unsupported)
     else:
         try:
             region = _read(cls, n_inputs)
@@ -417,29 +388,13 @@ def remember(fn: Any) -> None:
         read_region(fn)
 
 
-def backward_module(cls: Any) -> Any:
-    """The uncompiled backward ``GraphModule`` AOTAutograd keeps for a ``CompiledFunction``
-    class, or None."""
-    info = getattr(cls, "_lazy_backward_info", None)
-    if info is None:
-        return None
-    gm = getattr(info, "bw_module", None)
-    if gm is None:
-        load = getattr(info, "bw_module_fn", None)
-        if load is not None:
-            gm = _LOADED.get(cls)
-            if gm is None:
-                gm = load()
-                _LOADED[cls] = gm
-    return gm if isinstance(gm, torch.fx.GraphModule) else None
-
-
-_LOADED: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+backward_module = torchcompat.aot_backward_module
 
 
 def _read(cls: Any, n_inputs: int) -> RegionGraph:
-    aot_id = getattr(cls, "_aot_id", None)
-    gm = backward_module(cls)
+    aot = torchcompat.aot_region(cls)
+    aot_id = aot.aot_id
+    gm = aot.graph
     if gm is None:
         return RegionGraph(
             aot_id=aot_id,
@@ -448,17 +403,16 @@ def _read(cls: Any, n_inputs: int) -> RegionGraph:
             note="drawn opaque: AOTAutograd kept no backward graph for this region "
             "(compiled autograd, or a cache entry without one)",
         )
-    meta = cls.metadata
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    n_sym = int(cls.num_symints_saved_for_bw or 0)
-    tangent_of = _tangent_slots(meta)
+    n_sym = aot.n_symints
+    tangent_of = aot.tangent_slots
     n_tangents = len(tangent_of)
-    n_opaque = int(getattr(meta, "num_opaque_objects_saved_for_bw", 0) or 0)
+    n_opaque = aot.n_opaque
     first_tangent = next(
-        (i for i, p in enumerate(placeholders) if _is_tangent(p)), None
+        (i for i, p in enumerate(placeholders) if torchcompat.is_tangent(p)), None
     )
     if first_tangent is None:  # no gradient flows in (all outputs non-differentiable)
-        first_tangent = len(placeholders) - _trailing_inputs(meta)
+        first_tangent = len(placeholders) - aot.n_trailing
     n_saved = first_tangent - n_sym - n_opaque
     if n_saved < 0:
         raise ValueError(f"{len(placeholders)} placeholders, {n_sym} symints, tangent at "
@@ -501,45 +455,6 @@ def _read(cls: Any, n_inputs: int) -> RegionGraph:
     return RegionGraph(aot_id, ops, saved, tangents, outputs, False, note)
 
 
-def _is_tangent(p: Any) -> bool:
-    desc = p.meta.get("desc")
-    if desc is not None:
-        return type(desc).__name__ == "TangentAOTInput"
-    return p.name.startswith("tangents_")
-
-
-def _trailing_inputs(meta: Any) -> int:
-    """Backward inputs after the tangents: effect tokens and the rng seed/offset."""
-    n = int(getattr(meta, "num_backward_tokens", 0) or 0)
-    return n + (2 if getattr(meta, "is_rng_op_functionalized", False) else 0)
-
-
-def _tangent_slots(meta: Any) -> list[int]:
-    """Per tangent of the backward graph, the index of the node's ``grad_outputs`` it is.
-
-    The same selection AOTAutograd's backward prologue makes: gradients of mutated inputs
-    that require grad, of differentiable outputs, then of intermediate bases."""
-    from torch._functorch._aot_autograd.schemas import OutputType
-
-    n_mut = meta.num_mutated_inp_runtime_indices
-    slots = [
-        i
-        for i, idx in enumerate(meta.mutated_inp_runtime_indices)
-        if meta.input_info[idx].mutates_data and meta.input_info[idx].requires_grad
-    ]
-    keep = (OutputType.non_alias, OutputType.unsafe_view_alias, OutputType.custom_function_view)
-    for i, info in enumerate(meta.output_info):
-        if (
-            info.output_type in keep
-            and issubclass(info.raw_type, torch.Tensor)
-            and info.requires_grad_for_backward
-        ):
-            slots.append(n_mut + i)
-    start = n_mut + meta.num_outputs
-    slots.extend(range(start, start + meta.num_intermediate_bases))
-    return slots
-
-
 def _shape_dtype(node: Any) -> tuple[list[int] | None, str | None]:
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
@@ -558,7 +473,7 @@ def _shape_dtype(node: Any) -> tuple[list[int] | None, str | None]:
 
 
 def _op_name(target: Any) -> str:
-    if isinstance(target, torch._ops.OpOverload):
+    if torchcompat.is_op_overload(target):
         return str(target)  # aten.mm.default
     mod = getattr(target, "__module__", "") or ""
     name = getattr(target, "__name__", None) or str(target)
@@ -691,13 +606,10 @@ def capture_inputs(fn: Any) -> RegionInputs | None:
     it runs (backward frees them); the ones AOTAutograd may donate to the compiled backward
     (which may overwrite them) are copied. None when they cannot be read."""
     try:
-        saved = list(fn.saved_tensors) + list(getattr(fn, "_tensors_no_vc_check", []) or [])
-        symints = list(getattr(fn, "symints", []) or [])
-        opaque = list(getattr(fn, "opaque_objects", []) or [])
+        saved, symints, opaque = torchcompat.region_saved(fn)
     except RuntimeError:
         return None
-    cls = fn._forward_cls
-    donated = getattr(cls.metadata, "bw_donated_idxs", None) or []
+    donated = torchcompat.aot_donated(fn._forward_cls)
     n_sym = len(symints)
     for idx in donated:
         k = idx - n_sym
@@ -718,7 +630,7 @@ def first_nonfinite_op(fn_cls: Any, inputs: RegionInputs, grad_outputs: Iterable
     region = _REGIONS.get(fn_cls)
     if gm is None or region is None or region.opaque:
         return None
-    prologue = getattr(fn_cls, "_bw_prologue_fn", None)
+    prologue = torchcompat.aot_prologue(fn_cls)
     if prologue is None:
         return None
     index = {op.fx_name: i for i, op in enumerate(region.ops)}

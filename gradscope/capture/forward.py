@@ -26,7 +26,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..model.backward import ForwardNonFinite
-from . import compiled
+from . import compiled, torchcompat
 from .handles import HookHandle
 from .stamps import CREATED_KEY, FORWARD_NONFINITE_KEY, MODULE_KEY
 
@@ -67,9 +67,8 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 # the gradscope package (the CLI's model-file loader calls torch from there)
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _INTERNAL: dict[str, bool] = {}  # by file name: hashing a code object hashes its bytecode
-_APPLY_CODE = torch.autograd.Function.apply.__func__.__code__  # type: ignore[attr-defined]
 _ACCUMULATE_SEQ = 2**64 - 1  # AccumulateGrad nodes carry UINT64_MAX as sequence number
-_CUSTOM_BASE = torch.autograd.function.BackwardCFunction
+_CUSTOM_DEPTH = 8  # how far above a grad-disabled torch call a custom forward is looked for
 _UNSET = object()
 compiling = compiled.compiling
 
@@ -93,13 +92,6 @@ def _user_frame(frame: Any) -> Any:
     return frame
 
 
-def _next_sequence_nr() -> int:
-    """The sequence number the next autograd node created on this thread will get."""
-    with torch.enable_grad():
-        probe = torch.empty(0, requires_grad=True).view(0)
-    return probe.grad_fn._sequence_nr() + 1  # type: ignore[union-attr]
-
-
 class _ForwardMode(TorchFunctionMode):
     """Stamps each autograd node created by a torch call with the user's file and line.
 
@@ -110,7 +102,7 @@ class _ForwardMode(TorchFunctionMode):
 
     def __init__(self, check_finite: bool = False) -> None:
         super().__init__()
-        self.start = _next_sequence_nr()
+        self.start = torchcompat.next_sequence_nr()
         self.last = self.start - 1
         self.check_finite = check_finite
         # with check_finite: per floating output, its [has NaN, has Inf] flags (left on the
@@ -245,17 +237,30 @@ class _ForwardMode(TorchFunctionMode):
 
     def _stamp_custom(self) -> None:
         """Inside a custom Function's forward, stamp its node (``ctx``) with the line that
-        called ``.apply``."""
+        called ``.apply``.
+
+        The forward's frame is the nearest one (a few frames up: the forward may call
+        helpers) whose first argument is a Function's ``ctx`` and whose code is that
+        Function's ``forward``; the user's line is the first frame outside torch above it
+        (``Function.apply`` is a Python frame in between up to torch 2.13, a builtin without
+        a frame from 2.14)."""
         frame = _user_frame(sys._getframe(2))
-        caller = frame.f_back if frame is not None else None
-        if caller is None or caller.f_code is not _APPLY_CODE or not frame.f_code.co_varnames:
-            return
-        ctx = frame.f_locals.get(frame.f_code.co_varnames[0])
-        if not isinstance(ctx, _CUSTOM_BASE) or CREATED_KEY in ctx.metadata:
-            return
-        site = _user_frame(caller)
-        if site is not None:
-            ctx.metadata[CREATED_KEY] = (site.f_code.co_filename, site.f_lineno)
+        for _ in range(_CUSTOM_DEPTH):
+            if frame is None:
+                return
+            code = frame.f_code
+            if code.co_argcount and not _internal(code.co_filename):
+                ctx = frame.f_locals.get(code.co_varnames[0])
+                if torchcompat.is_custom_ctx(ctx):
+                    if CREATED_KEY in ctx.metadata:
+                        return
+                    if torchcompat.custom_forward_code(ctx) is code:
+                        site = _user_frame(frame.f_back)
+                        if site is not None:
+                            ctx.metadata[CREATED_KEY] = (site.f_code.co_filename,
+                                                         site.f_lineno)
+                        return
+            frame = frame.f_back
 
 
 class RecordForward:

@@ -32,7 +32,7 @@ from ..model.memory import (
     StorageUse,
     add_use,
 )
-from . import compiled
+from . import compiled, torchcompat
 from .handles import HookHandle
 from .scopes import ScopeRecorder
 from .stamps import LEAK_KEY
@@ -87,7 +87,10 @@ class _HooksGuard:
         self.pushed = False
 
     def push(self) -> None:
-        if not torch._C._autograd._saved_tensors_hooks_is_enabled():
+        missing = torchcompat.saved_hooks_missing()
+        if missing is not None:
+            raise MemoryHooksError(missing)
+        if not torchcompat.saved_hooks_enabled():
             raise MemoryHooksError(
                 "saved-tensor hooks are disabled here (inside torch.compile or functorch?); "
                 "run the forward eagerly to measure saved memory"
@@ -95,7 +98,7 @@ class _HooksGuard:
         # a compiled region saves its tensors while its frame runs: Dynamo must not compile
         # these hooks as frames of their own
         compiled.eager_only(_pack, _unpack)
-        torch._C._autograd._push_saved_tensors_default_hooks(_pack, _unpack)
+        torchcompat.push_saved_hooks(_pack, _unpack)
         _LISTENERS.append(self.listener)
         self.pushed = True
 
@@ -105,13 +108,13 @@ class _HooksGuard:
         self.pushed = False
         if self.listener in _LISTENERS:
             _LISTENERS.remove(self.listener)
-        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        top = torchcompat.top_saved_hooks()
         if top is None or top[0] is not _pack:
             raise MemoryHooksError(
                 "other saved_tensors_hooks were pushed after gradscope's and not popped; "
                 "close them before closing gradscope's saved_memory / leak_check"
             )
-        torch._C._autograd._pop_saved_tensors_default_hooks()
+        torchcompat.pop_saved_hooks()
 
 
 def _storage_of(t: torch.Tensor) -> tuple[Any, int]:

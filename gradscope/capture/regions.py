@@ -35,7 +35,7 @@ import torch
 
 from ..model.graph import Edge, Graph, Node, Region, SavedTensor
 from ..model.paths import levels, strip_calls
-from . import compiled
+from . import compiled, torchcompat
 from .forward import location_text
 
 
@@ -231,12 +231,9 @@ def _saved_tensors(fn: Any) -> list[Any] | None:
     """The tensors a region node holds, in the order its backward graph takes them (None once
     backward freed them). Read through the ``SavedVariable`` handles: no unpack hook runs."""
     try:
-        raws = fn._raw_saved_tensors
+        return torchcompat.region_raw_saved(fn)
     except RuntimeError:
         return None
-    tensors = [r.data for r in raws]
-    tensors += list(getattr(fn, "_tensors_no_vc_check", None) or [])
-    return tensors
 
 
 # ---------------------------------------------------------------------------- the recorder

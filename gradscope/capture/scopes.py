@@ -43,7 +43,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..errors import ScopesError
 from ..model.paths import levels, strip_calls
-from . import compiled
+from . import compiled, torchcompat
 from .handles import HookHandle
 from .nest import iter_tensors
 from .stamps import MODULE_CLASSES_KEY, MODULE_KEY, NO_SEQUENCE_NR, walk_nodes
@@ -85,9 +85,7 @@ def _hook_caller() -> Any:
     return f
 
 
-def _is_top_mode(mode: TorchFunctionMode) -> bool:
-    n = torch._C._len_torch_function_stack()
-    return n > 0 and torch._C._get_function_stack_at(n - 1) is mode
+_is_top_mode = torchcompat.mode_on_top
 
 
 class _HookMode(TorchFunctionMode):
@@ -97,7 +95,7 @@ class _HookMode(TorchFunctionMode):
     def __init__(self, rec: ScopeRecorder, frame: _Frame, caller: Any) -> None:
         super().__init__()
         self.rec, self.frame, self.caller = rec, frame, caller
-        self.start = torch._C._autograd._get_sequence_nr()
+        self.start = torchcompat.next_sequence_nr()
         self.depth = len(rec.stack)  # a submodule the hook calls stamps its own nodes
         self.active = True
 
@@ -169,7 +167,7 @@ class ScopeRecorder:
         base = f"{parent.path}.{rel}" if parent.path else rel
         path = f"{base}#{k}" if k else base
         self.first_call.setdefault(name, path)
-        seq = torch._C._autograd._get_sequence_nr()
+        seq = torchcompat.next_sequence_nr()
         self.stack.append(_Frame(module, name, path, seq, self.class_chain(path)))
 
     def post(self, module: torch.nn.Module, args: Any, output: Any) -> None:

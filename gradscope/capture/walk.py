@@ -24,7 +24,7 @@ import torch
 
 from ..errors import GradscopeError, NoGradError
 from ..model.graph import Edge, Graph, Node, SavedTensor, TensorInfo
-from . import compiled
+from . import compiled, torchcompat
 from .nest import iter_tensors
 from .stamps import MODULE_CLASSES_KEY, MODULE_KEY
 
@@ -47,7 +47,7 @@ class _ClassInfo:
 
 
 _CLASS_INFO: dict[type, _ClassInfo] = {}
-_CUSTOM_BASE = torch.autograd.function.BackwardCFunction
+_CUSTOM_BASE = torchcompat.CUSTOM_BASE
 
 
 #: Set once a compiled region's node class has been seen (a cache private to this file): until
@@ -88,12 +88,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def _storage_key_fallback(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata
-
-
 #: The address of a tensor's StorageImpl: one key per storage (raises for storage-less tensors).
-_storage_key = getattr(torch._C, "_storage_address", None) or _storage_key_fallback
+_storage_key = torchcompat.storage_key
 
 
 #: The ``Node`` fields the compiled walk fills itself; the fields after them get their defaults.
