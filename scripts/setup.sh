@@ -1,32 +1,58 @@
 #!/usr/bin/env bash
-# Idempotent set-up used by the README's two commands and by CI:
-#   a virtual environment in .venv, the CPU build of torch 2.13.0 (pinned: a bare `torch`
-#   pulls a multi-GB CUDA build), gradscope with its test extras (which compiles the optional
-#   C walk, gradscope/capture/_cwalk.c, when a C compiler is present), and the Graphviz binary.
-# Set GRADSCOPE_EXTRAS to choose extras (default: test).
+# Idempotent set-up used by the README's commands and by CI: a virtual environment, a pinned
+# torch, gradscope (editable; pip compiles the optional C walk, gradscope/capture/_cwalk.c,
+# when a C compiler is present) with the extras asked for, and the Graphviz binary.
+#
+#   GRADSCOPE_VENV      the environment's folder (default .venv)
+#   GRADSCOPE_TORCH     what to install first (default "torch==2.13.0", the CPU build here:
+#                       a bare `torch` pulls a multi-GB CUDA build); may name several packages,
+#                       e.g. "torch==2.14.1 torchvision==0.29.1"
+#   GRADSCOPE_EXTRAS    gradscope's extras (default test; empty: gradscope and its
+#                       dependencies only, what rendering needs)
+#   GRADSCOPE_PACKAGES  more packages installed after gradscope (e.g. timm)
+# Everything after the first step is installed with torch (and torchvision) held at the
+# versions the first step installed, so nothing downloads another torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-EXTRAS=${GRADSCOPE_EXTRAS:-test}
+VENV=${GRADSCOPE_VENV:-.venv}
+TORCH_SPEC=${GRADSCOPE_TORCH:-torch==2.13.0}
+EXTRAS=${GRADSCOPE_EXTRAS-test}
+PACKAGES=${GRADSCOPE_PACKAGES:-}
+pip_q() { "$VPY" -m pip install -q --disable-pip-version-check "$@" >&2; }
 
-if [ ! -x .venv/bin/python ]; then
-  echo "setup: creating .venv" >&2
-  "$PY" -m venv .venv
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV" >&2
+  "$PY" -m venv "$VENV"
 fi
-VPY=.venv/bin/python
+VPY=$VENV/bin/python
+target=.
+[ -n "$EXTRAS" ] && target=".[$EXTRAS]"
 # the stamp covers everything the install builds from, so an edited C file is rebuilt
-stamp=".venv/.gradscope-setup-$(cat pyproject.toml setup.py gradscope/capture/_cwalk.c scripts/setup.sh \
-  | sha1sum | cut -c1-12)-$EXTRAS"
+stamp="$VENV/.gradscope-setup-$( (cat pyproject.toml setup.py gradscope/capture/_cwalk.c \
+  scripts/setup.sh; echo "$TORCH_SPEC|$EXTRAS|$PACKAGES") | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
-  echo "setup: installing torch==2.13.0 (CPU) and gradscope[$EXTRAS]" >&2
-  "$VPY" -m pip install -q --disable-pip-version-check --upgrade pip >&2 || true
-  "$VPY" -m pip install -q --disable-pip-version-check "torch==2.13.0" >&2
-  "$VPY" -m pip install -q --disable-pip-version-check -e ".[$EXTRAS]" >&2
-  rm -f .venv/.gradscope-setup-*
+  echo "setup: installing $TORCH_SPEC and gradscope${EXTRAS:+[$EXTRAS]}${PACKAGES:+ and $PACKAGES} into $VENV" >&2
+  pip_q --upgrade pip || true
+  # shellcheck disable=SC2086  # a list of requirements
+  pip_q $TORCH_SPEC
+  held="$VENV/.gradscope-held.txt"
+  "$VPY" - > "$held" <<'EOF'
+from importlib import metadata
+for name in ("torch", "torchvision"):
+    try:
+        print(f"{name}=={metadata.version(name)}")
+    except metadata.PackageNotFoundError:
+        pass
+EOF
+  pip_q -c "$held" -e "$target"
+  # shellcheck disable=SC2086
+  [ -z "$PACKAGES" ] || pip_q -c "$held" $PACKAGES
+  rm -f "$VENV"/.gradscope-setup-*
   touch "$stamp"
 fi
 if ! "$VPY" -c "import gradscope.capture._cwalk" 2>/dev/null; then
-  echo "setup: the compiled walk (gradscope/capture/_cwalk.c) is not built, so gs.trace uses its slower pure-Python walker; install a C compiler and the Python headers (apt-get install gcc python3-dev) and run: .venv/bin/pip install -e ." >&2
+  echo "setup: the compiled walk (gradscope/capture/_cwalk.c) is not built, so gs.trace uses its slower pure-Python walker; install a C compiler and the Python headers (apt-get install gcc python3-dev) and run: $VENV/bin/pip install -e ." >&2
 fi
 
 if ! command -v dot >/dev/null 2>&1; then
