@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> Any:
         for line in lines[1:]:
             err.print(line, markup=False)
         sys.exit(EXIT_UNUSABLE)
-    except (KeyboardInterrupt, click.Abort):
+    except (KeyboardInterrupt, typer.Abort):  # typer's Abort (its _click has none)
         err.print("gradscope: interrupted", markup=False)
         sys.exit(EXIT_INTERRUPTED)
     except click.ClickException as exc:  # click's own errors (a file it could not open...)

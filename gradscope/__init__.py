@@ -29,7 +29,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from . import views as _views  # registers the output formats and renderers (no torch there)
+# imported for its side effect: registers the output formats and renderers (no torch there)
+from . import views  # noqa: F401
 from .capture.loader import ModelFile, load_model_file
 from .capture.nest import iter_tensors
 from .capture.walk import trace
