@@ -63,7 +63,7 @@ from .stats import (
 FULL_EVERY = 50
 
 # bound once: they run on every backward (the hooks) or every logged step
-_engine_callback = torch.autograd.Variable._execution_engine.queue_callback  # type: ignore
+_engine_callback = torch.autograd.Variable._execution_engine.queue_callback
 _graph_task_id = torch._C._current_graph_task_id
 # the C++ guard behind torch.inference_mode(), without its Python wrapper
 _InferenceMode = torch._C._InferenceMode
