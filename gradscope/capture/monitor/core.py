@@ -9,6 +9,7 @@ processes), ``records`` (host rows to ``ParamStats``); the alert rules are plain
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 import zlib
@@ -20,9 +21,17 @@ from typing import Any
 import torch
 
 from ...errors import GradscopeError, MonitorWarning, UnsupportedSetupError
-from ...model.alerts import AlertRules, Thresholds
+from ...model.alerts import AlertRules
 from ...model.formats import renderer
-from ...model.monitor import Alert, MonitorLog, StepStats
+from ...model.monitor import (
+    Alert,
+    DroppedSummary,
+    MonitorLog,
+    StepStats,
+    Thresholds,
+    log_header,
+    step_record,
+)
 from .. import compiled
 from ..handles import HookHandle
 from ..nest import iter_tensors
@@ -30,6 +39,7 @@ from .checks import (
     check_args,
     check_options,
     check_scaler,
+    open_stream,
     select_modules,
     select_params,
     unwrap_optimizer,
@@ -59,6 +69,8 @@ from .stats import (
     sample_size,
 )
 
+#: logged steps kept in ``GradMonitor.history`` by default (older ones are summed up)
+HISTORY = 1000
 #: full statistics (max/mean abs, zero fraction, update ratios) on one logged step in this many
 FULL_EVERY = 50
 
@@ -101,6 +113,10 @@ class GradMonitor:
         leaks: also watch for autograd graphs of earlier steps still alive at the next step
             (a loss kept without ``.detach()``), with ``gs.leak_check``; each leak is an
             ``Alert`` of kind ``leak``.
+        history: keep the last ``history`` logged steps in ``.history`` (default 1000; None:
+            all of them); what the older ones held is summed up in ``.log.dropped``.
+        jsonl: also write every logged step to this JSON Lines file as it is recorded (one
+            line per step, flushed; ``gs.read_jsonl`` reads it back), whatever ``history``.
 
     Raises:
         MonitorError: arguments it cannot use; ``UnsupportedSetupError`` for a set-up it cannot
@@ -133,10 +149,12 @@ class GradMonitor:
         vanish_ratio: float = 1e-4,
         explode: float = 1e3,
         leaks: bool = False,
+        history: int | None = HISTORY,
+        jsonl: str | Path | None = None,
     ) -> None:
         check_args(model, every, norm_type, full_every, measure)
         model = compiled.unwrap(model) or model  # a torch.compile wrapper: its module's names
-        check_options(replicated, update_sample)
+        check_options(replicated, update_sample, history)
         self.every = every
         self.full_every = full_every
         self.norm_type = float(norm_type)
@@ -175,6 +193,10 @@ class GradMonitor:
         self._logged_steps = 0
         self.history: list[StepStats] = []
         self.alerts: list[Alert] = []
+        self._cap = history
+        self._dropped = DroppedSummary()
+        self._stream = open_stream(jsonl) if jsonl is not None else None
+        self._streamed = 0  # alerts already written to the stream
         self._handles = HookHandle()
         self._queued = -1
         self._pending: Measure | None = None
@@ -182,9 +204,8 @@ class GradMonitor:
         self._sample: UpdateSample | None = None
         self._stepped = False
         self._checked_params = False
-        self._rules = AlertRules(
-            self.thresholds, self.norm_type, dict(zip(self.names, self._numels, strict=True))
-        )
+        self._numel_of = dict(zip(self.names, self._numels, strict=True))
+        self._rules = AlertRules(self.thresholds, self.norm_type, self._numel_of)
         self._leak_check: Any = None
         self._leak_alerted: set[int] = set()
         self.distributed: str | None = None
@@ -256,6 +277,8 @@ class GradMonitor:
         self._act_flags.clear()
         for calls in self._module_calls:
             calls.clear()
+        if self._stream is not None:
+            self._stream.close()
 
     def __enter__(self) -> GradMonitor:
         return self
@@ -274,6 +297,9 @@ class GradMonitor:
             steps=self.history,
             alerts=self.alerts,
             distributed=self.distributed,
+            numels=self._numel_of,
+            thresholds=self.thresholds,
+            dropped=self._dropped,
         )
 
     def _guard(self, fn: Any, *args: Any) -> Any:
@@ -549,10 +575,22 @@ class GradMonitor:
         return "global" if same else f"rank {this_rank()}"
 
     def _record(self, st: StepStats) -> None:
-        self.history.append(st)
+        history = self.history
+        history.append(st)
         alerts = self._rules.update(st)
         if alerts:
             self.alerts.extend(alerts)
+        if self._cap is not None and len(history) > self._cap:
+            for old in history[: len(history) - self._cap]:
+                self._dropped.add(old)
+            del history[: len(history) - self._cap]
+        if self._stream is not None and not self._stream.closed:
+            obj = step_record(st, self.alerts[self._streamed :])
+            self._streamed = len(self.alerts)
+            if self._logged_steps == 1:
+                obj["log"] = log_header(self.log)
+            self._stream.write(json.dumps(obj, allow_nan=False) + "\n")
+            self._stream.flush()
 
     # ------------------------------------------------------------------ views
     def report(self, *, width: int = 24) -> Any:
