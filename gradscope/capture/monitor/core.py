@@ -9,6 +9,7 @@ processes), ``records`` (host rows to ``ParamStats``); the alert rules are plain
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import warnings
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ...errors import GradscopeError, MonitorWarning, UnsupportedSetupError
+from ...errors import GradscopeError, MonitorError, MonitorWarning, UnsupportedSetupError
 from ...model.alerts import AlertRules
 from ...model.formats import renderer
 from ...model.monitor import (
@@ -39,6 +40,8 @@ from .checks import (
     check_args,
     check_options,
     check_scaler,
+    check_tensor_type,
+    is_dtensor,
     open_stream,
     select_modules,
     select_params,
@@ -79,6 +82,7 @@ _engine_callback = torch.autograd.Variable._execution_engine.queue_callback  # t
 _graph_task_id = torch._C._current_graph_task_id
 # the C++ guard behind torch.inference_mode(), without its Python wrapper
 _InferenceMode = torch._C._InferenceMode
+_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 class GradMonitor:
@@ -168,6 +172,9 @@ class GradMonitor:
         self._scaler = check_scaler(scaler)
         self._model = model
         chosen = select_params(model, params)
+        self._patterns = None if params is None else (
+            [params] if isinstance(params, str) else list(params)
+        )
         self.names = [n for n, _ in chosen]
         self._params = [p for _, p in chosen]
         self._numels = [p.numel() for p in self._params]
@@ -335,6 +342,8 @@ class GradMonitor:
             self._logged_steps += 1
         self.step += 1
         self._pending = self._probe = self._sample = None
+        if self._logged() and self._checked_params:
+            self._refresh()
         if self._leak_check is None:
             return
         for leak in self._leak_check.step().leaks:
@@ -342,11 +351,86 @@ class GradMonitor:
                 self._leak_alerted.add(leak.step)
                 self.alerts.append(Alert("leak", step, f"step {leak.step}", str(leak)))
 
+    def _refresh(self) -> None:
+        """Before a logged step: watch the parameters the model has now (replaced or added
+        since the monitor started; a warning names them)."""
+        model, wanted = self._model, self._wanted
+        current = [
+            (n, p) for n, p in model.named_parameters() if p.requires_grad and wanted(n)
+        ]
+        params = self._params
+        if len(current) == len(params) and all(
+            p is q for (_, p), q in zip(current, params, strict=True)
+        ):
+            return
+        self._rewatch(current)
+
+    def _wanted(self, name: str) -> bool:
+        patterns = self._patterns
+        return patterns is None or any(fnmatch.fnmatchcase(name, pat) for pat in patterns)
+
+    def _rewatch(self, current: list[tuple[str, torch.nn.Parameter]]) -> None:
+        before = dict(zip(self.names, self._params, strict=True))
+        now = dict(current)
+        replaced = [n for n, p in current if n in before and before[n] is not p]
+        added = [n for n, _ in current if n not in before]
+        removed = [n for n in self.names if n not in now]
+        what = "; ".join(
+            f"{label}: {', '.join(names)}"
+            for label, names in (("replaced", replaced), ("added", added), ("removed", removed))
+            if names
+        )
+        device = self._params[0].device
+        problem = None
+        if self._sharding is not None or any(is_dtensor(p) for _, p in current):
+            problem = "sharded (DTensor) parameters are not re-read while training"
+        elif any(p.device != device for _, p in current):
+            problem = f"some are not on {device}"
+        else:
+            try:
+                for name, p in current:
+                    if name in replaced or name in added:
+                        check_tensor_type(name, p)
+            except MonitorError as exc:
+                problem = str(exc)
+        if problem is not None:
+            warnings.warn(
+                f"GradMonitor: the model's parameters changed after it started ({what}); "
+                f"they are NOT watched ({problem}): build a new GradMonitor",
+                MonitorWarning,
+                stacklevel=4,
+            )
+            self._wanted = lambda name: name in before  # type: ignore[method-assign]
+            return
+        warnings.warn(
+            f"GradMonitor: the model's parameters changed after it started ({what}); "
+            f"watching the model's current ones from step {self.step} on",
+            MonitorWarning,
+            stacklevel=4,
+        )
+        self.names = [n for n, _ in current]
+        self._params = [p for _, p in current]
+        self._numels = [p.numel() for p in self._params]
+        self._numel_of.clear()
+        self._numel_of.update(zip(self.names, self._numels, strict=True))
+        self._seeds = [zlib.crc32(n.encode()) for n in self.names]
+        self._sample_k = sample_size(self._numels, self.update_sample)
+        if self._point == "backward":
+            for name, p in current:
+                if name in replaced or name in added:
+                    self._handles.add(p.register_post_accumulate_grad_hook(self._on_accumulate))
+
     def _first_forward(self, module: torch.nn.Module, args: Any) -> None:
         if self._checked_params:
             return
-        self._checked_params = True
         current = dict(self._model.named_parameters())
+        for name, p in zip(self.names, self._params, strict=True):
+            now = current.get(name)
+            if now is not p and now is not None and not isinstance(now, torch.nn.Parameter):
+                # a tensor swapped in for one call (torch.func.functional_call: EMA weights,
+                # MAML): not a change of the model; look again at the next forward
+                return
+        self._checked_params = True
         for name, p in zip(self.names, self._params, strict=True):
             if current.get(name) is not p:
                 raise UnsupportedSetupError(
@@ -460,6 +544,8 @@ class GradMonitor:
     def _check_outputs(self, index: int, output: Any) -> None:
         with torch.no_grad():
             for _, t in iter_tensors(output):
+                if _wrapped(t):  # inside torch.func.vmap / grad: a batched view, not checkable
+                    continue
                 if t.is_floating_point() or t.is_complex():
                     self._act_flags.append((index, ~torch.isfinite(t.detach()).all()))
 
