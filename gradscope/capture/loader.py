@@ -120,10 +120,9 @@ def _where(exc: BaseException, path: Path) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     target = str(path.resolve())
     inside = [f for f in frames if str(Path(f.filename).resolve()) == target]
-    chosen = inside or list(frames)
-    if not chosen:
+    if not (inside or frames):
         return str(path)
-    frame = chosen[-1]
+    frame = (inside or frames)[-1]
     return f"{frame.filename}:{frame.lineno}"
 
 
