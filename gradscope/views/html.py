@@ -27,7 +27,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ..model.formats import OutputFormat, register_format, register_renderer
+from ..model.formats import FormatKind, OutputFormat, register_format, register_renderer
 from ..model.graph import Graph, Node, SavedTensor, format_bytes
 from ..model.nodes import saved_bytes_of, storage_sizes
 from ..model.paths import levels, module_class, node_paths
@@ -620,6 +620,7 @@ def _render_html(graph: Graph, **options: Any) -> bytes:
 HTML_OPTIONS = frozenset({"title", "depth", "full", "fold", "saved", "notes", "root", "max_nodes"})
 
 register_format(
-    OutputFormat("html", _render_html, HTML_OPTIONS, "interactive page, self-contained and offline")
+    OutputFormat("html", _render_html, HTML_OPTIONS, "interactive page, self-contained and offline",
+                 kind=FormatKind.PAGE)
 )
 register_renderer("notebook_html", to_notebook_html)
