@@ -268,14 +268,15 @@ def _sibling_key(level: str) -> tuple[tuple[str, str], int]:
     return (r.group(1), "#"), int(r.group(2) or 0)
 
 
-def _runs(children: list[str], alike: Callable[[str, str], bool]) -> list[list[str]]:
-    """Maximal runs (2 or more) of siblings with consecutive indices where each member is
-    ``alike`` the one before it (asked of such neighbours only: a signature is costly)."""
-    by_stem: dict[tuple[str, str], list[tuple[int, str]]] = {}
-    for child in children:
-        stem, idx = _sibling_key(levels(child)[-1])
+def _runs(children: list[tuple[str, int]], alike: Callable[[int, int], bool]) -> list[list[int]]:
+    """Maximal runs (2 or more) of siblings ``(level, id)`` with consecutive indices where each
+    member is ``alike`` the one before it (asked of such neighbours only: a signature is
+    costly)."""
+    by_stem: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for level, child in children:
+        stem, idx = _sibling_key(level)
         by_stem.setdefault(stem, []).append((idx, child))
-    runs: list[list[str]] = []
+    runs: list[list[int]] = []
     for items in by_stem.values():
         if len(items) < 2:
             continue
@@ -434,30 +435,30 @@ class _Folder:
         todo = [0]
         while todo:
             parent = todo.pop()
-            by_key = {self.key(k): k for k in trie.children[parent]}
-            kids = sorted(by_key)
+            # siblings share their parent's path: ordered by their own level, as by their path
+            kids = sorted(trie.children[parent], key=lambda k: trie.level[k])
             succ: list[dict[int, set[int]]] = []  # the parent's item graph, built when asked
 
-            def alike(a: str, b: str, parent: int = parent,
-                      by_key: dict[str, int] = by_key, succ: list[dict[int, set[int]]] = succ,
-                      ) -> bool:
-                if self.signature(by_key[a]) != self.signature(by_key[b]):
+            def alike(a: int, b: int, parent: int = parent,
+                      succ: list[dict[int, set[int]]] = succ) -> bool:
+                if self.signature(a) != self.signature(b):
                     return False
                 if not succ:
                     succ.append(self.items(parent))
-                return _consecutive(succ[0], by_key[a], by_key[b])
+                return _consecutive(succ[0], a, b)
 
-            folded: set[str] = set()
-            for run in _runs(kids, alike):
-                name, path = _fold_label(run)
-                members = [n for k in run for n in self.subtree(by_key[k])]
-                runs.append(Run(path, name, tuple(run), module_class(run[0], members)))
+            folded: set[int] = set()
+            for run in _runs([(trie.level[k], k) for k in kids], alike):
+                keys = [self.key(k) for k in run]
+                name, path = _fold_label(keys)
+                members = [n for k in run for n in self.subtree(k)]
+                runs.append(Run(path, name, tuple(keys), module_class(keys[0], members)))
                 folded.update(run)
                 if inside == "first":
-                    todo.append(by_key[run[0]])
+                    todo.append(run[0])
                 elif inside == "all":
-                    todo.extend(by_key[k] for k in run)
-            todo.extend(by_key[k] for k in kids if k not in folded)
+                    todo.extend(run)
+            todo.extend(k for k in kids if k not in folded)
         return runs
 
     def items(self, parent: int) -> dict[int, set[int]]:
