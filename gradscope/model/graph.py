@@ -24,6 +24,7 @@ from .nodes import (
     SavedTensor,
     TensorInfo,
     format_bytes,
+    plural,
     saved_bytes_of,
 )
 
@@ -107,8 +108,9 @@ class Graph:
         freed = f" ({n_freed} freed)" if n_freed else ""
         split = memory.split_bytes(self.nodes, memory.alias_kinds(self))
         return (
-            f"{len(self.nodes)} nodes ({', '.join(parts) or 'none'}), {len(self.edges)} edges, "
-            f"{n_saved} saved tensors{freed} holding {split}"
+            f"{plural(len(self.nodes), 'node')} ({', '.join(parts) or 'none'}), "
+            f"{plural(len(self.edges), 'edge')}, {plural(n_saved, 'saved tensor')}{freed} "
+            f"holding {split}"
         )
 
     # ------------------------------------------------------------------ JSON

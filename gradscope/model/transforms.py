@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from ..errors import ViewError
 from .memory import alias_kinds, split_bytes
-from .nodes import Box, Edge, GraphLike, Node, SavedTensor, storage_sizes
+from .nodes import Box, Edge, GraphLike, Node, SavedTensor, plural, storage_sizes
 from .paths import ModuleTrie, inside, levels, module_class, node_paths
 
 #: A graph type: the views return graphs of the class they were given (``Graph``).
@@ -610,7 +610,7 @@ def nearest(graph: G, max_nodes: int) -> tuple[G, int]:
     kinds = alias_kinds(graph)
     split = split_bytes(rest, kinds)
     more = Node(
-        "more", f"… {len(rest)} more nodes", "module", saved=[s for n in rest for s in n.saved],
+        "more", f"… {plural(len(rest), 'more node')}", "module", saved=[s for n in rest for s in n.saved],
         box=Box("", sum(n.count for n in rest), split.total, leaf_bytes=split.leaf,
                 output_bytes=split.output,
                 aliases={sid: kinds[sid] for sid in storage_sizes(rest) if sid in kinds}),

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ..model.formats import OutputFormat, register_format
 from ..model.graph import Edge, Graph, Node, SavedTensor, format_bytes
-from ..model.nodes import format_split
+from ..model.nodes import format_split, plural
 from ..model.transforms import levels, module_class, node_paths
 from .style import (
     BAD_COLOR,
@@ -228,11 +228,12 @@ def _base_style(node: Node, attrs: bool, max_attr_chars: int) -> tuple[str, dict
     if node.kind == "module":  # a collapsed group (Graph.collapse) or folded run (Graph.fold)
         box = node.box
         cls, count = (box.cls, box.nodes) if box is not None else ("", "?")
-        label = f"{node.name}\n{cls} · {count} nodes\nsaved {_box_bytes(node)}"
+        nodes = plural(count, "node") if isinstance(count, int) else f"{count} nodes"
+        label = f"{node.name}\n{cls} · {nodes}\nsaved {_box_bytes(node)}"
         if box is not None and box.shown and node.module:  # fold(keep_first=True)
             rest = _others_label(node.module, box.repeat or 0)
             like = levels(box.shown)[-1]
-            label = f"{rest}\nlike {like} · {count} nodes\nsaved {_box_bytes(node)}"
+            label = f"{rest}\nlike {like} · {nodes}\nsaved {_box_bytes(node)}"
         extra["fillcolor"] = FOLDED_COLOR if box is not None and box.repeat else MODULE_COLOR
         extra["shape"] = "box3d"
         extra["tooltip"] = f"{node.module}: expand with --depth or --no-fold"

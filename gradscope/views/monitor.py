@@ -20,6 +20,7 @@ from ..errors import MissingExtraError
 from ..model.files import atomic_path, write_atomic, write_with
 from ..model.formats import register_renderer
 from ..model.monitor import ALERT_KINDS, MonitorLog, ParamStats
+from .style import clean_rich, clean_text
 
 _BARS = "▁▂▃▄▅▆▇█"
 _MAX_ALERT_LINES = 5
@@ -80,7 +81,8 @@ def render_report(log: MonitorLog, *, width: int = 24) -> Group:
     lines.extend(Text(f"  {a.kind}: {a.message}") for a in shown)
     if len(log.alerts) > len(shown):
         lines.append(Text(f"  ... {len(log.alerts) - len(shown)} more alerts in .alerts / --json"))
-    return Group(_ReportTable(log, width), *lines)
+    # names are text (Text never reads markup), their control characters made visible
+    return Group(_ReportTable(log, width), *(clean_rich(line) for line in lines))
 
 
 def wrap_dotted(name: str, width: int) -> str:
@@ -163,8 +165,8 @@ class _ReportTable:
         for col, just in zip(heads[1:], ("right", "left", "right", "right", "right", "left")):
             table.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
         for name, norm, norms, max_abs, nan, inf, status in rows:
-            table.add_row(
-                wrap_dotted(name, name_width), norm, sparkline(norms, spark), max_abs, nan, inf,
+            table.add_row(  # a str cell would be read as markup: the name is a Text
+                Text(wrap_dotted(clean_text(name), name_width)), norm, sparkline(norms, spark), max_abs, nan, inf,
                 Text(status, style="" if status == "ok" else "bold red"),
             )
         yield table
