@@ -30,8 +30,8 @@ from .paths import ModuleTrie, inside, levels, module_class, node_paths
 #: A graph type: the views return graphs of the class they were given (``Graph``).
 G = TypeVar("G", bound=GraphLike)
 
-_INDEXED = re.compile(r"^(?:(.*)\.)?(\d+)(#\d+)?$")
-_REPEAT = re.compile(r"^(.*?)(?:#(\d+))?$")
+_INDEXED = re.compile(r"(?:(.*)\.)?(\d+)(#\d+)?\Z", re.S)
+_REPEAT = re.compile(r"(.*?)(?:#(\d+))?\Z", re.S)
 _KIND_INDEX = {"leaf": 1, "output": 2}
 
 

@@ -51,6 +51,9 @@ NODE_ATTR = (
 )
 
 
+#: The longest string written in DOT, in characters: Graphviz's reader stops at 16,384 bytes, and
+#: a character takes at most 4 (a backslash 2, escaped).
+MAX_QUOTED = 3800
 _DOT_SPECIAL = re.compile('[\\\\"\n]')
 
 
@@ -61,6 +64,8 @@ def quote(s: str) -> str:
     escapes (``clean_text``): Graphviz stops at NUL, and a surrogate cannot be written as
     UTF-8."""
     s = clean_text(s, newlines=True)
+    if len(s) > MAX_QUOTED:  # Graphviz refuses a string longer than 16 KiB: keep the start
+        s = s[:MAX_QUOTED] + f"… ({len(s) - MAX_QUOTED} more characters)"
     if _DOT_SPECIAL.search(s):
         s = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return '"' + s + '"'

@@ -76,9 +76,10 @@ def render_report(log: MonitorLog, *, width: int = 24) -> Group:
         lines.append(Text(f"distributed: {log.distributed}"))
     first = next((a for a in log.alerts if a.kind in ("nan", "inf", "forward_nonfinite")), None)
     if first is not None:
-        lines.append(Text(f"first non-finite: {first.name} at step {first.step}", style="bold red"))
+        lines.append(Text(f"first non-finite: {clean_text(first.name)} at step {first.step}",
+                          style="bold red"))
     shown = log.alerts[:_MAX_ALERT_LINES]
-    lines.extend(Text(f"  {a.kind}: {a.message}") for a in shown)
+    lines.extend(Text(f"  {a.kind}: {clean_text(a.message)}") for a in shown)
     if len(log.alerts) > len(shown):
         lines.append(Text(f"  ... {len(log.alerts) - len(shown)} more alerts in .alerts / --json"))
     # names are text (Text never reads markup), their control characters made visible
@@ -133,12 +134,12 @@ class _ReportTable:
         for name in log.names:
             seen = [st.params[name] for st in log.steps if name in st.params]
             if not seen:
-                out.append((name, "-", [], "-", "0", "0", "no grad"))
+                out.append((clean_text(name), "-", [], "-", "0", "0", "no grad"))
                 continue
             last = seen[-1]
             max_abs = next((s.max_abs for s in reversed(seen) if s.max_abs is not None), None)
             out.append((
-                name,
+                clean_text(name),  # what is shown, and measured for width
                 f"{last.norm:.3g}",
                 [s.norm for s in seen],
                 "-" if max_abs is None else f"{max_abs:.3g}",

@@ -20,7 +20,11 @@ from rich.text import Text
 from ..model.formats import register_renderer
 from ..model.graph import Edge, Graph, Node, format_bytes
 from ..model.nodes import format_split, plural
-from .style import clean_rich, format_norm, norm_style, size_to_str
+from .style import clean_rich, clean_text, format_norm, norm_style, size_to_str
+
+#: Every string from the graph goes through this before it becomes ``Text`` (which would drop
+#: BEL, BS, VT, FF and CR silently): control characters come out as visible escapes.
+_c = clean_text
 
 STYLES = {
     "output": "bold green",
@@ -46,11 +50,11 @@ def _grad_text(edge: Edge | None) -> Text:
 def _module_text(node: Node) -> Text:
     """A collapsed module box (``Graph.collapse``): path, class, node count, saved bytes
     (activations apart from parameter/input aliases)."""
-    text = Text(node.name or node.module or "", STYLES["module"])
+    text = Text(_c(node.name or node.module or ""), STYLES["module"])
     box = node.box
     cls = box.cls if box is not None else ""
     if cls:
-        text.append(f" ({cls})", "yellow")
+        text.append(f" ({_c(cls)})", "yellow")
     text.append(f" · {plural(box.nodes, 'node') if box is not None else '? nodes'}", "dim")
     if box is not None and box.saved_bytes:  # activations apart from parameter aliases
         text.append(
@@ -86,11 +90,11 @@ def _tensor_text(t_name: str | None, node: Node) -> Text:
     t = node.tensor
     text = Text()
     if t_name:
-        text.append(t_name, STYLES[node.kind])
+        text.append(_c(t_name), STYLES[node.kind])
         text.append(" ")
     if t is not None:
         text.append(size_to_str(t.shape))
-        text.append(f" {t.dtype}", "dim")
+        text.append(f" {_c(t.dtype)}", "dim")
     return text
 
 
@@ -108,13 +112,13 @@ def _label(node: Node, leaf: Node | None, ref: bool, edge: Edge | None = None) -
         text.append(f"{kind} ", STYLES[node.kind])
         text.append_text(_tensor_text(node.name if node.name not in ("", "output") else None, node))
     else:
-        text.append(node.name, BAD if bad else STYLES.get(node.kind, ""))
+        text.append(_c(node.name), BAD if bad else STYLES.get(node.kind, ""))
         if node.kind == "custom":
             text.append(" (custom Function)", "magenta")
         if leaf is not None:
             text.append(" ← ")
             text.append_text(_tensor_text(leaf.name or "(unnamed leaf)", leaf))
-    text.append(f"  {node.id}", "dim")
+    text.append(f"  {_c(node.id)}", "dim")
     text.append_text(_grad_text(edge))
     if ref:
         text.append(" (shown above)", "dim")
@@ -127,14 +131,15 @@ def _label(node: Node, leaf: Node | None, ref: bool, edge: Edge | None = None) -
     if node.kind == "module":
         return text
     if node.module:
-        text.append(f"  [{node.module}]", "blue")
+        text.append(f"  [{_c(node.module)}]", "blue")
     if node.saved:
         text.append("  saved ", "dim")
         parts = []
         for s in node.saved:
             shape = size_to_str(s.shape) if s.shape is not None else ""
             parts.append(
-                f"{s.name} {shape} freed".replace("  ", " ") if s.freed else f"{s.name} {shape}"
+                f"{_c(s.name)} {shape} freed".replace("  ", " ") if s.freed
+                else f"{_c(s.name)} {shape}"
             )
         text.append(", ".join(parts), "yellow")
         text.append(f"  {format_bytes(node.saved_bytes)}", "dim")
@@ -187,7 +192,7 @@ def _tree_lines(graph: Graph, *, max_lines: int | None = None) -> list[tuple[Tex
             continue
         shown.add(nid)
         if node.first_nonfinite and node.created_at:
-            where = node.created_at
+            where = _c(node.created_at)
             created = Text.assemble((col + "  ↳ created at ", "dim"), (where, BAD))
             lines.append((clean_rich(created), col + "    "))
         children = kid_edges[nid]
@@ -217,16 +222,17 @@ def _backward_header(graph: Graph) -> Text | None:
     origin = next((n for n in graph.nodes if n.forward_nonfinite), None)
     if origin is not None:
         text.append("\nthe forward already produced ", BAD)
-        where = f" in {origin.module}" if origin.module else ""
-        text.append(f"{origin.forward_nonfinite} at {origin.name} ({origin.id}){where}", BAD)
+        where = f" in {_c(origin.module)}" if origin.module else ""
+        text.append(f"{origin.forward_nonfinite} at {_c(origin.name)} ({_c(origin.id)}){where}",
+                    BAD)
         if origin.created_at:
-            text.append(f", created at {origin.created_at}", BAD)
+            text.append(f", created at {_c(origin.created_at)}", BAD)
     first = next((n for n in graph.nodes if n.first_nonfinite), None)
     if first is not None:
         downstream = ", downstream of it" if origin is not None else ""
         text.append(f"\nfirst non-finite gradient{downstream}: ", BAD)
-        text.append(f"{first.nonfinite or 'nan'} from {first.name} ({first.id})", BAD)
-        where = first.created_at
+        text.append(f"{first.nonfinite or 'nan'} from {_c(first.name)} ({_c(first.id)})", BAD)
+        where = _c(first.created_at or "")
         if where:
             text.append(f", created at {where}", BAD)
     return text
