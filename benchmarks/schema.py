@@ -103,7 +103,8 @@ def bench_from_json(mb: float) -> None:
         t = time.perf_counter()
         path.write_text(big_graph(layers).to_json(), encoding="utf-8")
         size = path.stat().st_size / 2**20
-        print(f"generated {size:.0f} MiB ({layers * 4 + 1} nodes) in {time.perf_counter() - t:.0f} s")
+        took = time.perf_counter() - t
+        print(f"generated {size:.0f} MiB ({layers * 4 + 1} nodes) in {took:.0f} s")
         loads = _child(path, "json")
         ours = _child(path, "graph")
     print(f"json.loads:      {loads['s']:6.2f} s  peak RSS +{loads['rss_mib']:.0f} MiB")
@@ -133,7 +134,8 @@ def bench_deep(levels: int) -> None:
             print(f"  {name:12s} {type(exc).__name__}: {str(exc)[:60]}")
             continue
         print(f"  {name:12s} {time.perf_counter() - t:6.2f} s")
-    print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS of this process: {peak:.0f} MiB")
 
 
 def main() -> None:

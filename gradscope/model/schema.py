@@ -339,7 +339,8 @@ def _fast_node(d: Any) -> Node | None:
         if (type(sd) is not dict or not sd.keys() <= _FAST_SAVED_KEYS
                 or not _SAVED_REQUIRED <= sd.keys()):
             return None
-        shape, nbytes, freed, size = sd["shape"], sd["nbytes"], sd["freed"], sd.get("storage_nbytes")
+        shape, nbytes, freed = sd["shape"], sd["nbytes"], sd["freed"]
+        size = sd.get("storage_nbytes")
         sname = sd["name"]
         if (type(sname) is not str or (shape is not None and not _fast_shape(shape))
                 or not _opt_str(sd["dtype"]) or not _opt_str(sd["device"])
@@ -360,7 +361,7 @@ def _fast_node(d: Any) -> Node | None:
         if (not _opt_str(tname) or not _fast_shape(shape) or type(dtype) is not str
                 or type(device) is not str or not _opt_str(storage)):
             return None
-        tensor = TensorInfo(tname, shape, dtype, device, storage)
+        tensor = TensorInfo(tname, shape, dtype, device, storage)  # type: ignore[arg-type]
     order = d.get("order")
     if order is not None and (type(order) is not int or order < 0):
         return None

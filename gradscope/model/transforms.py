@@ -610,7 +610,8 @@ def nearest(graph: G, max_nodes: int) -> tuple[G, int]:
     kinds = alias_kinds(graph)
     split = split_bytes(rest, kinds)
     more = Node(
-        "more", f"… {plural(len(rest), 'more node')}", "module", saved=[s for n in rest for s in n.saved],
+        "more", f"… {plural(len(rest), 'more node')}", "module",
+        saved=[s for n in rest for s in n.saved],
         box=Box("", sum(n.count for n in rest), split.total, leaf_bytes=split.leaf,
                 output_bytes=split.output,
                 aliases={sid: kinds[sid] for sid in storage_sizes(rest) if sid in kinds}),

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ..model.formats import OutputFormat, register_format
 from ..model.graph import Edge, Graph, Node, SavedTensor, format_bytes
 from ..model.nodes import format_split, plural
-from ..model.transforms import levels, module_class, node_paths
+from ..model.transforms import levels, node_paths
 from .style import (
     BAD_COLOR,
     BASE_COLOR,
@@ -36,8 +36,8 @@ from .style import (
     NORM_BANDS,
     OUTPUT_COLOR,
     SAVED_COLOR,
-    format_norm,
     clean_text,
+    format_norm,
     norm_color,
     size_to_str,
     var_label,

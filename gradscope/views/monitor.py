@@ -167,7 +167,8 @@ class _ReportTable:
             table.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
         for name, norm, norms, max_abs, nan, inf, status in rows:
             table.add_row(  # a str cell would be read as markup: the name is a Text
-                Text(wrap_dotted(clean_text(name), name_width)), norm, sparkline(norms, spark), max_abs, nan, inf,
+                Text(wrap_dotted(clean_text(name), name_width)), norm, sparkline(norms, spark),
+                max_abs, nan, inf,
                 Text(status, style="" if status == "ok" else "bold red"),
             )
         yield table
