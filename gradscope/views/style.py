@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rich.text import Span, Text
@@ -90,14 +91,14 @@ def format_norm(norm: float) -> str:
     return f"{norm:.2e}"
 
 
-def size_to_str(shape: list[int] | None) -> str:
+def size_to_str(shape: Sequence[int | None] | None) -> str:
     """``(3, 4)`` as torchviz writes sizes; a ragged dimension (nested tensors) is ``*``."""
     if shape is None:
         return "(?)"
     return "(" + ", ".join("*" if v is None else str(int(v)) for v in shape) + ")"
 
 
-def var_label(name: str | None, shape: list[int] | None) -> str:
+def var_label(name: str | None, shape: Sequence[int | None] | None) -> str:
     """torchviz's tensor label: name, newline, space, size."""
     return f"{name or ''}\n {size_to_str(shape)}"
 
