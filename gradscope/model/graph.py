@@ -97,7 +97,7 @@ class Graph:
             >>> g = Graph([mul, Node("n2", "w", "leaf", tensor=w)], [Edge("n1", "n2")])
             >>> head, held = g.summary().split(", 2 saved tensors holding ")
             >>> head
-            '2 nodes (1 op, 1 leaf), 1 edges'
+            '2 nodes (1 op, 1 leaf), 1 edge'
             >>> held
             '1.0 KiB activations + 1.0 KiB params/inputs'
         """
