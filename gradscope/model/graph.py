@@ -24,6 +24,7 @@ from .nodes import (
     SavedTensor,
     TensorInfo,
     format_bytes,
+    plural,
     saved_bytes_of,
 )
 
@@ -108,13 +109,10 @@ class Graph:
         freed = f" ({n_freed} freed)" if n_freed else ""
         split = memory.split_bytes(self.nodes, memory.alias_kinds(self))
 
-        def count(n: int, what: str) -> str:
-            return f"{n} {what}{'' if n == 1 else 's'}"
-
         return (
-            f"{count(len(self.nodes), 'node')} ({', '.join(parts) or 'none'}), "
-            f"{count(len(self.edges), 'edge')}, "
-            f"{count(n_saved, 'saved tensor')}{freed} holding {split}"
+            f"{plural(len(self.nodes), 'node')} ({', '.join(parts) or 'none'}), "
+            f"{plural(len(self.edges), 'edge')}, {plural(n_saved, 'saved tensor')}{freed} "
+            f"holding {split}"
         )
 
     # ------------------------------------------------------------------ JSON

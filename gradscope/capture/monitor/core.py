@@ -188,7 +188,7 @@ class GradMonitor:
         # one-off: are hand-all-reduced gradients identical only at optimizer.step()?
         self._dp_probe = self.optimizer is not None and measure == "backward"
         # the same lattice on every run and rank (str hash() is salted per process)
-        self._seeds = [zlib.crc32(n.encode()) for n in self.names]
+        self._seeds = [zlib.crc32(n.encode("utf-8", "surrogatepass")) for n in self.names]
         self._modules = select_modules(model, modules)
         self._module_names = [n for n, _ in self._modules]
         self._module_calls: list[list[torch.Tensor]] = [[] for _ in self._modules]
