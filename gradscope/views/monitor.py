@@ -28,6 +28,7 @@ from ..model.monitor import (
     nonfinite_kind,
     step_record,
 )
+from .style import clean_rich, clean_text
 
 _BARS = "▁▂▃▄▅▆▇█"
 _MAX_ALERT_LINES = 5
@@ -103,12 +104,14 @@ def render_report(log: MonitorLog, *, width: int = 24) -> Group:
         lines.append(Text(f"distributed: {log.distributed}"))
     first = next((a for a in log.alerts if a.kind in ("nan", "inf", "forward_nonfinite")), None)
     if first is not None:
-        lines.append(Text(f"first non-finite: {first.name} at step {first.step}", style="bold red"))
+        lines.append(Text(f"first non-finite: {clean_text(first.name)} at step {first.step}",
+                          style="bold red"))
     shown = log.alerts[:_MAX_ALERT_LINES]
-    lines.extend(Text(f"  {a.kind}: {a.message}") for a in shown)
+    lines.extend(Text(f"  {a.kind}: {clean_text(a.message)}") for a in shown)
     if len(log.alerts) > len(shown):
         lines.append(Text(f"  ... {len(log.alerts) - len(shown)} more alerts in .alerts / --json"))
-    return Group(_ReportTable(log, width), *lines)
+    # names are text (Text never reads markup), their control characters made visible
+    return Group(_ReportTable(log, width), *(clean_rich(line) for line in lines))
 
 
 def wrap_dotted(name: str, width: int) -> str:
@@ -160,12 +163,12 @@ class _ReportTable:
         for name in log.names:
             seen = [st.params[name] for st in log.steps if name in st.params]
             if not seen:
-                out.append((name, "-", [], "-", "0", "0", "no grad"))
+                out.append((clean_text(name), "-", [], "-", "0", "0", "no grad"))
                 continue
             last = seen[-1]
             max_abs = next((s.max_abs for s in reversed(seen) if s.max_abs is not None), None)
             out.append((
-                name,
+                clean_text(name),  # what is shown, and measured for width
                 f"{last.norm:.3g}",
                 [s.norm for s in seen],
                 "-" if max_abs is None else f"{max_abs:.3g}",
@@ -192,8 +195,9 @@ class _ReportTable:
         for col, just in zip(heads[1:], ("right", "left", "right", "right", "right", "left")):
             table.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
         for name, norm, norms, max_abs, nan, inf, status in rows:
-            table.add_row(
-                wrap_dotted(name, name_width), norm, sparkline(norms, spark), max_abs, nan, inf,
+            table.add_row(  # a str cell would be read as markup: the name is a Text
+                Text(wrap_dotted(clean_text(name), name_width)), norm, sparkline(norms, spark),
+                max_abs, nan, inf,
                 Text(status, style="" if status == "ok" else "bold red"),
             )
         yield table

@@ -78,7 +78,7 @@ HISTORY = 1000
 FULL_EVERY = 50
 
 # bound once: they run on every backward (the hooks) or every logged step
-_engine_callback = torch.autograd.Variable._execution_engine.queue_callback  # type: ignore
+_engine_callback = torch.autograd.Variable._execution_engine.queue_callback
 _graph_task_id = torch._C._current_graph_task_id
 # the C++ guard behind torch.inference_mode(), without its Python wrapper
 _InferenceMode = torch._C._InferenceMode
@@ -190,7 +190,7 @@ class GradMonitor:
         # one-off: are hand-all-reduced gradients identical only at optimizer.step()?
         self._dp_probe = self.optimizer is not None and measure == "backward"
         # the same lattice on every run and rank (str hash() is salted per process)
-        self._seeds = [zlib.crc32(n.encode()) for n in self.names]
+        self._seeds = [zlib.crc32(n.encode("utf-8", "surrogatepass")) for n in self.names]
         self._modules = select_modules(model, modules)
         self._module_names = [n for n, _ in self._modules]
         self._module_calls: list[list[torch.Tensor]] = [[] for _ in self._modules]

@@ -21,7 +21,7 @@ The cost model (what a logged step pays, by setting):
   whole; ``k`` (default 4096) is lowered when needed so that buffer stays under 0.4% of the
   parameters' elements (``sample_size``). With Gaussian-like weights and updates the relative
   error of the estimate is about ``1 / sqrt(k)`` (1.6% at ``k = 4096``, 3% at 1024;
-  ``tests/test_monitor.py`` checks it against the exact ratio).
+  ``tests/capture/test_monitor.py`` checks it against the exact ratio).
 
 Everything here queues device work and returns device tensors; nothing synchronises with the
 device. The caller moves one packed vector to the host per logged step. The statistics are
