@@ -97,9 +97,13 @@ def _user_frame(frame: Any) -> Any:
     return frame
 
 
+_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
 def _next_sequence_nr() -> int:
     """The sequence number the next autograd node created on this thread will get."""
-    with torch.enable_grad():
+    # (inference mode off for the probe: under it no tensor gets a grad_fn)
+    with torch.inference_mode(False), torch.enable_grad():
         probe = torch.empty(0, requires_grad=True).view(0)
     return probe.grad_fn._sequence_nr() + 1  # type: ignore[union-attr]
 
@@ -144,6 +148,8 @@ class _ForwardMode(TorchFunctionMode):
             if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
                 continue
             if not (t.is_floating_point() or t.is_complex()) or t.device.type == "meta":
+                continue
+            if _wrapped(t):  # a torch.func transform's tensor (vmap, grad): not checkable here
                 continue
             if loc is _UNSET:
                 user = _user_frame(sys._getframe(2) if frame is None else frame)  # 2: the caller
