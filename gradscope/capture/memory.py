@@ -454,7 +454,7 @@ class LeakCheck(_Listener):
         self._saved.setdefault(self._step, []).append((weakref.ref(payload), key, nbytes))
         fn = tensor.grad_fn
         if fn is not None:
-            meta = fn.metadata
+            meta: dict[Any, Any] = fn.metadata  # type: ignore[assignment]  # a dict, not a method
             if LEAK_KEY not in meta:  # a node of an earlier step keeps that step's token
                 meta[LEAK_KEY] = self._token
 

@@ -103,7 +103,8 @@ def push_mode(mode: Any) -> None:
 
 # ---------------------------------------------------------------------------- sequence numbers
 def _probe_sequence_nr() -> int:
-    with torch.enable_grad():
+    # (inference mode off for the probe: under it no tensor gets a grad_fn)
+    with torch.inference_mode(False), torch.enable_grad():
         probe = torch.empty(0, requires_grad=True).view(0)
     return int(probe.grad_fn._sequence_nr()) + 1  # type: ignore[union-attr]
 
@@ -147,6 +148,14 @@ def pop_saved_hooks() -> None:
     _hooks_pop()
 
 
+# ---------------------------------------------------------------------------- torch.func
+#: Whether a tensor is a torch.func transform's wrapper (vmap, grad): its values cannot be
+#: checked from outside the transform. Without the probe, no tensor is taken for one.
+is_functorch_wrapped: Callable[[torch.Tensor], bool] = (
+    _get(_C, "_functorch", "is_functorch_wrapped_tensor") or (lambda t: False)
+)
+
+
 # ---------------------------------------------------------------------------- storages
 def _storage_key_fallback(t: torch.Tensor) -> int:
     return int(t.untyped_storage()._cdata)
@@ -181,7 +190,7 @@ def frame_skipper() -> Callable[[Any], None] | None:
         if skip is None:
             note("dynamo-skip", "Dynamo offers no way to skip gradscope's hooks: a hook "
                  "that runs inside a compiled call may be compiled as a frame of its own")
-        return skip  # type: ignore[no-any-return]
+        return skip
 
     def mark(code: Any) -> None:
         set_code_exec_strategy(code, strategy)
