@@ -108,6 +108,7 @@ class Graph:
         n_freed = sum(1 for n in self.nodes for s in n.saved if s.freed)
         freed = f" ({n_freed} freed)" if n_freed else ""
         split = memory.split_bytes(self.nodes, memory.alias_kinds(self))
+
         return (
             f"{plural(len(self.nodes), 'node')} ({', '.join(parts) or 'none'}), "
             f"{plural(len(self.edges), 'edge')}, {plural(n_saved, 'saved tensor')}{freed} "
@@ -195,6 +196,6 @@ class Graph:
         return str(renderer("notebook_html")(self))
 
     def _repr_svg_(self) -> str | None:
-        if not formats.renderer("graphviz_available")():
+        if not formats.get_format("svg").available():
             return None
         return self.render("svg").decode("utf-8")

@@ -103,13 +103,20 @@ def graph_to_json(g: GraphLike) -> str:
     return text
 
 
-def _float_to_json(x: float) -> float | str:
-    """Strict JSON has no NaN/Infinity: write them as the strings "nan", "inf", "-inf"."""
+def float_to_json(x: float, digits: int | None = None) -> float | str:
+    """``x`` for strict JSON, which has no NaN/Infinity: those become the strings "nan", "inf",
+    "-inf" (the schema's and the HTML page's spelling); with ``digits``, a finite ``x`` is
+    rounded to that many significant digits.
+
+    Example:
+        >>> float_to_json(float("nan")), float_to_json(-math.inf), float_to_json(0.123456, 4)
+        ('nan', '-inf', 0.1235)
+    """
     if x != x:
         return "nan"
     if x in (math.inf, -math.inf):
         return "inf" if x > 0 else "-inf"
-    return x
+    return x if digits is None else float(f"{x:.{digits}g}")
 
 
 def _saved_to_dict(s: SavedTensor) -> dict[str, Any]:
@@ -188,7 +195,7 @@ def _edge_to_dict(e: Edge) -> dict[str, Any]:
     if e.kind != "grad":
         d["kind"] = e.kind
     if e.grad_norm is not None:
-        d["grad_norm"] = _float_to_json(e.grad_norm)
+        d["grad_norm"] = float_to_json(e.grad_norm)
     if e.count != 1:
         d["count"] = e.count
     return d

@@ -20,7 +20,7 @@ import re
 import textwrap
 from dataclasses import dataclass, field
 
-from ..model.formats import OutputFormat, register_format
+from ..model.formats import FormatKind, OutputFormat, register_format
 from ..model.graph import Edge, Graph, Node, SavedTensor, format_bytes
 from ..model.nodes import format_split, plural
 from ..model.transforms import levels, node_paths
@@ -730,4 +730,7 @@ def _render_dot(graph: Graph, **options: object) -> bytes:
     return to_dot(graph, **options).encode("utf-8")  # type: ignore[arg-type]
 
 
-register_format(OutputFormat("dot", _render_dot, DOT_OPTIONS, "DOT text (no Graphviz needed)"))
+register_format(
+    OutputFormat("dot", _render_dot, DOT_OPTIONS, "DOT text (no Graphviz needed)",
+                 kind=FormatKind.PICTURE)  # a picture's source: the same bounded view
+)

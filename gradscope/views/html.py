@@ -27,10 +27,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ..model.formats import OutputFormat, register_format, register_renderer
+from ..model.formats import FormatKind, OutputFormat, register_format, register_renderer
 from ..model.graph import Graph, Node, SavedTensor, format_bytes
 from ..model.nodes import saved_bytes_of, storage_sizes
 from ..model.paths import levels, module_class, node_paths
+from ..model.schema import float_to_json
 from ..model.transforms import Run, fold_runs
 from .dot import BAD_OTHER_COLOR, OP_COLOR, attr_entries, short_location
 from .style import (
@@ -384,14 +385,6 @@ class _Builder:
 
 
 # ---------------------------------------------------------------------- the page's data
-def _json_float(x: float) -> float | str:
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return float(f"{x:.4g}")
-
-
 def _saved(s: SavedTensor) -> list[Any]:
     return [s.name, s.shape, s.dtype, s.nbytes, s.storage, 1 if s.freed else 0]
 
@@ -525,7 +518,7 @@ def graph_data(
     for e in graph.edges:
         row = [index[e.src], index[e.dst]]
         tail = [e.input_nr, _EDGE_KIND.get(e.kind, 1), e.count,
-                None if e.grad_norm is None else _json_float(e.grad_norm)]
+                None if e.grad_norm is None else float_to_json(e.grad_norm, 4)]
         while tail and tail[-1] == _EDGE_DEFAULTS[len(tail) - 1]:
             tail.pop()
         edges.append(row + tail)
@@ -651,6 +644,7 @@ def _render_html(graph: Graph, **options: Any) -> bytes:
 HTML_OPTIONS = frozenset({"title", "depth", "full", "fold", "saved", "notes", "root", "max_nodes"})
 
 register_format(
-    OutputFormat("html", _render_html, HTML_OPTIONS, "interactive page, self-contained and offline")
+    OutputFormat("html", _render_html, HTML_OPTIONS, "interactive page, self-contained and offline",
+                 kind=FormatKind.PAGE)
 )
 register_renderer("notebook_html", to_notebook_html)

@@ -19,12 +19,20 @@ from rich.text import Text
 from ..errors import MissingExtraError
 from ..model.files import atomic_path, write_atomic, write_with
 from ..model.formats import register_renderer
-from ..model.monitor import ALERT_KINDS, MonitorLog, ParamStats
+from ..model.monitor import (
+    ALERT_KINDS,
+    STAT_FIELDS,
+    Alert,
+    MonitorLog,
+    log_header,
+    nonfinite_kind,
+    step_record,
+)
 from .style import clean_rich, clean_text
 
 _BARS = "▁▂▃▄▅▆▇█"
 _MAX_ALERT_LINES = 5
-_FIELDS = ("norm", "max_abs", "mean_abs", "nan", "inf", "zero_frac", "update_ratio")
+_FIELDS = STAT_FIELDS
 
 
 def sparkline(values: list[float], width: int) -> str:
@@ -52,6 +60,26 @@ def _statuses(log: MonitorLog) -> dict[str, str]:
             if name not in out or _severity(a.kind) < _severity(out[name]):
                 out[name] = a.kind
     return out
+
+
+def _mark_nonfinite(log: MonitorLog, statuses: dict[str, str]) -> None:
+    """Mark "nan" / "inf" every parameter whose gradient held one at some logged step (kept or
+    dropped), not only those an alert named (NaN and Inf alert once for the whole model, when
+    they start)."""
+    seen: dict[str, str] = {}
+    for kind, names in (("nan", log.dropped.nan), ("inf", log.dropped.inf)):
+        for name in names:
+            seen.setdefault(name, kind)
+    for st in log.steps:
+        if st.skipped:
+            continue
+        for name, ps in st.params.items():
+            found = nonfinite_kind(ps)
+            if found is not None and (name not in seen or found == "nan"):
+                seen[name] = found
+    for name, kind in seen.items():
+        if _severity(kind) < _severity(statuses.get(name, "ok")):
+            statuses[name] = kind
 
 
 def _severity(kind: str) -> int:
@@ -130,6 +158,7 @@ class _ReportTable:
     def rows(self) -> list[tuple[str, str, list[float], str, str, str, str]]:
         log = self.log
         statuses = _statuses(log)
+        _mark_nonfinite(log, statuses)
         out: list[tuple[str, str, list[float], str, str, str, str]] = []
         for name in log.names:
             seen = [st.params[name] for st in log.steps if name in st.params]
@@ -194,50 +223,35 @@ def summary(log: MonitorLog) -> str:
     skipped = sum(1 for st in log.steps if st.skipped)
     if skipped:
         extra += f"; {skipped} skipped by the GradScaler"
+    dropped = log.dropped
+    if dropped.steps:
+        extra += (
+            f"; {dropped.steps} earlier logged steps not kept (steps {dropped.first_step}-"
+            f"{dropped.last_step}"
+            + (f", max total norm {dropped.max_total_norm:.3g}"
+               if dropped.max_total_norm is not None else "")
+            + (f", {dropped.nonfinite_steps} non-finite" if dropped.nonfinite_steps else "")
+            + ")"
+        )
     return (
         f"{len(log.steps)} logged steps (every {log.every}), total norm {latest}"
         f"{span}{extra}; alerts: {alerts}"
     )
 
 
-def _finite_or_none(v: float | None) -> float | None:
-    return v if v is None or math.isfinite(v) else None
-
-
-def _stats_dict(ps: ParamStats) -> dict[str, Any]:
-    return {
-        f: _finite_or_none(getattr(ps, f)) if f not in ("nan", "inf") else getattr(ps, f)
-        for f in _FIELDS
-    }
-
-
 def write_jsonl(log: MonitorLog, path: Path) -> Path:
     """One JSON object per logged step: step, total_norm, full, skipped, scope, measured_at,
-    params, modules, alerts (each with the names it concerns)."""
-    by_step: dict[int, list[dict[str, Any]]] = {}
+    forward_nonfinite, params, modules, alerts (each with the names it concerns); the first
+    line also carries ``"log"`` (names, element counts, thresholds...: what ``read_jsonl``
+    needs to read it back and replay the alert rules)."""
+    by_step: dict[int, list[Alert]] = {}
     for a in log.alerts:
-        by_step.setdefault(a.step, []).append(
-            {
-                "kind": a.kind,
-                "name": a.name,
-                "message": a.message,
-                "count": a.count,
-                "names": list(a.names),
-            }
-        )
+        by_step.setdefault(a.step, []).append(a)
     lines = []
-    for st in log.steps:
-        obj = {
-            "step": st.step,
-            "total_norm": _finite_or_none(st.total_norm),
-            "full": st.full,
-            "skipped": st.skipped,
-            "scope": st.scope,
-            "measured_at": st.measured_at,
-            "params": {n: _stats_dict(ps) for n, ps in st.params.items()},
-            "modules": {n: _stats_dict(ps) for n, ps in st.modules.items()},
-            "alerts": by_step.get(st.step, []),
-        }
+    for k, st in enumerate(log.steps):
+        obj = step_record(st, by_step.get(st.step, []))
+        if k == 0:
+            obj["log"] = log_header(log)
         lines.append(json.dumps(obj, allow_nan=False) + "\n")
     return write_atomic(path, "".join(lines))
 
