@@ -36,6 +36,7 @@ from .style import (
     NORM_BANDS,
     OUTPUT_COLOR,
     SAVED_COLOR,
+    UNSAFE_CHARS,
     clean_text,
     format_norm,
     norm_color,
@@ -54,7 +55,6 @@ NODE_ATTR = (
 #: The longest string written in DOT, in characters: Graphviz's reader stops at 16,384 bytes, and
 #: a character takes at most 4 (a backslash 2, escaped).
 MAX_QUOTED = 3800
-_DOT_SPECIAL = re.compile('[\\\\"\n]')
 
 
 def quote(s: str) -> str:
@@ -63,16 +63,26 @@ def quote(s: str) -> str:
     line break, and control characters, bidirectional marks and lone surrogates as visible
     escapes (``clean_text``): Graphviz stops at NUL, and a surrogate cannot be written as
     UTF-8."""
-    s = clean_text(s, newlines=True)
-    if len(s) > MAX_QUOTED:  # Graphviz refuses a string longer than 16 KiB: keep the start
-        s = s[:MAX_QUOTED] + f"… ({len(s) - MAX_QUOTED} more characters)"
-    if _DOT_SPECIAL.search(s):
-        s = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    if len(s) > MAX_QUOTED or _QUOTE_WORK.search(s):  # else (the common case) as it is
+        s = clean_text(s, newlines=True)
+        if len(s) > MAX_QUOTED:  # Graphviz refuses a string longer than 16 KiB: keep the start
+            s = s[:MAX_QUOTED] + f"… ({len(s) - MAX_QUOTED} more characters)"
+        s = s.replace("\\", "\\\\").replace('"', '\\"')
+    if "\n" in s:
+        s = s.replace("\n", "\\n")
     return '"' + s + '"'
+
+
+#: What ``quote`` has to change besides newlines: ``\\``, ``"`` and the unsafe characters of
+#: ``clean_text`` (``UNSAFE_CHARS`` less the newline).
+_QUOTE_WORK = re.compile(
+    '[\\\\"' + UNSAFE_CHARS.pattern[1:].replace("\x00-\x1f", "\x00-\x09\x0b-\x1f")
+)
 
 
 #: An id DOT reads as one token without quotes; DOT's keywords (any case) are not.
 _BARE_ID = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_BARE_IDS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:,[A-Za-z_][A-Za-z0-9_]*)*")
 _DOT_KEYWORDS = frozenset({"node", "edge", "graph", "digraph", "subgraph", "strict"})
 
 
@@ -84,13 +94,31 @@ class _Ids:
     so every node is its own box whatever the ids say."""
 
     def __init__(self, nodes: list[Node]) -> None:
-        self.used: set[str] = set()
-        self.tok: dict[str, str] = {}
-        for n in nodes:
-            if n.id not in self.tok:
-                self.tok[n.id] = self.new(n.id)
+        ids = [n.id for n in nodes]
+        joined = ",".join(ids)
+        if (_BARE_IDS.fullmatch(joined) and len(set(ids)) == len(ids)
+                and not _DOT_KEYWORDS.intersection(joined.lower().split(","))):
+            self.used = set(ids)  # every captured graph: n0, n1... each its own token
+            self.tok = dict(zip(ids, ids, strict=True))
+            return
+        self.used = set()
+        self.tok = {}
+        for nid in ids:
+            if nid not in self.tok:
+                self.tok[nid] = self.new(nid)
+
+    def saved(self, nid: str, i: int) -> str:
+        """The id of the ``i``-th saved-tensor box of node ``nid``."""
+        want = f"{nid}_s{i}"
+        if self.tok.get(nid) == nid and want not in self.used:  # bare: so is want
+            self.used.add(want)
+            return want
+        return self.new(want)
 
     def new(self, want: str) -> str:
+        if _BARE_ID.match(want) and want not in self.used and want.lower() not in _DOT_KEYWORDS:
+            self.used.add(want)  # the common case: n0, n0_s1
+            return want
         text = clean_text(want)
         key, k = text, 1
         while key in self.used:
@@ -340,7 +368,7 @@ def _node_lines(node: Node, opt: _Options, indent: str) -> list[str]:
     if opt.saved and node.kind != "module":
         sids = []
         for i, s in enumerate(node.saved):
-            sid = ids.new(f"{node.id}_s{i}")
+            sid = ids.saved(node.id, i)
             sids.append(sid)
             if s.freed:
                 slabel, sextra = saved_style(s)
@@ -603,14 +631,16 @@ def to_dot(
     else:
         for node in graph.nodes:
             out.extend(_node_lines(node, opt, "\t"))
-    tok = ids.of
-    for e in graph.edges:
+    for e in graph.edges:  # an edge to a node the graph lacks: ids.of names it too
+        ends = ids.of(e.dst) + " -> " + ids.of(e.src) if (
+            e.dst not in ids.tok or e.src not in ids.tok) else (
+            ids.tok[e.dst] + " -> " + ids.tok[e.src])
         if e.kind in ("view", "saved"):
-            out.append(f"\t{tok(e.dst)} -> {tok(e.src)} [style=dotted]")
+            out.append(f"\t{ends} [style=dotted]")
         elif e.grad_norm is not None or e.count != 1:
-            out.append(f"\t{tok(e.dst)} -> {tok(e.src)} [{_edge_attrs(e)}]")
+            out.append(f"\t{ends} [{_edge_attrs(e)}]")
         else:
-            out.append(f"\t{tok(e.dst)} -> {tok(e.src)}")
+            out.append(f"\t{ends}")
     if legend:
         out.append(legend_line(graph, saved=saved, clustered=clustered))
     out.append("}")
