@@ -425,7 +425,7 @@ class GradMonitor:
         self._numels = [p.numel() for p in self._params]
         self._numel_of.clear()
         self._numel_of.update(zip(self.names, self._numels, strict=True))
-        self._seeds = [zlib.crc32(n.encode()) for n in self.names]
+        self._seeds = [zlib.crc32(n.encode("utf-8", "surrogatepass")) for n in self.names]
         self._sample_k = sample_size(self._numels, self.update_sample)
         if self._point == "backward":
             for name, p in current:
