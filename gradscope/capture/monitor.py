@@ -58,11 +58,13 @@ import torch.distributed
 
 from ..errors import GradscopeError, MonitorError, MonitorWarning, UnsupportedSetupError
 from ..model.formats import renderer
+from ..model.incident import Incident
 from ..model.monitor import Alert, MonitorLog, ParamStats, StepStats
 from . import compiled
 from . import monitor_stats as S
 from .handles import HookHandle
 from .nest import iter_tensors
+from .replay import IncidentWatch
 
 #: a parameter is "vanishing" or "dead" after this many consecutive logged steps
 VANISH_PATIENCE = 3
@@ -305,6 +307,14 @@ class GradMonitor:
         leaks: also watch for autograd graphs of earlier steps still alive at the next step
             (a loss kept without ``.detach()``), with ``gs.leak_check``; each leak is an
             ``Alert`` of kind ``leak``.
+        replay: with ``optimizer=``, keep what each micro-batch needs to run again (input
+            references, RNG states, the gradient reaching the outputs) and, when a logged
+            step's gradients turn non-finite, replay the bad micro-batch before
+            ``optimizer.step()`` to name the origin (``.incidents``). See
+            ``gradscope.capture.replay``.
+        loss_fn: ``loss_fn(output)`` or ``loss_fn(output, *targets)`` (targets given with
+            ``.target(...)``): lets a replay name the loss's own op when the gradient
+            reaching the model's outputs was already non-finite.
 
     Raises:
         MonitorError: arguments it cannot use; ``UnsupportedSetupError`` for a set-up it cannot
@@ -337,8 +347,11 @@ class GradMonitor:
         vanish_ratio: float = 1e-4,
         explode: float = 1e3,
         leaks: bool = False,
+        replay: bool = True,
+        loss_fn: Any = None,
     ) -> None:
         _check_args(model, every, norm_type, full_every, measure)
+        called = model  # what the loop calls (a torch.compile wrapper stays one)
         model = compiled.unwrap(model) or model  # a torch.compile wrapper: its module's names
         if replicated not in (None, True, False):
             raise MonitorError(f"replicated={replicated!r} must be None (detect), True or False")
@@ -396,7 +409,15 @@ class GradMonitor:
             from .memory import LeakCheck  # saved-tensor hooks: only when asked for
 
             self._leak_check = LeakCheck(grace=1, warn=False).start()
+        # incidents (gradscope.capture.replay): the first bad step replayed, its origin named
+        if loss_fn is not None and not callable(loss_fn):
+            raise MonitorError(f"loss_fn= must be callable, got {type(loss_fn).__name__}")
+        self._incidents = IncidentWatch(
+            model, called, self._params, self.norm_type, replay=bool(replay),
+            optimizer=self.optimizer, loss_fn=loss_fn,
+        )
         self._attach(model, activations)
+        self._handles.add(self._incidents.install())
 
     def _sharding_of(self, chosen: list[tuple[str, torch.nn.Parameter]]) -> _Sharding | None:
         flags = [_is_dtensor(p) for _, p in chosen]
@@ -444,10 +465,14 @@ class GradMonitor:
         add(self._global_hooks.install())
 
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if self._incidents.replaying:
+            return
         if not self._checked_params and (compiled.unwrap(module) or module) is self._model:
             self._first_forward(module, args)
 
     def _forward_done(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._incidents.replaying:
+            return
         key = id(module)
         i = self._module_index.get(key)
         if i is not None:
@@ -500,7 +525,19 @@ class GradMonitor:
             steps=self.history,
             alerts=self.alerts,
             distributed=self.distributed,
+            incidents=self._incidents.incidents,
         )
+
+    @property
+    def incidents(self) -> list[Incident]:
+        """One ``Incident`` per event (gradients turning non-finite, the norm exploding): the
+        first bad step, replayed with ``replay=True``, and where it started."""
+        return self._incidents.incidents
+
+    def target(self, *values: Any) -> None:
+        """The targets of the micro-batch just run (after the model's forward), so a replay
+        can recompute ``loss_fn(output, *values)`` when the loss made the first NaN/Inf."""
+        self._incidents.target(*values)
 
     def _guard(self, fn: Any, *args: Any) -> Any:
         """Run a hook body; an unexpected failure stops the monitor with a warning instead of
@@ -535,6 +572,7 @@ class GradMonitor:
             self._logged_steps += 1
         self.step += 1
         self._pending = self._probe = self._sample = None
+        self._incidents.end_step()
         if self._leak_check is None:
             return
         for leak in self._leak_check.step().leaks:
@@ -578,6 +616,8 @@ class GradMonitor:
     def _measure_after_backward(self) -> None:
         with _inference_mode(True):
             measured = self._measure("backward")
+        if self.optimizer is not None:
+            self._incidents.after_backward(measured.matrix[0])
         if self.optimizer is None:
             self._finish(measured, None)
         else:
@@ -586,6 +626,8 @@ class GradMonitor:
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._logged():
             self._guard(self._measure_before_step, args, kwargs)
+            pending = self._pending
+            self._guard(self._incidents.before_step, None if pending is None else pending.matrix[0])
 
     def _measure_before_step(self, args: Any, kwargs: Any) -> None:
         # the hook's args are step()'s, self first
@@ -901,6 +943,7 @@ class GradMonitor:
         self.history.append(st)
         first_bad = next((self._act_names[i] for i, v in flags if v), None) if flags else None
         alerts = self._alert_state.update(st, first_bad, self._numels(), self._thresholds())
+        alerts = self._incidents.record(st, alerts)
         if alerts:
             self.alerts.extend(alerts)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .incident import Incident
+
 #: the kinds an ``Alert`` can have, most severe first
 ALERT_KINDS = ("nan", "inf", "exploding", "dead", "vanishing", "forward_nonfinite", "leak")
 
@@ -86,3 +88,4 @@ class MonitorLog:
     steps: list[StepStats]
     alerts: list[Alert]
     distributed: str | None = None
+    incidents: list[Incident] = field(default_factory=list)
