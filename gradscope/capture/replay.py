@@ -114,8 +114,8 @@ def saved_inputs(fn: Any) -> list[OpInput]:
             continue
         if isinstance(value, torch.Tensor) and value.layout == torch.strided:
             out.append(tensor_input(attr[len("_saved_"):], value))
-    order = {"self": 0, "input": 0, "other": 1, "mat2": 1, "result": 9}
-    out.sort(key=lambda i: order.get(i.name, 5))
+    order = {"self": 0, "input": 0, "other": 1, "mat2": 1}
+    out.sort(key=lambda i: (order.get(i.name, 2 if i.nan or i.inf else 5)))
     return out
 
 
@@ -297,8 +297,12 @@ class Replayer:
         from .walk import _trace_with_ids
 
         model = self.model
-        outside = any(not bool(torch.isfinite(g).all()) for g in mb.grads.values()
-                      if g.is_floating_point() or g.is_complex())
+        grads_bad = any(
+            not bool(torch.isfinite(g).all())
+            for g in mb.grads.values()
+            if g.is_floating_point() or g.is_complex()
+        )
+        outside = False
         params = [p for p in self.params if p.requires_grad]
         res.replayed = True
         with _preserved(model, self.cuda_devices), _restored_rng(mb):
@@ -308,17 +312,17 @@ class Replayer:
                     stack.enter_context(torch.enable_grad())
                     for dt, dtype in mb.autocast:
                         stack.enter_context(torch.autocast(dt, dtype=dtype))
-                    stack.enter_context(scopes(model))
                     fw = stack.enter_context(record_forward(check_finite=True))
                     if mb.run is not None:
-                        loss = mb.run()
-                        roots, grads = _loss_root(loss)
-                        outside = False
+                        with scopes(model):
+                            roots, grads = _loss_root(mb.run())
                     else:
-                        out = self.target_module(*mb.args, **mb.kwargs)
+                        with scopes(model):
+                            out = self.target_module(*mb.args, **mb.kwargs)
+                        # the gradient reached finite outputs already non-finite: the loss
+                        outside = grads_bad and _all_finite(out)
                         if outside and self.loss_fn is not None:
-                            loss = self.loss_fn(out, *(mb.target or ()))
-                            roots, grads = _loss_root(loss)
+                            roots, grads = _loss_root(self.loss_fn(out, *(mb.target or ())))
                         else:
                             roots, grads = _output_roots(out, mb.grads)
                 if not roots:
@@ -326,8 +330,11 @@ class Replayer:
                     return False
                 fwd = fw.first_nonfinite
                 with record_backward(roots, model=model) as rec:
+                    # kept for reading the op's saved tensors after; a compiled region's
+                    # backward (donated buffers) cannot be run with retain_graph
+                    retain = not any(n.compiled is not None for n in rec.graph.nodes)
                     torch.autograd.grad(
-                        roots, params, grads, allow_unused=True, retain_graph=True
+                        roots, params, grads, allow_unused=True, retain_graph=retain
                     )
                 graph = rec.graph
                 back = rec.first_nonfinite
@@ -365,7 +372,7 @@ class Replayer:
                             "GradMonitor.target(...)) to name its op"
                         )
                         return True
-                if node_id is not None:
+                if node_id is not None and retain:
                     _, ids = _trace_with_ids(roots, model=model, saved=False)
                     fn = next((f for f, nid in ids.items() if nid == node_id), None)
                     if fn is not None and graph.node(node_id).compiled is None:
@@ -386,6 +393,14 @@ class _Keep:
 
     def __call__(self, grad: torch.Tensor) -> None:
         self.grads[self.path] = grad
+
+
+def _all_finite(out: Any) -> bool:
+    return all(
+        bool(torch.isfinite(t.detach()).all())
+        for _, t in iter_tensors(out)
+        if t.is_floating_point() or t.is_complex()
+    )
 
 
 def _loss_root(loss: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -481,7 +496,7 @@ class IncidentWatch:
         self.pending: ReplayResult | None = None
         self.bad = False  # inside a non-finite event
         self.last_good: dict[str, float] | None = None
-        self.last_total: float | None = None
+        self.hot = False  # the previous logged step raised an exploding alert
 
     @property
     def replaying(self) -> bool:
@@ -536,7 +551,7 @@ class IncidentWatch:
                 changes=changes(self.last_good, norms, self.norm_type),
                 micro_batch=res.micro_batch, replayed=res.replayed, note=res.note,
             )
-        elif finite and any(a.kind == "exploding" for a in alerts):
+        elif finite and not self.hot and any(a.kind == "exploding" for a in alerts):
             incident = Incident(
                 step=st.step, kind="exploding",
                 changes=changes(self.last_good, norms, self.norm_type),
@@ -545,6 +560,7 @@ class IncidentWatch:
             )
         self.pending = None
         self.bad = not finite
+        self.hot = any(a.kind == "exploding" for a in alerts)  # one incident per explosion
         if finite and incident is None:
             self.last_good = norms
         if incident is None:

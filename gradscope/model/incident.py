@@ -220,8 +220,10 @@ def _unkind(v: float | None, kind: str | None) -> float:
 
 # ---------------------------------------------------------------------- changes
 def module_of(param: str) -> str:
-    """The module path that owns a parameter name (``fc1.weight`` -> ``fc1``; ``w`` -> "")."""
-    return param.rpartition(".")[0]
+    """The module path that owns a parameter name (``fc1.weight`` -> ``fc1``; ``w`` -> ""),
+    without the ``_orig_mod`` of a ``torch.compile`` wrapper."""
+    path = param.rpartition(".")[0]
+    return ".".join(p for p in path.split(".") if p != "_orig_mod")
 
 
 def module_norms(norms: dict[str, float], norm_type: float) -> dict[str, float]:
