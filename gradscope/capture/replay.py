@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..errors import MonitorError
 from ..model.incident import OpInput
 from .nest import iter_tensors
 
@@ -476,11 +477,12 @@ class IncidentWatch:
         hook_target: torch.nn.Module,
         params: Sequence[torch.Tensor],
         norm_type: float,
-        *,
         replay: bool,
         optimizer: Any,
         loss_fn: Callable[..., Any] | None = None,
     ) -> None:
+        if loss_fn is not None and not callable(loss_fn):
+            raise MonitorError(f"loss_fn= must be callable, got {type(loss_fn).__name__}")
         self.norm_type = norm_type
         self.incidents: list[Any] = []
         self.replayer = Replayer(model, hook_target, params, loss_fn) if replay else None
@@ -515,12 +517,13 @@ class IncidentWatch:
         if self.replayer is not None and not self.replayer.replaying:
             self.replayer.note_backward(norms)
 
-    def before_step(self, norms: torch.Tensor | None) -> None:
-        """At ``optimizer.step()``'s pre-hook of a logged step: if the gradients are not
-        finite and the previous logged step's were, replay now (parameters untouched yet)."""
-        if self.replayer is None or norms is None or self.bad:
+    def before_step(self, pending: Any) -> None:
+        """At ``optimizer.step()``'s pre-hook of a logged step (``pending``: the monitor's
+        measurement, or None): if the gradients are not finite and the previous logged
+        step's were, replay now (parameters untouched yet)."""
+        if self.replayer is None or pending is None or self.bad:
             return
-        total = float(norms.sum())  # one host read; the replay must run before the step
+        total = float(pending.matrix[0].sum())  # one host read; the replay must run before the step
         if math.isfinite(total):
             return
         self.pending = self.replayer.replay()
