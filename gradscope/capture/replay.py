@@ -499,6 +499,7 @@ class IncidentWatch:
         self.bad = False  # inside a non-finite event
         self.last_good: dict[str, float] | None = None
         self.hot = False  # the previous logged step raised an exploding alert
+        self.checked = False  # this step's gradients were finite when the backward ended
 
     @property
     def replaying(self) -> bool:
@@ -523,8 +524,10 @@ class IncidentWatch:
         step's were, replay now (parameters untouched yet)."""
         if self.replayer is None or pending is None or self.bad:
             return
-        total = float(pending.matrix[0].sum())  # one host read; the replay must run before the step
+        # one host read more on a logged step: the replay must run before the step
+        total = float(pending.matrix[0].sum())
         if math.isfinite(total):
+            self.checked = True
             return
         self.pending = self.replayer.replay()
 
@@ -546,7 +549,10 @@ class IncidentWatch:
             res = self.pending or ReplayResult()
             if self.pending is None:
                 res.note = self.no_replay or (
-                    "not replayed: the gradients were set outside a backward of this step"
+                    "not replayed: the gradients were finite when the backward ended and "
+                    "turned non-finite after it (changed by hand or by a hook)"
+                    if self.checked
+                    else "not replayed: the gradients were set outside a backward of this step"
                 )
             incident = Incident(
                 step=st.step, kind="nonfinite", phase=res.phase, op=res.op, module=res.module,
@@ -562,6 +568,7 @@ class IncidentWatch:
                 "gradient norm grew most are listed",
             )
         self.pending = None
+        self.checked = False
         self.bad = not finite
         self.hot = any(a.kind == "exploding" for a in alerts)  # one incident per explosion
         if finite and incident is None:
@@ -583,7 +590,7 @@ def _named(alert: Any, incident: Any) -> Any:
             extra = "; origin: the loss, outside the model (the gradient reached the outputs " \
                 "already non-finite)"
         else:
-            extra = f"; origin unknown ({incident.note})" if incident.note else ""
+            return alert  # nothing to add: the incident's note says why
     elif alert.kind == "exploding" and incident.kind == "exploding" and incident.changes:
         c = incident.changes[0]
         extra = f"; grew most: {c.describe()}"

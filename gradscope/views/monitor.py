@@ -23,6 +23,7 @@ from ..model.monitor import ALERT_KINDS, MonitorLog, ParamStats
 
 _BARS = "▁▂▃▄▅▆▇█"
 _MAX_ALERT_LINES = 5
+_MAX_INCIDENTS = 3
 _FIELDS = ("norm", "max_abs", "mean_abs", "nan", "inf", "zero_frac", "update_ratio")
 
 
@@ -71,6 +72,7 @@ def render_report(log: MonitorLog, *, width: int = 24) -> Group:
     Numbers are never cut: their columns do not wrap; at 80 columns a long parameter name wraps
     onto a second line (whole) and the history sparkline shortens to what fits."""
     lines = [Text(summary(log))]
+    above = incident_lines(log)
     if log.distributed:
         lines.append(Text(f"distributed: {log.distributed}"))
     first = next((a for a in log.alerts if a.kind in ("nan", "inf", "forward_nonfinite")), None)
@@ -80,7 +82,19 @@ def render_report(log: MonitorLog, *, width: int = 24) -> Group:
     lines.extend(Text(f"  {a.kind}: {a.message}") for a in shown)
     if len(log.alerts) > len(shown):
         lines.append(Text(f"  ... {len(log.alerts) - len(shown)} more alerts in .alerts / --json"))
-    return Group(_ReportTable(log, width), *lines)
+    return Group(*above, _ReportTable(log, width), *lines)
+
+
+def incident_lines(log: MonitorLog) -> list[Text]:
+    """The incidents (first bad steps and their origin), for above the report's table."""
+    out: list[Text] = []
+    for inc in log.incidents[:_MAX_INCIDENTS]:
+        head, *rest = inc.summary().splitlines()
+        out.append(Text(f"incident: {head}", style="bold red"))
+        out.extend(Text(line) for line in rest)
+    if len(log.incidents) > _MAX_INCIDENTS:
+        out.append(Text(f"... {len(log.incidents) - _MAX_INCIDENTS} more in .incidents / --json"))
+    return out
 
 
 def wrap_dotted(name: str, width: int) -> str:
@@ -209,7 +223,8 @@ def _stats_dict(ps: ParamStats) -> dict[str, Any]:
 
 def write_jsonl(log: MonitorLog, path: Path) -> Path:
     """One JSON object per logged step: step, total_norm, full, skipped, scope, measured_at,
-    params, modules, alerts (each with the names it concerns)."""
+    params, modules, alerts (each with the names it concerns), and on the first step of an
+    event its ``incident`` (``Incident.to_dict()``)."""
     by_step: dict[int, list[dict[str, Any]]] = {}
     for a in log.alerts:
         by_step.setdefault(a.step, []).append(
@@ -221,6 +236,7 @@ def write_jsonl(log: MonitorLog, path: Path) -> Path:
                 "names": list(a.names),
             }
         )
+    incidents = {inc.step: inc for inc in log.incidents}
     lines = []
     for st in log.steps:
         obj = {
@@ -234,6 +250,8 @@ def write_jsonl(log: MonitorLog, path: Path) -> Path:
             "modules": {n: _stats_dict(ps) for n, ps in st.modules.items()},
             "alerts": by_step.get(st.step, []),
         }
+        if st.step in incidents:  # only on a step that has one
+            obj["incident"] = incidents[st.step].to_dict()
         lines.append(json.dumps(obj, allow_nan=False) + "\n")
     return write_atomic(path, "".join(lines))
 
