@@ -136,7 +136,9 @@ def _train(mf: gs.ModelFile, steps: int, every: int, err: Console) -> gs.GradMon
     model.train()
     with (
         # a diagnostic run of a few steps: full statistics at every logged step
-        gs.GradMonitor(model, every=every, optimizer=opt, activations=True, full_every=1) as mon,
+        gs.GradMonitor(
+            model, every=every, optimizer=opt, activations=True, full_every=1, loss_fn=loss_fn
+        ) as mon,
         _progress(err) as bar,
     ):
         task = bar.add_task("train", total=steps, norm="-")
@@ -145,6 +147,8 @@ def _train(mf: gs.ModelFile, steps: int, every: int, err: Console) -> gs.GradMon
             if batch is None:
                 err.print(f"batches() ran out after {mon.step} steps", markup=False)
                 break
+            if batch[1] is not None:
+                mon.target(batch[1])  # a replay of a bad step recomputes loss_fn(output, target)
             _train_step(mf, model, opt, loss_fn, batch)
             norm = f"{mon.history[-1].total_norm:.4g}" if mon.history else "-"
             bar.update(task, advance=1, norm=norm)

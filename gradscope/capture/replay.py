@@ -146,6 +146,7 @@ class Replayer:
         self.flags: list[torch.Tensor] = []  # per backward: sum of the gradient norms
         self.param_versions: list[int] | None = None
         self.replaying = False
+        self.next_target: tuple[Any, ...] | None = None
         self.handles: list[Any] = []
         self.cuda_devices = sorted(
             {p.device.index or 0 for p in self.params if p.device.type == "cuda"}
@@ -177,6 +178,7 @@ class Replayer:
             return None
         mb = MicroBatch()
         mb.args, mb.kwargs = args, kwargs
+        mb.target, self.next_target = self.next_target, None
         mb.cpu_rng = torch.get_rng_state()
         if self.cuda_devices:
             mb.cuda_rng = [(d, torch.cuda.get_rng_state(d)) for d in self.cuda_devices]
@@ -201,9 +203,12 @@ class Replayer:
         return None
 
     def set_target(self, *values: Any) -> None:
-        """The targets of the latest micro-batch (for ``loss_fn(output, *targets)``)."""
-        if self.batches:
+        """The targets of a micro-batch (for ``loss_fn(output, *targets)``): of the latest
+        forward when it has none yet, else of the next forward."""
+        if self.batches and self.batches[-1].target is None:
             self.batches[-1].target = values
+        else:
+            self.next_target = values
 
     def add_run(self, run: Callable[[], Any]) -> None:
         """A framework's step (returns the loss) as one micro-batch, RNG state taken now."""
