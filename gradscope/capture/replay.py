@@ -146,6 +146,7 @@ class Replayer:
         self.flags: list[torch.Tensor] = []  # per backward: sum of the gradient norms
         self.param_versions: list[int] | None = None
         self.replaying = False
+        self.runs_only = False  # a framework gives each micro-batch as a run (Lightning)
         self.next_target: tuple[Any, ...] | None = None
         self.handles: list[Any] = []
         self.cuda_devices = sorted(
@@ -174,7 +175,7 @@ class Replayer:
         self.param_versions = None
 
     def _pre(self, module: Any, args: Any, kwargs: Any) -> None:
-        if self.replaying or not torch.is_grad_enabled():
+        if self.replaying or self.runs_only or not torch.is_grad_enabled():
             return None
         mb = MicroBatch()
         mb.args, mb.kwargs = args, kwargs
@@ -194,7 +195,7 @@ class Replayer:
         return None
 
     def _post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
-        if self.replaying or not self.batches or not torch.is_grad_enabled():
+        if self.replaying or self.runs_only or not self.batches or not torch.is_grad_enabled():
             return None
         grads = self.batches[-1].grads
         for path, t in iter_tensors(output):
@@ -211,7 +212,9 @@ class Replayer:
             self.next_target = values
 
     def add_run(self, run: Callable[[], Any]) -> None:
-        """A framework's step (returns the loss) as one micro-batch, RNG state taken now."""
+        """A framework's step (returns the loss) as one micro-batch, RNG state taken now; from
+        the first call on, the model's own forwards are no longer micro-batches."""
+        self.runs_only = True
         mb = MicroBatch()
         mb.run = run
         mb.cpu_rng = torch.get_rng_state()
@@ -369,6 +372,8 @@ class Replayer:
                     node_id = back.node_id
                 else:
                     return False
+                if mb.run is not None and res.module is None:
+                    outside = True  # a framework's step: an op outside every module's forward
                 if outside:
                     res.phase = "outside"
                     if mb.run is None and self.loss_fn is None:
@@ -519,14 +524,39 @@ class IncidentWatch:
         if self.replayer is not None:
             self.replayer.set_target(*values)
 
+    def add_run(self, run: Callable[[], Any]) -> None:
+        """A framework's own step for the next micro-batch (see ``Replayer.add_run``)."""
+        if self.replayer is not None:
+            self.replayer.add_run(run)
+
     def after_backward(self, norms: torch.Tensor) -> None:
         if self.replayer is not None and not self.replayer.replaying:
             self.replayer.note_backward(norms)
 
-    def before_step(self, pending: Any) -> None:
-        """At ``optimizer.step()``'s pre-hook of a logged step (``pending``: the monitor's
+    def before_step(self, pending: Callable[[], Any], args: Any, kwargs: Any) -> Any:
+        """At ``optimizer.step()``'s pre-hook of a logged step (``pending()``: the monitor's
         measurement, or None): if the gradients are not finite and the previous logged
-        step's were, replay now (parameters untouched yet)."""
+        step's were, replay now (parameters untouched yet). With ``step(closure)`` (the
+        backward runs inside the step: Lightning), the check runs when the closure returns:
+        returns the hook's new ``(args, kwargs)``, else None."""
+        if self.replayer is None or self.bad:
+            return None
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if closure is None:
+            self.check(pending())
+            return None
+
+        def checked() -> Any:
+            loss = closure()
+            self.check(pending())
+            return loss
+
+        if "closure" in kwargs:
+            return args, dict(kwargs, closure=checked)
+        return (args[0], checked, *args[2:]), kwargs
+
+    def check(self, pending: Any) -> None:
+        """Replay now if ``pending`` (a measurement) holds non-finite gradients."""
         if self.replayer is None or pending is None or self.bad:
             return
         # one host read more on a logged step: the replay must run before the step

@@ -39,20 +39,36 @@ def alert_lines(alerts: list[Any], start: int) -> list[str]:
     return [f"gradscope {a.kind}: {a.message}" for a in alerts[start:]]
 
 
+def incident_lines(incidents: list[Any], start: int) -> list[str]:
+    """One log message per incident from index ``start`` on (its 2-4 summary lines)."""
+    return [f"gradscope incident: {inc.summary()}" for inc in incidents[start:]]
+
+
 class AlertRelay:
-    """Passes a monitor's new alerts to a framework's logger, each once, as a warning."""
+    """Passes a monitor's new alerts and incidents to a framework's logger, each once, as a
+    warning."""
 
     def __init__(self, logger: Any) -> None:
         self.logger = logger
         self.told = 0
+        self.told_incidents = 0
 
     def reset(self) -> None:
         """A fresh monitor: nothing told yet."""
         self.told = 0
+        self.told_incidents = 0
 
     def tell(self, monitor: Any) -> None:
-        """Log the alerts ``monitor`` raised since the last call."""
-        if monitor is None or len(monitor.alerts) == self.told:
+        """Log the incidents and alerts ``monitor`` recorded since the last call (an
+        incident first: it says where the alert's NaN came from)."""
+        if monitor is None:
+            return
+        incidents = monitor.incidents
+        if len(incidents) != self.told_incidents:
+            for line in incident_lines(incidents, self.told_incidents):
+                self.logger.warning(line)
+            self.told_incidents = len(incidents)
+        if len(monitor.alerts) == self.told:
             return
         for line in alert_lines(monitor.alerts, self.told):
             self.logger.warning(line)

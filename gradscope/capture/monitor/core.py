@@ -299,6 +299,10 @@ class GradMonitor:
         """The targets of the micro-batch just run, for ``loss_fn(output, *values)``."""
         self._incidents.target(*values)
 
+    def replay_run(self, run: Any) -> None:
+        """A framework's own step for the next micro-batch (returns its loss; Lightning)."""
+        self._incidents.add_run(run)
+
     def _guard(self, fn: Any, *args: Any) -> Any:
         """Run a hook body; an unexpected failure stops the monitor with a warning instead of
         breaking the training step (a GradscopeError, said on purpose, goes through)."""
@@ -382,10 +386,11 @@ class GradMonitor:
         else:
             self._pending = measured  # the last backward before the step counts
 
-    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         if self._logged():
             self._guard(self._measure_before_step, args, kwargs)
-            self._guard(self._incidents.before_step, self._pending)
+            return self._guard(self._incidents.before_step, lambda: self._pending, args, kwargs)
+        return None
 
     def _measure_before_step(self, args: Any, kwargs: Any) -> None:
         # the hook's args are step()'s, self first
