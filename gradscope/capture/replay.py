@@ -595,7 +595,10 @@ class IncidentWatch:
                 changes=changes(self.last_good, norms, self.norm_type),
                 micro_batch=res.micro_batch, replayed=res.replayed, note=res.note,
             )
-        elif finite and not self.hot and any(a.kind == "exploding" for a in alerts):
+        elif (  # growth needs a good step to grow from
+            finite and not self.hot and self.last_good is not None
+            and any(a.kind == "exploding" for a in alerts)
+        ):
             incident = Incident(
                 step=st.step, kind="exploding",
                 changes=changes(self.last_good, norms, self.norm_type),
