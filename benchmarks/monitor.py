@@ -32,8 +32,18 @@ and the monitor's extra memory: ``retained`` (bytes of tensors the monitor holds
 found by walking the objects it references) and ``peak`` (the most bytes alive at once of the
 tensors its own ops allocated, full statistics included), against the parameters' bytes.
 
+Incidents (replay=True, the default with optimizer=; ``--no-replay-costs`` skips them), per
+model: a good step with replay=True against the same monitor with replay=False (median of the
+ratios of interleaved pairs, CPU and wall time); the bytes the monitor holds at
+``optimizer.step()`` with and without replay (the inputs it references and the gradient that
+reached the outputs) against the bound "inputs + one micro-batch's output gradients"; and the
+replay itself (the step run again under record_forward(check_finite=True) and
+record_backward, as on a bad step) against one plain step.
+
 Targets (design.md): gradscope <= 1.05x plain and within about 2% of the foreach_norm floor;
-gradscope full <= 1.25x; extra memory <= 1% of the parameter bytes.
+gradscope full <= 1.25x; extra memory <= 1% of the parameter bytes (replay=False: the
+replay's references are bounded separately); replay=True <= 1.02x replay=False; the replay
+<= 5x a plain step.
 """
 
 from __future__ import annotations
@@ -62,6 +72,7 @@ from gradscope.capture.monitor import FULL_EVERY
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET, TARGET_FULL, TARGET_MEMORY = 1.05, 1.25, 0.01
+TARGET_REPLAY_STEP, TARGET_REPLAY = 1.02, 5.0
 VARIANTS = ("gradscope", "gradscope full", "foreach_norm", "wandb-style", "plain copy")
 
 
@@ -155,6 +166,8 @@ class Runner:
             pass
         elif kind == "gradscope":
             self.monitor = gs.GradMonitor(self.model, optimizer=self.opt)
+        elif kind == "gradscope no replay":
+            self.monitor = gs.GradMonitor(self.model, optimizer=self.opt, replay=False)
         elif kind == "gradscope full":
             self.monitor = gs.GradMonitor(self.model, optimizer=self.opt, full_every=1)
         elif kind == "foreach_norm":
@@ -333,9 +346,13 @@ def bench(task: Task, args: argparse.Namespace) -> dict[str, Any]:
             plain_times.append(t["plain"][1])
             ratios[k].append(t[k][1] / t["plain"][1])
             walls[k].append(t[k][0] / t["plain"][0])
-    mon = runners["gradscope"].monitor
+    # between steps, as the target reads it: what replay=True keeps lives only inside a step
+    probe = Runner(task, "gradscope no replay")
+    probe.time_steps(2)
+    mon = probe.monitor
     assert mon is not None
-    retained = retained_bytes(mon, runners["gradscope"].model, runners["gradscope"].opt)
+    retained = retained_bytes(mon, probe.model, probe.opt)
+    mon.remove()
     for r in runners.values():
         if r.monitor is not None:
             r.monitor.remove()
@@ -353,12 +370,76 @@ def bench(task: Task, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def replay_costs(task: Task, args: argparse.Namespace) -> dict[str, Any]:
+    """replay=True vs replay=False on good steps, the bytes held at the step, the replay's
+    own time against a plain step."""
+    runs = {k: Runner(task, k) for k in ("plain", "gradscope", "gradscope no replay")}
+    for r in runs.values():
+        r.time_steps(2)
+    ratios, walls = [], []
+    rng = random.Random(1)
+    for _ in range(args.rounds):
+        pair = ["gradscope", "gradscope no replay"]
+        rng.shuffle(pair)
+        t = {v: runs[v].time_steps(args.steps) for v in pair}
+        ratios.append(t["gradscope"][1] / t["gradscope no replay"][1])
+        walls.append(t["gradscope"][0] / t["gradscope no replay"][0])
+    held: dict[str, int] = {}
+    for k in ("gradscope", "gradscope no replay"):
+        r = runs[k]
+        seen: list[int] = []
+        handle = r.opt.register_step_pre_hook(
+            lambda *_, _r=r, _s=seen: _s.append(retained_bytes(_r.monitor, _r.model, _r.opt))
+        )
+        r.step()
+        handle.remove()
+        held[k] = seen[0]
+    # the bound: the batch's tensors and the gradient that reached the outputs
+    inputs = sum(t.untyped_storage().nbytes() for t in tree_leaves(task.batch)
+                 if isinstance(t, torch.Tensor))
+    on = runs["gradscope"]
+    replayer = on.monitor._incidents.replayer  # type: ignore[union-attr]
+    out_grads = 0
+    replay_s: list[float] = []
+
+    def replay_now(*_: Any) -> None:
+        nonlocal out_grads
+        out_grads = sum(g.untyped_storage().nbytes() for mb in replayer.batches
+                        for g in mb.grads.values())
+        c0 = time.process_time()
+        res = replayer.replay()
+        replay_s.append(time.process_time() - c0)
+        assert res.replayed, res.note
+
+    handle = on.opt.register_step_pre_hook(replay_now)
+    plain_s = []
+    for _ in range(3):
+        on.step()
+        plain_s.append(runs["plain"].time_steps(1)[1])
+    handle.remove()
+    for r in runs.values():
+        if r.monitor is not None:
+            r.monitor.remove()
+    return {
+        "step": statistics.median(ratios),
+        "step_range": (min(ratios), max(ratios)),
+        "step_wall": statistics.median(walls),
+        "held": held["gradscope"] - held["gradscope no replay"],
+        "bound": inputs + out_grads,
+        "inputs": inputs,
+        "out_grads": out_grads,
+        "replay": statistics.median(replay_s) / statistics.median(plain_s),
+        "replay_ms": statistics.median(replay_s) * 1e3,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--no-replay-costs", action="store_true", help="skip the incident costs")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(
@@ -402,6 +483,20 @@ def main() -> None:
             f"full {own['gradscope full']:.2f} ms, foreach_norm + .tolist() "
             f"{own['foreach_norm']:.2f} ms; as a share of the plain step: "
             + ", ".join(f"{k} {1 + v / r['plain_ms']:.3f}x" for k, v in own.items()),
+            flush=True,
+        )
+        if args.no_replay_costs:
+            continue
+        c = replay_costs(task, args)
+        print(
+            f"    incidents: a good step with replay=True {c['step']:.3f}x replay=False "
+            f"[{c['step_range'][0]:.2f}-{c['step_range'][1]:.2f}] (wall {c['step_wall']:.3f}x) "
+            f"{'ok' if c['step'] <= TARGET_REPLAY_STEP else 'MISSED'}; held at the step: "
+            f"{c['held']:,} B more (bound: inputs {c['inputs']:,} B + output gradients "
+            f"{c['out_grads']:,} B = {c['bound']:,} B: "
+            f"{'ok' if c['held'] <= c['bound'] + 8192 else 'MISSED'}); the replay "
+            f"{c['replay_ms']:.1f} ms of CPU = {c['replay']:.2f}x a plain step "
+            f"{'ok' if c['replay'] <= TARGET_REPLAY else 'MISSED'}",
             flush=True,
         )
 
