@@ -5,8 +5,9 @@ target)`` (or ``loss_fn(output)``), optionally ``batches()`` (an iterable of ``(
 pairs, or of inputs when ``loss_fn`` takes only the output; default: ``example_input`` and
 ``example_target`` again and again) and ``optimizer(params)`` (default SGD, lr 1e-2).
 
-Exit codes: 0 trained and nothing non-finite; 1 NaN/Inf appeared (gradients or forward outputs);
-2 the file could not be used.
+Exit codes: 0 trained and nothing non-finite; 1 NaN/Inf appeared (gradients or forward outputs)
+or an incident was recorded (printed above the table: where the first bad step began); 2 the
+file could not be used.
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ def report(
         if path is not None:
             write(path)
             err.print(f"wrote {path}", markup=False)
-    raise typer.Exit(1 if any(a.kind in NONFINITE for a in mon.alerts) else 0)
+    raise typer.Exit(1 if mon.incidents or any(a.kind in NONFINITE for a in mon.alerts) else 0)
 
 
 def register(app: typer.Typer) -> None:

@@ -46,7 +46,7 @@ def optimizer(params):
 
     def schedule(optimizer, args, kwargs):
         steps[0] += 1
-        if steps[0] == BAD_STEP:  # the update of step BAD_STEP - 1  
+        if steps[0] == BAD_STEP:  # the update of step BAD_STEP - 1
             for group in optimizer.param_groups:
                 group["lr"] *= 1000.0  # planted: x1000 instead of x1.0 at the end of warm-up
 

@@ -228,10 +228,6 @@ def test_exploding_lr_names_the_modules_that_grew_most() -> None:
     # ground truth: per-module norms from p.grad at every step of a plain run
     fresh = load("exploding_lr")
     norms = []
-
-    def snapshot(model, x, y, loss_fn):
-        return None
-
     model, opt = fresh.model, fresh.optimizer(fresh.model.parameters())
     for _, (x, y) in zip(range(5), fresh.batches()):
         fresh.loss_fn(model(x), y).backward()
@@ -367,7 +363,7 @@ def test_replay_reads_one_flag_more_per_logged_step_only(monkeypatch) -> None:
         mon = gs.GradMonitor(model, every=3, optimizer=opt, replay=replay)
         counter = Transfers(monkeypatch)
         seen = []
-        for i in range(6):
+        for _ in range(6):
             before = counter.count
             model(torch.randn(8, 6)).square().mean().backward()
             opt.step()
@@ -389,9 +385,9 @@ def test_memory_held_is_the_inputs_and_output_gradients() -> None:
     held = {}
     for replay in (False, True):
         mon = gs.GradMonitor(model, optimizer=opt, replay=replay)
-        during = []
+        during: list[int] = []
         handle = opt.register_step_pre_hook(
-            lambda *_: during.append(_reachable_tensor_bytes(mon, model, opt))
+            lambda *_, _m=mon, _d=during: _d.append(_reachable_tensor_bytes(_m, model, opt))
         )
         between = []
         for _ in range(3):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,3 +35,13 @@ def test_report_names_the_loss_op_for_a_nan_made_by_the_loss() -> None:
     first = " ".join(" ".join(res.stdout.splitlines()[:3]).split())  # the console wraps
     assert "the loss made it, at DivBackward0 outside the model" in first
     assert "loss_nan.py:22" in first
+
+
+PLANTED = sorted(p.stem for p in (ROOT / "samples" / "incidents").glob("*.py"))
+
+
+@pytest.mark.parametrize("sample", PLANTED)
+def test_every_planted_bug_sample_reports_its_incident_first(sample: str) -> None:
+    res = run_cli("report", f"samples/incidents/{sample}.py", "--steps", "5", cwd=ROOT)
+    assert res.returncode == 1, res.stderr
+    assert res.stdout.startswith("incident: step 3: "), res.stdout[:300]

@@ -142,7 +142,8 @@ class GradMonitor:
         loss_fn: Any = None,
     ) -> None:
         check_args(model, every, norm_type, full_every, measure)
-        called, model = model, compiled.unwrap(model) or model  # a torch.compile wrapper  # a torch.compile wrapper: its module's names
+        # a torch.compile wrapper: its module's names (the wrapper is what the loop calls)
+        called, model = model, compiled.unwrap(model) or model
         check_options(replicated, update_sample)
         self.every = every
         self.full_every = full_every
