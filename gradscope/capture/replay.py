@@ -232,6 +232,12 @@ class Replayer:
     # ------------------------------------------------------------------ checks
     def why_not(self) -> str | None:
         """One line on why this step cannot be replayed exactly, or None."""
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return (
+                "not replayed: a distributed run (a replay on one rank would re-enter the "
+                "model's collectives)"
+            )
         if not self.batches:
             return (
                 "no forward of the model was seen in this step (the replay hooks the model's "
