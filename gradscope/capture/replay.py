@@ -29,6 +29,7 @@ import torch
 
 from ..errors import MonitorError
 from ..model.incident import OpInput
+from .compiled import compiling
 from .nest import iter_tensors
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
@@ -175,6 +176,10 @@ class Replayer:
         self.param_versions = None
 
     def _pre(self, module: Any, args: Any, kwargs: Any) -> None:
+        # a model compiled as a whole inlines its own hooks: traced, they do nothing (the
+        # compiled wrapper, given to the monitor, is hooked instead: its hooks run eagerly)
+        if compiling():
+            return None
         if self.replaying or self.runs_only or not torch.is_grad_enabled():
             return None
         mb = MicroBatch()
@@ -195,6 +200,8 @@ class Replayer:
         return None
 
     def _post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        if compiling():
+            return None
         if self.replaying or self.runs_only or not self.batches or not torch.is_grad_enabled():
             return None
         grads = self.batches[-1].grads
@@ -240,8 +247,8 @@ class Replayer:
             )
         if not self.batches:
             return (
-                "no forward of the model was seen in this step (the replay hooks the model's "
-                "own forward call)"
+                "not replayed: no forward of the model was seen in this step (a model compiled "
+                "as a whole: give GradMonitor the torch.compile wrapper the loop calls)"
             )
         if self.param_versions is not None and self.param_versions != [
             p._version for p in self.params

@@ -437,3 +437,27 @@ def test_jsonl_and_report_carry_the_incident(tmp_path) -> None:
     console.print(mon.report())
     first = console.export_text().splitlines()[0]
     assert first.startswith("incident: step 3: the backward made nan at SqrtBackward0 in dist")
+
+
+# ---------------------------------------------------------------- a model compiled as a whole
+@pytest.mark.parametrize("given", ["wrapper", "inner"])
+def test_a_model_compiled_as_a_whole(fresh_dynamo, given: str) -> None:
+    from torch._dynamo.utils import counters
+
+    mod = load("sqrt_where")
+    model = mod.model
+    compiled = torch.compile(model, backend="aot_eager")
+    opt = mod.optimizer(model.parameters())
+    mon = gs.GradMonitor(compiled if given == "wrapper" else model, optimizer=opt)
+    for _, (x, y) in zip(range(5), mod.batches()):
+        mod.loss_fn(compiled(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    mon.remove()
+    assert sum(counters["graph_break"].values()) == 0
+    (inc,) = mon.incidents
+    if given == "inner":  # its hooks run inside the compiled frame: nothing to replay
+        assert not inc.replayed and "torch.compile wrapper" in inc.note
+        return
+    assert inc.replayed and inc.phase == "backward" and inc.op.startswith("aten.")
+    assert inc.line == "samples/incidents/sqrt_where.py:24"
