@@ -584,8 +584,8 @@ class IncidentWatch:
             self.replayer.clear()
 
     def record(self, st: Any, alerts: list[Any]) -> list[Any]:
-        """Make this logged step's incident, if it starts an event; name its origin in the
-        alerts of the step. Returns the alerts (changed copies where they name it)."""
+        """Make this logged step's incident, if it starts an event. Returns the alerts
+        unchanged (the views name the origin in the alert line: ``alert_line``)."""
         from ..model.incident import Incident, changes
 
         if st.skipped:
@@ -624,28 +624,6 @@ class IncidentWatch:
         self.hot = any(a.kind == "exploding" for a in alerts)  # one incident per explosion
         if finite and incident is None:
             self.last_good = norms
-        if incident is None:
-            return alerts
-        self.incidents.append(incident)
-        return [_named(a, incident) for a in alerts]
-
-
-def _named(alert: Any, incident: Any) -> Any:
-    """The alert with the incident's origin in its message (alerts are frozen)."""
-    from ..model.monitor import Alert
-
-    if alert.kind in ("nan", "inf") and incident.kind == "nonfinite":
-        if incident.op is not None:
-            extra = f"; origin: {incident.origin()} ({incident.phase})"
-        elif incident.phase == "outside":
-            extra = "; origin: the loss, outside the model (the gradient reached the outputs " \
-                "already non-finite)"
-        else:
-            return alert  # nothing to add: the incident's note says why
-    elif alert.kind == "exploding" and incident.kind == "exploding" and incident.changes:
-        c = incident.changes[0]
-        extra = f"; grew most: {c.describe()}"
-    else:
-        return alert
-    return Alert(alert.kind, alert.step, alert.name, alert.message + extra, alert.count,
-                 alert.names)
+        if incident is not None:
+            self.incidents.append(incident)
+        return alerts

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import MonitorError
@@ -34,9 +35,11 @@ def check_options(framework: str, options: dict[str, Any]) -> dict[str, Any]:
     return dict(options)
 
 
-def alert_lines(alerts: list[Any], start: int) -> list[str]:
-    """One log line per alert from index ``start`` on."""
-    return [f"gradscope {a.kind}: {a.message}" for a in alerts[start:]]
+def alert_lines(alerts: list[Any], start: int, incidents: Sequence[Any] = ()) -> list[str]:
+    """One log line per alert from index ``start`` on (naming its step's incident's origin)."""
+    from ..model.incident import alert_line
+
+    return [f"gradscope {a.kind}: {alert_line(a, list(incidents))}" for a in alerts[start:]]
 
 
 def incident_lines(incidents: list[Any], start: int) -> list[str]:
@@ -70,7 +73,7 @@ class AlertRelay:
             self.told_incidents = len(incidents)
         if len(monitor.alerts) == self.told:
             return
-        for line in alert_lines(monitor.alerts, self.told):
+        for line in alert_lines(monitor.alerts, self.told, incidents):
             self.logger.warning(line)
         self.told = len(monitor.alerts)
 

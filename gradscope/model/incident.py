@@ -218,6 +218,31 @@ def _unkind(v: float | None, kind: str | None) -> float:
     return math.nan if v is None else v
 
 
+# ---------------------------------------------------------------------- alert lines
+def origin_suffix(alert: Any, incidents: list[Incident]) -> str:
+    """What an alert line adds about the incident of its step: ``; origin: SqrtBackward0 in
+    dist (m.py:24) (backward)`` for a NaN/Inf alert, ``; grew most: ...`` for an explosion;
+    "" when there is none. The alert itself stays as the rules made it (a saved log's
+    alerts, replayed, are the live run's)."""
+    inc = next((i for i in incidents if i.step == alert.step), None)
+    if inc is None:
+        return ""
+    if alert.kind in ("nan", "inf") and inc.kind == "nonfinite":
+        if inc.op is not None:
+            return f"; origin: {inc.origin()} ({inc.phase})"
+        if inc.phase == "outside":
+            return "; origin: the loss, outside the model (pass loss_fn= to name its op)"
+        return ""
+    if alert.kind == "exploding" and inc.kind == "exploding" and inc.changes:
+        return f"; grew most: {inc.changes[0].describe()}"
+    return ""
+
+
+def alert_line(alert: Any, incidents: list[Incident]) -> str:
+    """The alert's message, with the origin of its step's incident when there is one."""
+    return alert.message + origin_suffix(alert, incidents)
+
+
 # ---------------------------------------------------------------------- changes
 def module_of(param: str) -> str:
     """The module path that owns a parameter name (``fc1.weight`` -> ``fc1``; ``w`` -> ""),

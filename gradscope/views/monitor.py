@@ -19,6 +19,7 @@ from rich.text import Text
 from ..errors import MissingExtraError
 from ..model.files import atomic_path, write_atomic, write_with
 from ..model.formats import register_renderer
+from ..model.incident import alert_line
 from ..model.monitor import ALERT_KINDS, MonitorLog, ParamStats
 
 _BARS = "▁▂▃▄▅▆▇█"
@@ -79,7 +80,7 @@ def render_report(log: MonitorLog, *, width: int = 24) -> Group:
     if first is not None:
         lines.append(Text(f"first non-finite: {first.name} at step {first.step}", style="bold red"))
     shown = log.alerts[:_MAX_ALERT_LINES]
-    lines.extend(Text(f"  {a.kind}: {a.message}") for a in shown)
+    lines.extend(Text(f"  {a.kind}: {alert_line(a, log.incidents)}") for a in shown)
     if len(log.alerts) > len(shown):
         lines.append(Text(f"  ... {len(log.alerts) - len(shown)} more alerts in .alerts / --json"))
     return Group(*above, _ReportTable(log, width), *lines)
