@@ -32,8 +32,18 @@ and the monitor's extra memory: ``retained`` (bytes of tensors the monitor holds
 found by walking the objects it references) and ``peak`` (the most bytes alive at once of the
 tensors its own ops allocated, full statistics included), against the parameters' bytes.
 
+Incidents (replay=True, the default with optimizer=; ``--no-replay-costs`` skips them), per
+model: a good step with replay=True against the same monitor with replay=False (median of the
+ratios of interleaved pairs, CPU and wall time); the bytes the monitor holds at
+``optimizer.step()`` with and without replay (the inputs it references and the gradient that
+reached the outputs) against the bound "inputs + one micro-batch's output gradients"; and the
+replay itself (the step run again under record_forward(check_finite=True) and
+record_backward, as on a bad step) against one plain step.
+
 Targets (design.md): gradscope <= 1.05x plain and within about 2% of the foreach_norm floor;
-gradscope full <= 1.25x; extra memory <= 1% of the parameter bytes.
+gradscope full <= 1.25x; extra memory <= 1% of the parameter bytes (replay=False: the
+replay's references are bounded separately); replay=True <= 1.02x replay=False; the replay
+<= 5x a plain step.
 """
 
 from __future__ import annotations
@@ -62,6 +72,7 @@ from gradscope.capture.monitor import FULL_EVERY
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET, TARGET_FULL, TARGET_MEMORY = 1.05, 1.25, 0.01
+TARGET_REPLAY_STEP, TARGET_REPLAY = 1.02, 5.0
 VARIANTS = ("gradscope", "gradscope full", "foreach_norm", "wandb-style", "plain copy")
 
 
@@ -155,6 +166,8 @@ class Runner:
             pass
         elif kind == "gradscope":
             self.monitor = gs.GradMonitor(self.model, optimizer=self.opt)
+        elif kind == "gradscope no replay":
+            self.monitor = gs.GradMonitor(self.model, optimizer=self.opt, replay=False)
         elif kind == "gradscope full":
             self.monitor = gs.GradMonitor(self.model, optimizer=self.opt, full_every=1)
         elif kind == "foreach_norm":
@@ -333,9 +346,13 @@ def bench(task: Task, args: argparse.Namespace) -> dict[str, Any]:
             plain_times.append(t["plain"][1])
             ratios[k].append(t[k][1] / t["plain"][1])
             walls[k].append(t[k][0] / t["plain"][0])
-    mon = runners["gradscope"].monitor
+    # between steps, as the target reads it: what replay=True keeps lives only inside a step
+    probe = Runner(task, "gradscope no replay")
+    probe.time_steps(2)
+    mon = probe.monitor
     assert mon is not None
-    retained = retained_bytes(mon, runners["gradscope"].model, runners["gradscope"].opt)
+    retained = retained_bytes(mon, probe.model, probe.opt)
+    mon.remove()
     for r in runners.values():
         if r.monitor is not None:
             r.monitor.remove()
@@ -353,12 +370,115 @@ def bench(task: Task, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def replay_costs(task: Task, args: argparse.Namespace) -> dict[str, Any]:
+    """replay=True vs replay=False on good steps, the bytes held at the step, the replay's
+    own time against a plain step."""
+    runs = {k: Runner(task, k) for k in ("plain", "gradscope", "gradscope no replay")}
+    for r in runs.values():
+        r.time_steps(2)
+    ratios, walls = [], []
+    rng = random.Random(1)
+    for _ in range(args.rounds):
+        pair = ["gradscope", "gradscope no replay"]
+        rng.shuffle(pair)
+        t = {v: runs[v].time_steps(args.steps) for v in pair}
+        ratios.append(t["gradscope"][1] / t["gradscope no replay"][1])
+        walls.append(t["gradscope"][0] / t["gradscope no replay"][0])
+    # the replay's own work on a good step (its hook bodies, CPU time): less disturbed by
+    # other processes than the step ratio
+    watch = runs["gradscope"].monitor._incidents  # type: ignore[union-attr]
+    spent = [0.0]
+
+    def timed(obj: Any, name: str) -> None:
+        fn = getattr(obj, name)
+
+        def run(*a: Any, _fn: Callable[..., Any] = fn) -> Any:
+            # wall time: over such short spans the process time also counts the intra-op
+            # threads spinning after the last kernel
+            c0 = time.perf_counter()
+            try:
+                return _fn(*a)
+            finally:
+                spent[0] += time.perf_counter() - c0
+
+        setattr(obj, name, run)
+
+    # the module hooks were registered with the bound methods: time through the handles' dicts
+    replayer = watch.replayer
+    for name in ("before_step", "after_backward", "end_step", "record"):
+        timed(watch, name)
+    for hooks in (runs["gradscope"].model._forward_pre_hooks,
+                  runs["gradscope"].model._forward_hooks):
+        for key, fn in list(hooks.items()):
+            if getattr(fn, "__self__", None) is replayer:
+                holder = type("H", (), {})()
+                holder.f = fn
+                timed(holder, "f")
+                hooks[key] = holder.f
+    own = []
+    for _ in range(6):
+        spent[0] = 0.0
+        runs["gradscope"].step()
+        own.append(spent[0])
+    held: dict[str, int] = {}
+    for k in ("gradscope", "gradscope no replay"):
+        r = runs[k]
+        seen: list[int] = []
+        handle = r.opt.register_step_pre_hook(
+            lambda *_, _r=r, _s=seen: _s.append(retained_bytes(_r.monitor, _r.model, _r.opt))
+        )
+        r.step()
+        handle.remove()
+        held[k] = seen[0]
+    # the bound: the batch's tensors and the gradient that reached the outputs
+    inputs = sum(t.untyped_storage().nbytes() for t in tree_leaves(task.batch)
+                 if isinstance(t, torch.Tensor))
+    on = runs["gradscope"]
+    replayer = on.monitor._incidents.replayer  # type: ignore[union-attr]
+    out_grads = 0
+    replay_s: list[float] = []
+
+    def replay_now(*_: Any) -> None:
+        nonlocal out_grads
+        out_grads = sum(g.untyped_storage().nbytes() for mb in replayer.batches
+                        for g in mb.grads.values())
+        c0 = time.process_time()
+        res = replayer.replay()
+        replay_s.append(time.process_time() - c0)
+        assert res.replayed, res.note
+
+    handle = on.opt.register_step_pre_hook(replay_now)
+    plain_s = []
+    for _ in range(3):
+        on.step()
+        plain_s.append(runs["plain"].time_steps(1)[1])
+    handle.remove()
+    for r in runs.values():
+        if r.monitor is not None:
+            r.monitor.remove()
+    return {
+        "step": statistics.median(ratios),
+        "step_range": (min(ratios), max(ratios)),
+        "step_wall": statistics.median(walls),
+        "held": held["gradscope"] - held["gradscope no replay"],
+        "bound": inputs + out_grads,
+        "inputs": inputs,
+        "out_grads": out_grads,
+        "replay": statistics.median(replay_s) / statistics.median(plain_s),
+        "own_ms": statistics.median(own) * 1e3,
+        "own": 1 + statistics.median(own) / statistics.median(plain_s),
+        "replay_ms": statistics.median(replay_s) * 1e3,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--no-replay-costs", action="store_true", help="skip the incident costs")
+    ap.add_argument("--replay-only", action="store_true", help="only the incident costs")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(
@@ -370,6 +490,10 @@ def main() -> None:
     )
     for name in args.models:
         task = MODELS[name]()
+        if args.replay_only:
+            print(f"{task.name}: {task.numel() / 1e6:.1f}M parameters", flush=True)
+            _print_replay(task, args)
+            continue
         r = bench(task, args)
         med = r["median"]
         cells = ", ".join(
@@ -404,6 +528,24 @@ def main() -> None:
             + ", ".join(f"{k} {1 + v / r['plain_ms']:.3f}x" for k, v in own.items()),
             flush=True,
         )
+        if not args.no_replay_costs:
+            _print_replay(task, args)
+
+
+def _print_replay(task: Task, args: argparse.Namespace) -> None:
+    c = replay_costs(task, args)
+    print(
+        f"    incidents: a good step with replay=True {c['step']:.3f}x replay=False "
+        f"[{c['step_range'][0]:.2f}-{c['step_range'][1]:.2f}] (wall {c['step_wall']:.3f}x) "
+        f"{'ok' if c['step'] <= TARGET_REPLAY_STEP else 'MISSED'} (its own work, wall "
+        f"{c['own_ms']:.2f} ms per step: {c['own']:.4f}x a plain step); held at the step: "
+        f"{c['held']:,} B more (bound: inputs {c['inputs']:,} B + output gradients "
+        f"{c['out_grads']:,} B = {c['bound']:,} B: "
+        f"{'ok' if c['held'] <= c['bound'] + 8192 else 'MISSED'}); the replay "
+        f"{c['replay_ms']:.1f} ms of CPU = {c['replay']:.2f}x a plain step "
+        f"{'ok' if c['replay'] <= TARGET_REPLAY else 'MISSED'}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

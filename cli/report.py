@@ -5,8 +5,9 @@ and their defaults) is ``ModelFile.training()`` in ``gradscope.capture.loader``;
 runs it with a progress bar and prints the report. The output paths (``--json``, ``--csv``,
 ``--plot``) are settled before the model file runs.
 
-Exit codes: 0 trained and nothing non-finite; 1 NaN/Inf appeared (gradients or forward outputs);
-2 the file could not be used.
+Exit codes: 0 trained and nothing non-finite; 1 NaN/Inf appeared (gradients or forward outputs)
+or an incident was recorded (printed above the table: where the first bad step began); 2 the
+file could not be used.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def _train(mf: gs.ModelFile, steps: int, every: int, err: Console) -> gs.GradMon
     with (
         # a diagnostic run of a few steps: full statistics at every logged step
         gs.GradMonitor(training.model, every=every, optimizer=training.optimizer,
-                       activations=True, full_every=1) as mon,
+                       activations=True, full_every=1, loss_fn=training.loss_fn) as mon,
         _progress(err) as bar,
     ):
         task = bar.add_task("train", total=steps, norm="-")
@@ -54,6 +55,8 @@ def _train(mf: gs.ModelFile, steps: int, every: int, err: Console) -> gs.GradMon
             if batch is None:
                 err.print(f"batches() ran out after {plural(mon.step, 'step')}", markup=False)
                 break
+            if batch[1] is not None:
+                mon.target(batch[1])  # a replay of a bad step recomputes loss_fn(output, target)
             training.step(batch)
             norm = f"{mon.history[-1].total_norm:.4g}" if mon.history else "-"
             bar.update(task, advance=1, norm=norm)
@@ -95,7 +98,7 @@ def report(
     for given, path, method in outputs:
         getattr(mon, method)(path)
         err.print(f"wrote {given}", markup=False)
-    raise typer.Exit(1 if any(a.kind in NONFINITE for a in mon.alerts) else 0)
+    raise typer.Exit(1 if mon.incidents or any(a.kind in NONFINITE for a in mon.alerts) else 0)
 
 
 def register(app: typer.Typer) -> None:

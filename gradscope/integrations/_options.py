@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import MonitorError
@@ -34,27 +35,45 @@ def check_options(framework: str, options: dict[str, Any]) -> dict[str, Any]:
     return dict(options)
 
 
-def alert_lines(alerts: list[Any], start: int) -> list[str]:
-    """One log line per alert from index ``start`` on."""
-    return [f"gradscope {a.kind}: {a.message}" for a in alerts[start:]]
+def alert_lines(alerts: list[Any], start: int, incidents: Sequence[Any] = ()) -> list[str]:
+    """One log line per alert from index ``start`` on (naming its step's incident's origin)."""
+    from ..model.incident import alert_line
+
+    return [f"gradscope {a.kind}: {alert_line(a, list(incidents))}" for a in alerts[start:]]
+
+
+def incident_lines(incidents: list[Any], start: int) -> list[str]:
+    """One log message per incident from index ``start`` on (its 2-4 summary lines)."""
+    return [f"gradscope incident: {inc.summary()}" for inc in incidents[start:]]
 
 
 class AlertRelay:
-    """Passes a monitor's new alerts to a framework's logger, each once, as a warning."""
+    """Passes a monitor's new alerts and incidents to a framework's logger, each once, as a
+    warning."""
 
     def __init__(self, logger: Any) -> None:
         self.logger = logger
         self.told = 0
+        self.told_incidents = 0
 
     def reset(self) -> None:
         """A fresh monitor: nothing told yet."""
         self.told = 0
+        self.told_incidents = 0
 
     def tell(self, monitor: Any) -> None:
-        """Log the alerts ``monitor`` raised since the last call."""
-        if monitor is None or len(monitor.alerts) == self.told:
+        """Log the incidents and alerts ``monitor`` recorded since the last call (an
+        incident first: it says where the alert's NaN came from)."""
+        if monitor is None:
             return
-        for line in alert_lines(monitor.alerts, self.told):
+        incidents = monitor.incidents
+        if len(incidents) != self.told_incidents:
+            for line in incident_lines(incidents, self.told_incidents):
+                self.logger.warning(line)
+            self.told_incidents = len(incidents)
+        if len(monitor.alerts) == self.told:
+            return
+        for line in alert_lines(monitor.alerts, self.told, incidents):
             self.logger.warning(line)
         self.told = len(monitor.alerts)
 

@@ -12,7 +12,10 @@ optimizer (and the precision plugin's ``GradScaler`` under 16-bit mixed precisio
 logged step is one optimizer step, ``accumulate_grad_batches`` included. Lightning runs the
 backward inside ``optimizer.step(closure)`` and clips after it; the monitor measures when the
 last backward ends, so its figures are the gradients before ``gradient_clip_val`` clipping.
-With ``log=True`` (default) the total norm of each logged step is logged as ``grad_norm/total``
+When a logged step's gradients turn non-finite, the monitor replays that batch's
+``training_step`` (before the optimizer updates the weights) and logs the incident once: the
+op, module and line where the first NaN/Inf was made, the loss's own op included. With
+``log=True`` (default) the total norm of each logged step is logged as ``grad_norm/total``
 through ``LightningModule.log``; alerts are warnings on the ``lightning.pytorch`` logger. When
 training ends (or fails) the monitor's hooks are removed; its history stays on
 ``callback.monitor``.
@@ -20,8 +23,11 @@ training ends (or fails) the monitor's hooks are removed; its history stays on
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 try:
@@ -76,6 +82,14 @@ class GradscopeCallback(pl.Callback):
         self._alerts.reset()
         self._logged = 0
 
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # the replay of a bad step runs this batch's training_step again (its loss included,
+        # so a NaN the loss makes is named), without logging through self.log
+        if self.monitor is not None:
+            self.monitor.replay_run(partial(_quiet_step, pl_module, batch, batch_idx))
+
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -100,3 +114,25 @@ class GradscopeCallback(pl.Callback):
 
     def _tell(self) -> None:
         self._alerts.tell(self.monitor)
+
+
+def _quiet_step(pl_module: Any, batch: Any, batch_idx: int) -> Any:
+    """``training_step`` once more, with ``self.log`` / ``self.log_dict`` silenced."""
+    with _no_logging(pl_module):
+        return pl_module.training_step(batch, batch_idx)
+
+
+@contextlib.contextmanager
+def _no_logging(pl_module: Any) -> Iterator[None]:
+    shadowed = [n for n in ("log", "log_dict") if n not in vars(pl_module)]
+    for name in shadowed:
+        setattr(pl_module, name, _ignore)
+    try:
+        yield
+    finally:
+        for name in shadowed:
+            vars(pl_module).pop(name, None)
+
+
+def _ignore(*args: Any, **kwargs: Any) -> None:
+    return None

@@ -12,7 +12,10 @@ When training begins the callback builds a ``GradMonitor`` on the Trainer's mode
 logged step is one optimizer step, gradient accumulation included, and its gradients are those
 the last micro-batch's backward left, before clipping: the total norm is the Trainer's logged
 ``grad_norm``. Alerts go to the Trainer's own log (the ``transformers.trainer`` logger, with
-its handlers and verbosity), as a warning each. When training ends the monitor's hooks are
+its handlers and verbosity), as a warning each; so does the incident of a step whose gradients
+turned non-finite (the op, module and line that made the first NaN/Inf, found by replaying the
+bad micro-batch before the optimizer step; the Trainer's loss is the model's ``loss`` output,
+so a NaN made by the loss is named too). When training ends the monitor's hooks are
 removed; its history stays on ``callback.monitor``.
 """
 

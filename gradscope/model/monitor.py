@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MonitorError
+from .incident import Incident
 
 #: the kinds an ``Alert`` can have, most severe first
 ALERT_KINDS = ("nan", "inf", "exploding", "dead", "vanishing", "forward_nonfinite", "leak")
@@ -170,6 +171,7 @@ class MonitorLog:
     numels: dict[str, int] = field(default_factory=dict)
     thresholds: Thresholds = field(default_factory=Thresholds)
     dropped: DroppedSummary = field(default_factory=DroppedSummary)
+    incidents: list[Incident] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- JSON Lines, both ways
@@ -208,9 +210,12 @@ def log_header(log: MonitorLog) -> dict[str, Any]:
     }
 
 
-def step_record(st: StepStats, alerts: list[Alert]) -> dict[str, Any]:
-    """One logged step as a JSON object (one line of the JSON Lines log)."""
-    return {
+def step_record(
+    st: StepStats, alerts: list[Alert], incident: Incident | None = None
+) -> dict[str, Any]:
+    """One logged step as a JSON object (one line of the JSON Lines log); ``incident``: the
+    event this step starts, if any."""
+    obj = {
         "step": st.step,
         "total_norm": _finite_or_none(st.total_norm),
         "full": st.full,
@@ -222,6 +227,9 @@ def step_record(st: StepStats, alerts: list[Alert]) -> dict[str, Any]:
         "modules": {n: _stats_dict(ps) for n, ps in st.modules.items()},
         "alerts": [alert_dict(a) for a in alerts],
     }
+    if incident is not None:  # only on a step that has one
+        obj["incident"] = incident.to_dict()
+    return obj
 
 
 def _float(v: Any) -> float:
@@ -239,6 +247,7 @@ def read_jsonl(path: str | Path) -> MonitorLog:
     Inf counts are exact)."""
     steps: list[StepStats] = []
     alerts: list[Alert] = []
+    incidents: list[Incident] = []
     header: dict[str, Any] = {}
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -263,6 +272,8 @@ def read_jsonl(path: str | Path) -> MonitorLog:
                           tuple(a.get("names", ())))
                     for a in obj.get("alerts", ())
                 )
+                if obj.get("incident") is not None:
+                    incidents.append(Incident.from_dict(obj["incident"]))
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise MonitorError(
                     f"{path}: line {number} is not a gradscope monitor record ({exc}); give a "
@@ -283,4 +294,5 @@ def read_jsonl(path: str | Path) -> MonitorLog:
         numels={str(k): int(v) for k, v in header.get("numels", {}).items()},
         thresholds=Thresholds(**header.get("thresholds", {})),
         dropped=dropped,
+        incidents=incidents,
     )

@@ -19,6 +19,7 @@ from rich.text import Text
 from ..errors import MissingExtraError
 from ..model.files import atomic_path, write_atomic, write_with
 from ..model.formats import register_renderer
+from ..model.incident import alert_line
 from ..model.monitor import (
     ALERT_KINDS,
     STAT_FIELDS,
@@ -32,6 +33,7 @@ from .style import clean_rich, clean_text
 
 _BARS = "▁▂▃▄▅▆▇█"
 _MAX_ALERT_LINES = 5
+_MAX_INCIDENTS = 3
 _FIELDS = STAT_FIELDS
 
 
@@ -100,6 +102,7 @@ def render_report(log: MonitorLog, *, width: int = 24) -> Group:
     Numbers are never cut: their columns do not wrap; at 80 columns a long parameter name wraps
     onto a second line (whole) and the history sparkline shortens to what fits."""
     lines = [Text(summary(log))]
+    above = incident_lines(log)
     if log.distributed:
         lines.append(Text(f"distributed: {log.distributed}"))
     first = next((a for a in log.alerts if a.kind in ("nan", "inf", "forward_nonfinite")), None)
@@ -107,11 +110,27 @@ def render_report(log: MonitorLog, *, width: int = 24) -> Group:
         lines.append(Text(f"first non-finite: {clean_text(first.name)} at step {first.step}",
                           style="bold red"))
     shown = log.alerts[:_MAX_ALERT_LINES]
-    lines.extend(Text(f"  {a.kind}: {clean_text(a.message)}") for a in shown)
+    lines.extend(Text(f"  {a.kind}: {clean_text(alert_line(a, log.incidents))}") for a in shown)
     if len(log.alerts) > len(shown):
         lines.append(Text(f"  ... {len(log.alerts) - len(shown)} more alerts in .alerts / --json"))
     # names are text (Text never reads markup), their control characters made visible
-    return Group(_ReportTable(log, width), *(clean_rich(line) for line in lines))
+    return Group(
+        *(clean_rich(line) for line in above),
+        _ReportTable(log, width),
+        *(clean_rich(line) for line in lines),
+    )
+
+
+def incident_lines(log: MonitorLog) -> list[Text]:
+    """The incidents (first bad steps and their origin), for above the report's table."""
+    out: list[Text] = []
+    for inc in log.incidents[:_MAX_INCIDENTS]:
+        head, *rest = inc.summary().splitlines()
+        out.append(Text(f"incident: {head}", style="bold red"))
+        out.extend(Text(line) for line in rest)
+    if len(log.incidents) > _MAX_INCIDENTS:
+        out.append(Text(f"... {len(log.incidents) - _MAX_INCIDENTS} more in .incidents / --json"))
+    return out
 
 
 def wrap_dotted(name: str, width: int) -> str:
@@ -241,15 +260,17 @@ def summary(log: MonitorLog) -> str:
 
 def write_jsonl(log: MonitorLog, path: Path) -> Path:
     """One JSON object per logged step: step, total_norm, full, skipped, scope, measured_at,
-    forward_nonfinite, params, modules, alerts (each with the names it concerns); the first
-    line also carries ``"log"`` (names, element counts, thresholds...: what ``read_jsonl``
-    needs to read it back and replay the alert rules)."""
+    forward_nonfinite, params, modules, alerts (each with the names it concerns), and on the
+    first step of an event its ``incident`` (``Incident.to_dict()``); the first line also
+    carries ``"log"`` (names, element counts, thresholds...: what ``read_jsonl`` needs to read
+    it back and replay the alert rules)."""
     by_step: dict[int, list[Alert]] = {}
     for a in log.alerts:
         by_step.setdefault(a.step, []).append(a)
+    incidents = {inc.step: inc for inc in log.incidents}
     lines = []
     for k, st in enumerate(log.steps):
-        obj = step_record(st, by_step.get(st.step, []))
+        obj = step_record(st, by_step.get(st.step, []), incidents.get(st.step))
         if k == 0:
             obj["log"] = log_header(log)
         lines.append(json.dumps(obj, allow_nan=False) + "\n")

@@ -24,6 +24,7 @@ import torch
 from ...errors import GradscopeError, MonitorError, MonitorWarning, UnsupportedSetupError
 from ...model.alerts import AlertRules
 from ...model.formats import renderer
+from ...model.incident import Incident
 from ...model.monitor import (
     Alert,
     DroppedSummary,
@@ -36,6 +37,7 @@ from ...model.monitor import (
 from .. import compiled
 from ..handles import HookHandle
 from ..nest import iter_tensors
+from ..replay import IncidentWatch
 from .checks import (
     check_args,
     check_options,
@@ -123,6 +125,9 @@ class GradMonitor:
             all of them); what the older ones held is summed up in ``.log.dropped``.
         jsonl: also write every logged step to this JSON Lines file as it is recorded (one
             line per step, flushed; ``gs.read_jsonl`` reads it back), whatever ``history``.
+        replay, loss_fn: replay the first bad step before ``optimizer.step()`` and name its
+            origin in ``.incidents``; ``loss_fn(output, *targets)`` (``.target(...)``) lets it
+            name the loss's op (see ``gradscope.capture.replay``).
 
     Raises:
         MonitorError: arguments it cannot use; ``UnsupportedSetupError`` for a set-up it cannot
@@ -157,9 +162,12 @@ class GradMonitor:
         leaks: bool = False,
         history: int | None = HISTORY,
         jsonl: str | Path | None = None,
+        replay: bool = True,
+        loss_fn: Any = None,
     ) -> None:
         check_args(model, every, norm_type, full_every, measure)
-        model = compiled.unwrap(model) or model  # a torch.compile wrapper: its module's names
+        # a torch.compile wrapper: its module's names (the wrapper is what the loop calls)
+        called, model = model, compiled.unwrap(model) or model
         check_options(replicated, update_sample, history)
         self.every = every
         self.full_every = full_every
@@ -222,7 +230,11 @@ class GradMonitor:
             from ..memory import LeakCheck  # saved-tensor hooks: only when asked for
 
             self._leak_check = LeakCheck(grace=1, warn=False).start()
+        self._incidents = IncidentWatch(
+            model, called, self._params, self.norm_type, replay, self.optimizer, loss_fn
+        )
         self._attach(model, activations)
+        self._handles.add(self._incidents.install())
 
     # ------------------------------------------------------------------ hooks
     def _attach(self, model: torch.nn.Module, activations: bool) -> None:
@@ -260,6 +272,8 @@ class GradMonitor:
             self._first_forward(module, args)
 
     def _forward_done(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._incidents.replaying:  # the replay's forward is not a step's
+            return
         key = id(module)
         i = self._module_index.get(key)
         if i is not None:
@@ -317,7 +331,21 @@ class GradMonitor:
             numels=self._numel_of,
             thresholds=self.thresholds,
             dropped=self._dropped,
+            incidents=self.incidents,
         )
+
+    @property
+    def incidents(self) -> list[Incident]:
+        """One ``Incident`` per event (non-finite gradients, an explosion): its first step."""
+        return self._incidents.incidents
+
+    def target(self, *values: Any) -> None:
+        """The targets of the micro-batch just run, for ``loss_fn(output, *values)``."""
+        self._incidents.target(*values)
+
+    def replay_run(self, run: Any) -> None:
+        """A framework's own step for the next micro-batch (returns its loss; Lightning)."""
+        self._incidents.add_run(run)
 
     def _guard(self, fn: Any, *args: Any) -> Any:
         """Run a hook body; an unexpected failure stops the monitor with a warning instead of
@@ -355,6 +383,7 @@ class GradMonitor:
         if self._changed and self._checked_params and self._logged():
             self._changed = False
             self._refresh()
+        self._incidents.end_step()
         if self._leak_check is None:
             return
         for leak in self._leak_check.step().leaks:
@@ -427,6 +456,7 @@ class GradMonitor:
         self._numel_of.update(zip(self.names, self._numels, strict=True))
         self._seeds = [zlib.crc32(n.encode("utf-8", "surrogatepass")) for n in self.names]
         self._sample_k = sample_size(self._numels, self.update_sample)
+        self._incidents.watch(self._params)  # the replay differentiates the current ones
         if self._point == "backward":
             for name, p in current:
                 if name in replaced or name in added:
@@ -474,14 +504,17 @@ class GradMonitor:
     def _measure_after_backward(self) -> None:
         with _InferenceMode(True):
             measured = self._measure("backward")
+            self._incidents.after_backward(measured.matrix[0])
         if self.optimizer is None:
             self._finish(measured, None)
         else:
             self._pending = measured  # the last backward before the step counts
 
-    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         if self._logged():
             self._guard(self._measure_before_step, args, kwargs)
+            return self._guard(self._incidents.before_step, lambda: self._pending, args, kwargs)
+        return None
 
     def _measure_before_step(self, args: Any, kwargs: Any) -> None:
         # the hook's args are step()'s, self first
@@ -675,7 +708,7 @@ class GradMonitor:
     def _record(self, st: StepStats) -> None:
         history = self.history
         history.append(st)
-        alerts = self._rules.update(st)
+        alerts = self._incidents.record(st, self._rules.update(st))
         if alerts:
             self.alerts.extend(alerts)
         if self._cap is not None and len(history) > self._cap:
@@ -683,7 +716,9 @@ class GradMonitor:
                 self._dropped.add(old)
             del history[: len(history) - self._cap]
         if self._stream is not None and not self._stream.closed:
-            obj = step_record(st, self.alerts[self._streamed :])
+            incs = self.incidents
+            incident = incs[-1] if incs and incs[-1].step == st.step else None
+            obj = step_record(st, self.alerts[self._streamed :], incident)
             self._streamed = len(self.alerts)
             if self._logged_steps == 1:
                 obj["log"] = log_header(self.log)
