@@ -14,6 +14,8 @@ Public surface (everything else lives in private ``_modules``)::
     GradMonitor(model, ...)                              gradient statistics while training
     check(fn, *inputs), explain(tensor)                  custom Function checks, tensor internals
     saved_memory(), leak_check()                         memory held by autograd graphs
+    activation_report(), plan_checkpoints()              activation memory per module and
+                                                         checkpoint plans under a budget
     load_model_file(spec) -> ModelFile                   the CLI's model-file contract
     GradscopeError and subclasses                        errors whose message says the fix
                                                          (the hierarchy: gradscope.errors)
@@ -139,6 +141,15 @@ _LAZY = {
     "LeakCheck": ".capture.memory",
     "Leak": ".model.memory",
     "LeakStep": ".model.memory",
+    "activation_report": ".capture.memplan",
+    "plan_checkpoints": ".capture.memplan",
+    "measure_forward": ".capture.memplan",
+    "CheckpointPlan": ".capture.memplan",
+    "CheckpointHandle": ".capture.memplan",
+    "ActivationReport": ".model.memplan",
+    "ModuleRow": ".model.memplan",
+    "Verification": ".model.memplan",
+    "BudgetError": ".model.memplan",
 }
 
 
@@ -156,12 +167,16 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "ActivationReport",
     "Alert",
     "BackwardTrace",
     "Box",
+    "BudgetError",
     "Region",
     "CheckFailure",
     "CheckInputError",
+    "CheckpointHandle",
+    "CheckpointPlan",
     "CheckResult",
     "Edge",
     "ExplainInputError",
@@ -183,6 +198,7 @@ __all__ = [
     "MissingExtraError",
     "ModelFile",
     "ModelFileError",
+    "ModuleRow",
     "MonitorError",
     "MonitorLog",
     "MonitorWarning",
@@ -201,8 +217,10 @@ __all__ = [
     "StepStats",
     "TensorInfo",
     "UnsupportedSetupError",
+    "Verification",
     "ViewError",
     "__version__",
+    "activation_report",
     "auto_depth",
     "check",
     "collapse",
@@ -215,7 +233,9 @@ __all__ = [
     "leak_check",
     "load_model_file",
     "make_dot",
+    "measure_forward",
     "output_format",
+    "plan_checkpoints",
     "readable_view",
     "record_backward",
     "record_forward",

@@ -70,8 +70,11 @@ class _Recorder(_Listener):
         self.cls: dict[str, str] = {}
         self.parent: dict[str, str | None] = {}
         self.in_container: set[str] = set()
+        self.builtin: set[str] = set()
         for name, mod in model.named_modules():
             self.names[id(mod)] = name
+            if type(mod).__module__.startswith("torch.nn."):
+                self.builtin.add(name)
             self.cls[name] = type(mod).__name__
             self.parent[name] = None if name == "" else name.rpartition(".")[0]
             if isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)):
@@ -244,7 +247,7 @@ def _report(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
         modules[path] = ModuleInfo(
             path, rec.cls.get(path, "?"), rec.parent.get(path), rec.calls[path],
             tuple(ids[k] for k in rec.inputs.get(path, {})), flops.get(path, 0),
-            path in rec.in_container,
+            path in rec.in_container, path in rec.builtin,
         )
     total = sum(sizes[k] for k in ids if kind(k) == ACTIVATION and saves.get(k))
     inclusive: dict[str, int] = {}

@@ -113,6 +113,7 @@ class ModuleInfo:
         inputs: storage ids of the tensors its calls got (what a checkpoint of it keeps).
         flops: forward FLOPs of all its calls, submodules included (``torch.utils.flop_counter``).
         in_container: it is an item of an ``nn.ModuleList`` / ``nn.Sequential``.
+        builtin: its class is one of ``torch.nn``'s own (``Linear``, ``Sequential``...).
     """
 
     path: str
@@ -122,6 +123,7 @@ class ModuleInfo:
     inputs: tuple[str, ...]
     flops: int
     in_container: bool = False
+    builtin: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +182,13 @@ class Plan:
         return (f"{what}{budget}: activations {format_bytes(self.baseline)} -> "
                 f"{format_bytes(self.predicted)} predicted, recomputing "
                 f"{format_flops(self.recompute_flops)}")
+
+    def render(self, verification: Verification | None = None,
+               every_block: Plan | None = None) -> Any:
+        """A rich renderable: the plan, its modules, "every block" beside it, the measurement."""
+        from .formats import renderer
+
+        return renderer("plan")(self, verification, every_block)
 
     def to_dict(self) -> dict[str, Any]:
         return {"modules": list(self.modules), "predicted": self.predicted,
@@ -329,18 +338,23 @@ class ActivationReport:
 
     def blocks(self) -> tuple[str, ...]:
         """The modules of the usual "checkpoint every block" rule: the items of
-        ``nn.ModuleList`` / ``nn.Sequential`` containers of the most frequent class (two at
-        least), outermost ones only; empty when the model has no repeated blocks."""
+        ``nn.ModuleList`` / ``nn.Sequential`` containers of one class of the model's own (not
+        a ``torch.nn`` layer; two at least), the
+        class found nearest the model's root (ties: the most frequent), outermost ones only;
+        empty when the model has no repeated blocks."""
         counts: dict[str, int] = {}
+        depth: dict[str, int] = {}
         for info in self.modules.values():
-            if info.in_container:
+            if info.in_container and not info.builtin:
                 counts[info.cls] = counts.get(info.cls, 0) + 1
-        if not counts or max(counts.values()) < 2:
+                d = info.path.count(".")
+                depth[info.cls] = min(depth.get(info.cls, d), d)
+        counts = {c: n for c, n in counts.items() if n >= 2}
+        if not counts:
             return ()
-        best = max(counts, key=lambda c: (counts[c], sum(
-            self.checkpoint_saves(p) for p, i in self.modules.items()
-            if i.cls == c and i.in_container)))
-        chosen = [p for p, i in self.modules.items() if i.cls == best and i.in_container]
+        best = min(counts, key=lambda c: (depth[c], -counts[c]))
+        chosen = [p for p, i in self.modules.items()
+                  if i.cls == best and i.in_container and not i.builtin]
         return tuple(p for p in chosen if not any(_inside(p, q) for q in chosen if q != p))
 
     # -------------------------------------------------------------- the search
@@ -356,6 +370,10 @@ class ActivationReport:
         exactly (``predict``) and, where sharing between modules makes the sum optimistic, the
         search runs again asking for the difference.
 
+        The model itself (path ``""``) is no candidate: checkpointing the whole forward holds
+        almost nothing at its end but recomputes all of it in one go during backward, which
+        brings every activation back at once.
+
         Raises:
             BudgetError: no plan reaches the budget; the message names the smallest figure
                 checkpointing can reach.
@@ -363,7 +381,7 @@ class ActivationReport:
         target = parse_size(budget, of=self.total)
         if target >= self.total:
             return Plan((), self.total, self.total, 0, target)
-        fronts = self._fronts()
+        fronts = self._fronts(None)
         root_front = fronts[_ROOT]
         need = self.total - target
         tried: set[tuple[str, ...]] = set()
@@ -393,14 +411,14 @@ class ActivationReport:
 
     def smallest(self) -> Plan:
         """The plan that holds the fewest bytes the search can find (ties: least recompute)."""
-        fronts = self._fronts()
+        fronts = self._fronts(None)
         candidates = [self.evaluate(p[2]) for p in fronts[_ROOT]]
         return min(candidates, key=lambda p: (p.predicted, p.recompute_flops, len(p.modules)))
 
     def sweep(self, points: int = 12) -> list[Plan]:
         """Plans for budgets from the baseline down to the smallest reachable figure (the
         memory-vs-recompute curve), each budget once."""
-        low = self.smallest().predicted
+        low = min(self.smallest().predicted, self.total)
         out: list[Plan] = []
         seen: set[tuple[str, ...]] = set()
         for k in range(points):
@@ -414,10 +432,11 @@ class ActivationReport:
                 out.append(plan)
         return out
 
-    def _fronts(self) -> dict[str, list[_Point]]:
-        cached = getattr(self, "_front_cache", None)
-        if cached is not None:
-            return cached
+    def _fronts(self, limit: int | None) -> dict[str, list[_Point]]:
+        caches: dict[int | None, dict[str, list[_Point]]] = self.__dict__.setdefault(
+            "_front_caches", {})
+        if limit in caches:
+            return caches[limit]
         children: dict[str, list[str]] = {p: [] for p in self.modules}
         children[_ROOT] = []
         for path, info in self.modules.items():
@@ -439,11 +458,11 @@ class ActivationReport:
                 front = _merge(front, fronts[child])
             if node != _ROOT:
                 saves = self.checkpoint_saves(node)
-                if saves > 0:
+                if 0 < saves and node != "" and (limit is None or saves <= limit):
                     cost = self.modules[node].flops * _TIE + 1
                     front = _prune(front + [(cost, saves, (node,))])
             fronts[node] = front
-        self._front_cache = fronts  # type: ignore[attr-defined]
+        caches[limit] = fronts
         return fronts
 
     # -------------------------------------------------------------- output
@@ -467,6 +486,12 @@ class ActivationReport:
         data.update(extra)
         return json.dumps(data, indent=1)
 
+    def write_json(self, path: Any, **extra: Any) -> Any:
+        """Write ``to_json(**extra)`` to ``path`` atomically; returns the path."""
+        from .files import write_atomic
+
+        return write_atomic(path, self.to_json(**extra))
+
     def summary(self) -> str:
         return (f"activations held at the end of the forward: {format_bytes(self.total)} "
                 f"({len(self.rows)} modules, device {self.device})")
@@ -479,6 +504,16 @@ class ActivationReport:
 
     def __rich__(self) -> Any:
         return self.render()
+
+    def plot(self, path: Any, *, chosen: Plan | None = None, measured: int | None = None,
+             title: str = "") -> Any:
+        """Write the memory-vs-recompute curve of a budget sweep as a PNG (needs matplotlib):
+        the plans' predicted bytes against their recompute FLOPs, "checkpoint every block"
+        and ``chosen`` (with its ``measured`` bytes) marked. Returns the path."""
+        from .formats import renderer
+
+        return renderer("activations_plot")(self, path, chosen=chosen, measured=measured,
+                                            title=title)
 
 
 _ROOT = "\x00root"  # the tree's root above the model's own module ("")
