@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import itertools
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -168,7 +169,8 @@ def _preserved(model: torch.nn.Module) -> Iterator[None]:
 
 
 def _record(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
-            autocast: torch.dtype | None = None, fake: Any = None
+            autocast: torch.dtype | None = None, fake: Any = None,
+            state: dict[str, torch.Tensor] | None = None,
             ) -> tuple[_Recorder, dict[str, int], set[Any]]:
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -177,8 +179,14 @@ def _record(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
     cast = (torch.autocast(device.type, dtype=autocast) if autocast is not None
             else contextlib.nullcontext())
     counter = FlopCounterMode(display=False)
+    if fake is None:
+        run = model
+    else:  # the forward sees the very fake tensors whose storages _report classified
+        run = functools.partial(torch.func.functional_call, model, state, tie_weights=True)
     with fake if fake is not None else contextlib.nullcontext(), rec.installed(), counter, cast:
-        root = _forward(model, inputs, loss_fn)
+        out = run(*inputs) if fake is None else run(inputs)
+        root = out if loss_fn is None else loss_fn(out)
+        del out
     gc.collect()
     out_keys = {_key(t)[0] for _, t in iter_tensors(root)}
     if not any(t.requires_grad for _, t in iter_tensors(root)):
@@ -205,16 +213,21 @@ def _device_of(model: torch.nn.Module, inputs: tuple[Any, ...]) -> torch.device:
 def _report(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
             autocast: torch.dtype | None = None) -> ActivationReport:
     fake = _fake_mode(model, inputs)
-    conv: Callable[[torch.Tensor], torch.Tensor] = (
-        (lambda t: t) if fake is None else fake.from_tensor)  # memoized: the forward's own fakes
+    state: dict[str, torch.Tensor] | None = None
     pre: dict[Any, str] = {}
-    for t in list(model.parameters()) + list(model.buffers()):
-        pre[_key(conv(t))[0]] = PARAM
+    if fake is None:
+        for t in list(model.parameters()) + list(model.buffers()):
+            pre[_key(t)[0]] = PARAM
+    else:  # fake copies, kept alive here (the converter's memo is weak), run by functional_call
+        state = {n: fake.from_tensor(t) for n, t in itertools.chain(
+            model.named_parameters(remove_duplicate=False),
+            model.named_buffers(remove_duplicate=False))}
+        for t in state.values():
+            pre[_key(t)[0]] = PARAM
+        inputs = _map_tensors(inputs, fake.from_tensor)
     for _, t in iter_tensors(inputs, "input"):
-        pre.setdefault(_key(conv(t))[0], INPUT)
-    if fake is not None:
-        inputs = _map_tensors(inputs, conv)
-    rec, flops, out_keys = _record(model, inputs, loss_fn, autocast, fake)
+        pre.setdefault(_key(t)[0], INPUT)
+    rec, flops, out_keys = _record(model, inputs, loss_fn, autocast, fake, state)
     for k in rec.leaf_keys:
         pre.setdefault(k, PARAM)
 
