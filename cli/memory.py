@@ -43,6 +43,12 @@ def memory(
         typer.Option("--scale-batch", min=0.0,
                      help="Add a column: the batch scaled by K (linear extrapolation)."),
     ] = None,
+    max_recompute: Annotated[
+        str | None,
+        typer.Option("--max-recompute",
+                     help="With --budget: leave out modules that free more than this (what "
+                          "the backward brings back at once when it recomputes one)."),
+    ] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Show at most N modules.")] = 20,
 ) -> None:
     """Activation memory per module, what checkpointing each frees, and a plan under --budget."""
@@ -74,7 +80,8 @@ def memory(
     plan = verification = None
     code = 0
     if budget is not None:
-        plan = gs.plan_checkpoints(model, *args, budget=budget, loss_fn=loss_fn, report=report)
+        plan = gs.plan_checkpoints(model, *args, budget=budget, loss_fn=loss_fn, report=report,
+                                   max_recompute=max_recompute)
         blocks = report.blocks()
         every = report.evaluate(blocks) if blocks else None
         if report.device.startswith("meta"):

@@ -525,6 +525,7 @@ def plan_checkpoints(
     budget: int | str,
     loss_fn: LossFn = None,
     report: ActivationReport | None = None,
+    max_recompute: int | str | None = None,
 ) -> CheckpointPlan:
     """The modules to checkpoint so the activations held at the end of the forward fit
     ``budget``, with the least recompute.
@@ -533,6 +534,9 @@ def plan_checkpoints(
         model, inputs, loss_fn: as for ``activation_report`` (a meta model plans too).
         budget: bytes, or a string: ``"2GiB"``, ``"300MB"``, ``"50%"`` (of the baseline).
         report: a report of the same model and inputs, to plan without another forward.
+        max_recompute: leave out modules that free more than this (bytes, ``"64MiB"``,
+            ``"10%"``): the backward brings about that much back at once when it recomputes
+            one (see ``ActivationReport.plan``).
 
     Returns:
         ``CheckpointPlan``: ``.modules`` (none nested in another), ``.predicted``,
@@ -543,15 +547,15 @@ def plan_checkpoints(
         it; the message says the smallest reachable figure.
     """
     rep = report if report is not None else activation_report(model, *inputs, loss_fn=loss_fn)
-    plan = rep.plan(budget)
+    plan = rep.plan(budget, max_recompute=max_recompute)
     return CheckpointPlan(plan.modules, plan.predicted, plan.baseline, plan.recompute_flops,
-                          plan.budget)
+                          plan.budget, plan.recompute_bytes)
 
 
 def as_checkpoint_plan(plan: Plan) -> CheckpointPlan:
     """A plain ``Plan`` (from ``ActivationReport.evaluate`` or ``.sweep``) made appliable."""
     return CheckpointPlan(plan.modules, plan.predicted, plan.baseline, plan.recompute_flops,
-                          plan.budget)
+                          plan.budget, plan.recompute_bytes)
 
 
 # ====================================================================== measurement

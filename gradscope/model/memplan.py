@@ -162,6 +162,9 @@ class Plan:
         baseline: the same without any checkpoint.
         recompute_flops: forward FLOPs the backward recomputes (all calls of the modules).
         budget: the budget the plan was chosen for (None: a given set of modules).
+        recompute_bytes: the most that one of its modules frees, i.e. about what the backward
+            brings back at once when it recomputes that module; the backward's peak is
+            about ``predicted + recompute_bytes`` (see ``ActivationReport.plan``).
     """
 
     modules: tuple[str, ...]
@@ -169,6 +172,7 @@ class Plan:
     baseline: int
     recompute_flops: int
     budget: int | None = None
+    recompute_bytes: int = 0
 
     @property
     def saved(self) -> int:
@@ -179,9 +183,11 @@ class Plan:
         what = (f"checkpoint {len(self.modules)} module{'s' * (len(self.modules) != 1)}"
                 if self.modules else "no checkpoint needed")
         budget = f" (budget {format_bytes(self.budget)})" if self.budget is not None else ""
+        again = (f"; the largest module recomputed brings back about "
+                 f"{format_bytes(self.recompute_bytes)} at once" if self.modules else "")
         return (f"{what}{budget}: activations {format_bytes(self.baseline)} -> "
                 f"{format_bytes(self.predicted)} predicted, recomputing "
-                f"{format_flops(self.recompute_flops)}")
+                f"{format_flops(self.recompute_flops)}{again}")
 
     def render(self, verification: Verification | None = None,
                every_block: Plan | None = None) -> Any:
@@ -193,7 +199,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {"modules": list(self.modules), "predicted": self.predicted,
                 "baseline": self.baseline, "recompute_flops": self.recompute_flops,
-                "budget": self.budget}
+                "budget": self.budget, "recompute_bytes": self.recompute_bytes}
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,7 +337,8 @@ class ActivationReport:
     def evaluate(self, modules: Iterable[str], budget: int | None = None) -> Plan:
         """The ``Plan`` of a given set of modules (none nested in another)."""
         mods = tuple(sorted(set(modules), key=self._order().__getitem__))
-        return Plan(mods, self.predict(mods), self.total, self.flops(mods), budget)
+        again = max((self.checkpoint_saves(m) for m in mods), default=0)
+        return Plan(mods, self.predict(mods), self.total, self.flops(mods), budget, again)
 
     def _order(self) -> dict[str, int]:
         return {p: i for i, p in enumerate(self.modules)}
@@ -358,7 +365,7 @@ class ActivationReport:
         return tuple(p for p in chosen if not any(_inside(p, q) for q in chosen if q != p))
 
     # -------------------------------------------------------------- the search
-    def plan(self, budget: int | str) -> Plan:
+    def plan(self, budget: int | str, *, max_recompute: int | str | None = None) -> Plan:
         """The modules to checkpoint so that at most ``budget`` bytes of activations are held
         at the end of the forward, with the least recompute (forward FLOPs; among equal
         FLOPs, the fewest modules).
@@ -372,16 +379,20 @@ class ActivationReport:
 
         The model itself (path ``""``) is no candidate: checkpointing the whole forward holds
         almost nothing at its end but recomputes all of it in one go during backward, which
-        brings every activation back at once.
+        brings every activation back at once. The same holds, in part, for any large module:
+        the backward's peak is about ``predicted + recompute_bytes``. ``max_recompute`` (bytes,
+        ``"64MiB"`` or ``"10%"`` of the baseline) keeps out modules that free more than that,
+        so the plan cannot fit the end of the forward by moving the peak into the backward.
 
         Raises:
             BudgetError: no plan reaches the budget; the message names the smallest figure
                 checkpointing can reach.
         """
         target = parse_size(budget, of=self.total)
+        limit = None if max_recompute is None else parse_size(max_recompute, of=self.total)
         if target >= self.total:
             return Plan((), self.total, self.total, 0, target)
-        fronts = self._fronts(None)
+        fronts = self._fronts(limit)
         root_front = fronts[_ROOT]
         need = self.total - target
         tried: set[tuple[str, ...]] = set()
@@ -397,11 +408,14 @@ class ActivationReport:
             if plan.predicted <= target:
                 return plan
             need += plan.predicted - target
-        best = self.smallest()
+        best = self.smallest(limit)
         if best.predicted <= target:
-            return Plan(best.modules, best.predicted, self.total, best.recompute_flops, target)
+            return Plan(best.modules, best.predicted, self.total, best.recompute_flops, target,
+                        best.recompute_bytes)
+        bound = ("" if limit is None else
+                 f" with no module freeing more than {format_bytes(limit)} (max_recompute)")
         raise BudgetError(
-            f"no checkpoint plan holds at most {format_bytes(target)} of activations: the "
+            f"no checkpoint plan{bound} holds at most {format_bytes(target)} of activations: the "
             f"smallest reachable figure is {format_bytes(best.predicted)} (checkpointing "
             f"{_names(best.modules)}; baseline {format_bytes(self.total)}). What stays: saves "
             "made outside every module (the loss), the inputs the checkpoints keep, and the "
@@ -409,9 +423,10 @@ class ActivationReport:
             f"{format_bytes(best.predicted)}"
         )
 
-    def smallest(self) -> Plan:
-        """The plan that holds the fewest bytes the search can find (ties: least recompute)."""
-        fronts = self._fronts(None)
+    def smallest(self, max_recompute: int | None = None) -> Plan:
+        """The plan that holds the fewest bytes the search can find (ties: least recompute),
+        among modules that free at most ``max_recompute`` bytes each (any, when None)."""
+        fronts = self._fronts(max_recompute)
         candidates = [self.evaluate(p[2]) for p in fronts[_ROOT]]
         return min(candidates, key=lambda p: (p.predicted, p.recompute_flops, len(p.modules)))
 

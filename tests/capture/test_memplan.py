@@ -353,3 +353,17 @@ def test_sweep_and_plot(tmp_path):
     assert flops == sorted(flops) and held == sorted(held, reverse=True)
     out = rep.plot(tmp_path / "curve.png", chosen=rep.plan("50%"))
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_max_recompute_keeps_large_modules_out():
+    model, inputs, loss_fn = gpt2()
+    rep = gs.activation_report(model, *inputs, loss_fn=loss_fn)
+    every = rep.evaluate(rep.blocks())
+    free = rep.plan(every.predicted)
+    bounded = rep.plan(every.predicted, max_recompute=every.recompute_bytes)
+    assert free.recompute_bytes > every.recompute_bytes  # one big module: a backward peak
+    assert bounded.recompute_bytes <= every.recompute_bytes
+    assert bounded.predicted <= every.predicted
+    assert bounded.recompute_flops <= every.recompute_flops
+    with pytest.raises(gs.BudgetError, match="max_recompute"):
+        rep.plan(every.predicted, max_recompute=1)
