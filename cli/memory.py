@@ -62,6 +62,9 @@ def memory(
         )
     if autocast is not None and autocast.lower() not in ("bf16", "fp16", "bfloat16", "float16"):
         raise gs.BudgetError(f"--autocast {autocast!r}: expected bf16 or fp16")
+    for size in (budget, max_recompute):
+        if size is not None:
+            gs.parse_size(size, of=1)  # a budget that cannot be read: say so before the forward
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     out = Console(highlight=False, soft_wrap=False)
     mf = gs.load_model_file(target)

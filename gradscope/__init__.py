@@ -150,6 +150,7 @@ _LAZY = {
     "ModuleRow": ".model.memplan",
     "Verification": ".model.memplan",
     "BudgetError": ".model.memplan",
+    "parse_size": ".model.memplan",
 }
 
 
@@ -235,6 +236,7 @@ __all__ = [
     "make_dot",
     "measure_forward",
     "output_format",
+    "parse_size",
     "plan_checkpoints",
     "readable_view",
     "record_backward",

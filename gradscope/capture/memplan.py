@@ -590,9 +590,15 @@ def _measure(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _quiet_stderr():  # kineto prints a line on start and stop at the C level
+        prof.start()
+    try:
         root = _forward(model, inputs, loss_fn)
         gc.collect()
+    finally:
+        with _quiet_stderr():
+            prof.stop()
     out_ptrs = {t.untyped_storage().data_ptr() for _, t in iter_tensors(root)}
     events: list[tuple[int, int, int]] = []
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
@@ -612,6 +618,28 @@ def _measure(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn
             live.pop(ptr, None)
     del root
     return sum(n for p, n in live.items() if p not in out_ptrs), "profiler"
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 sent to /dev/null for the block (only the profiler's start and stop
+    run inside it, never the user's code)."""
+    import os
+    import sys
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 __all__ = [
