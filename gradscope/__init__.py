@@ -36,6 +36,7 @@ from .capture.loader import ModelFile, load_model_file
 from .capture.nest import iter_tensors
 from .capture.walk import trace
 from .errors import (
+    BudgetError,
     CheckInputError,
     ExplainInputError,
     FormatError,
@@ -149,7 +150,6 @@ _LAZY = {
     "ActivationReport": ".model.memplan",
     "ModuleRow": ".model.memplan",
     "Verification": ".model.memplan",
-    "BudgetError": ".model.memplan",
     "parse_size": ".model.memplan",
 }
 

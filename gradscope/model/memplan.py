@@ -28,14 +28,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import GradscopeError
+from ..errors import BudgetError
 from .nodes import format_bytes
 
 ACTIVATION, PARAM, INPUT, OUTPUT = "activation", "param", "input", "output"
-
-
-class BudgetError(GradscopeError):
-    """A checkpoint budget that cannot be read, or cannot be reached by any plan."""
 
 
 # ====================================================================== sizes
