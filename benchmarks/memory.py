@@ -11,8 +11,8 @@ allocations made by the forward and still held at its end, outputs apart), then 
 non-reentrant checkpoints and measured: predicted, measured, error, recompute FLOPs, and
 whether the measured bytes fit the budget. "plan @ that" asks the planner for the every-block
 rule's own figure with no module freeing more than the largest block (``max_recompute``), so
-its backward recomputes no more at once than the rule's. A budget no plan reaches is printed as a miss with
-the smallest reachable figure. The planner never sees the measurements.
+its backward recomputes no more at once than the rule's. A budget no plan reaches is printed
+as a miss with the smallest reachable figure. The planner never sees the measurements.
 """
 
 from __future__ import annotations

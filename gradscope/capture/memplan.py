@@ -179,9 +179,9 @@ def _record(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
     cast = (torch.autocast(device.type, dtype=autocast) if autocast is not None
             else contextlib.nullcontext())
     counter = FlopCounterMode(display=False)
-    if fake is None:
-        run = model
-    else:  # the forward sees the very fake tensors whose storages _report classified
+    run: Callable[..., Any] = model
+    if fake is not None and state is not None:
+        # the forward sees the very fake tensors whose storages _report classified
         run = functools.partial(torch.func.functional_call, model, state, tie_weights=True)
     with fake if fake is not None else contextlib.nullcontext(), rec.installed(), counter, cast:
         out = run(*inputs) if fake is None else run(inputs)
@@ -601,7 +601,10 @@ def _measure(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn
             prof.stop()
     out_ptrs = {t.untyped_storage().data_ptr() for _, t in iter_tensors(root)}
     events: list[tuple[int, int, int]] = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    results = prof.profiler.kineto_results if prof.profiler is not None else None
+    if results is None:
+        raise GradscopeError("the profiler recorded nothing; cannot measure the forward")
+    stack = list(results.experimental_event_tree())
     while stack:
         e = stack.pop()
         stack.extend(e.children)

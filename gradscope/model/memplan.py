@@ -69,7 +69,9 @@ def parse_size(value: int | float | str, *, of: int | None = None) -> int:
     number = float(m.group(1))
     if unit == "%":
         if of is None:
-            raise BudgetError(f"budget {value!r} is a share, but there is no baseline to take it of")
+            raise BudgetError(
+                f"budget {value!r} is a share, but there is no baseline to take it of"
+            )
         return int(of * number / 100.0)
     return int(number * _UNITS[unit])
 

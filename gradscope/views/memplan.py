@@ -43,7 +43,7 @@ def render_activations(report: ActivationReport, *, top: int = 20) -> Group:
         table.add_column(f"batch x{report.batch_scale:g}", justify="right", no_wrap=True)
     rows = ranked(report)
     for r in rows[:top]:
-        cells = [Text(_label(r.path)), format_bytes(r.activation_bytes),
+        cells: list[Text | str] = [Text(_label(r.path)), format_bytes(r.activation_bytes),
                  format_bytes(r.checkpoint_saves) if r.checkpoint_saves > 0 else "-",
                  format_flops(r.recompute_flops)]
         if report.autocast is not None:
