@@ -10,6 +10,8 @@ Public surface (everything else lives in private ``_modules``)::
     render_tree(graph)                                   rich renderable for the terminal
     scopes(model)                                        record which module made each node
     record_backward(outputs), record_forward()           watch the backward pass
+    trace_backward(outputs)                              run backward under the recorder:
+                                                         the annotated graph
     release(outputs)                                     free a deep graph without recursion
     GradMonitor(model, ...)                              gradient statistics while training
     check(fn, *inputs), explain(tensor)                  custom Function checks, tensor internals
@@ -17,13 +19,18 @@ Public surface (everything else lives in private ``_modules``)::
     activation_report(), plan_checkpoints()              activation memory per module and
                                                          checkpoint plans under a budget
     load_model_file(spec) -> ModelFile                   the CLI's model-file contract
+                                                         (.forward(), .backward(), .training())
+    FORMATS, format_spec(name) -> OutputFormat           the output formats: kind, options,
+                                                         availability
     GradscopeError and subclasses                        errors whose message says the fix
                                                          (the hierarchy: gradscope.errors)
 
 The package has three layers, and data flows one way: ``gradscope.capture`` (touches torch)
 fills the plain data of ``gradscope.model``, which ``gradscope.views`` draws (no torch). The
 views register their output formats with the model when ``gradscope`` is imported. Heavier
-parts are imported on first use, so ``import gradscope`` stays cheap.
+parts are imported on first use, so ``import gradscope`` stays cheap: it imports no torch
+(``gradscope --help`` relies on it); the first name that needs torch (``trace``,
+``load_model_file``...) imports it.
 """
 
 from __future__ import annotations
@@ -31,10 +38,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from . import views as _views  # registers the output formats and renderers (no torch there)
-from .capture.loader import ModelFile, load_model_file
-from .capture.nest import iter_tensors
-from .capture.walk import trace
+from . import views as _views  # noqa: F401  (registers the output formats; no torch there)
 from .errors import (
     BudgetError,
     CheckInputError,
@@ -57,9 +61,11 @@ from .errors import (
     UnsupportedSetupError,
     ViewError,
 )
-from .model.formats import OutputFormat, format_options
+from .model.files import output_target
+from .model.formats import FormatKind, OutputFormat, format_options
 from .model.formats import format_for as output_format
 from .model.formats import format_names as _format_names
+from .model.formats import get_format as format_spec
 from .model.graph import Box, Edge, Graph, Node, Region, SavedTensor, TensorInfo, format_bytes
 from .views.graphviz import dot_binary
 from .views.tree import render_tree
@@ -102,6 +108,7 @@ def make_dot(
         >>> "MulBackward0" in dot.source
         True
     """
+    from .capture.walk import trace
     from .views.torchviz import dot_from_graph
 
     # custom Functions' tensors are always drawn; a compiled region stays one node, as in torchviz
@@ -113,6 +120,14 @@ def make_dot(
 
 # name -> module that defines it, imported on first attribute access
 _LAZY = {
+    "trace": ".capture.walk",
+    "iter_tensors": ".capture.nest",
+    "ModelFile": ".capture.loader",
+    "load_model_file": ".capture.loader",
+    "model_file_path": ".capture.loader",
+    "BackwardRun": ".capture.loader",
+    "Training": ".capture.loader",
+    "trace_backward": ".capture.annotate",
     "scopes": ".capture.scopes",
     "collapse": ".model.transforms",
     "fold": ".model.transforms",
@@ -130,6 +145,8 @@ _LAZY = {
     "ParamStats": ".model.monitor",
     "Alert": ".model.monitor",
     "MonitorLog": ".model.monitor",
+    "Thresholds": ".model.monitor",
+    "read_jsonl": ".model.monitor",
     "check": ".capture.check",
     "CheckResult": ".model.check",
     "CheckFailure": ".model.check",
@@ -170,6 +187,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "ActivationReport",
     "Alert",
+    "BackwardRun",
     "BackwardTrace",
     "Box",
     "BudgetError",
@@ -184,6 +202,7 @@ __all__ = [
     "Explanation",
     "FORMATS",
     "FormatError",
+    "FormatKind",
     "GradMonitor",
     "GradStat",
     "GradscopeError",
@@ -216,7 +235,9 @@ __all__ = [
     "SchemaError",
     "ScopesError",
     "StepStats",
+    "Thresholds",
     "TensorInfo",
+    "Training",
     "UnsupportedSetupError",
     "Verification",
     "ViewError",
@@ -230,20 +251,25 @@ __all__ = [
     "fold",
     "format_bytes",
     "format_options",
+    "format_spec",
     "iter_tensors",
     "leak_check",
     "load_model_file",
     "make_dot",
     "measure_forward",
+    "model_file_path",
     "output_format",
+    "output_target",
     "parse_size",
     "plan_checkpoints",
     "readable_view",
     "record_backward",
+    "read_jsonl",
     "record_forward",
     "release",
     "render_tree",
     "saved_memory",
     "scopes",
     "trace",
+    "trace_backward",
 ]

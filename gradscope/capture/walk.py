@@ -8,7 +8,8 @@ The walk loop itself runs in C (``gradscope/capture/_cwalk.c``, built by pip whe
 present): it builds the ``Node``/``Edge`` objects and leaf ``TensorInfo``s, and calls back into
 ``_Walker`` for the per-node reads that stay in Python (saved tensors, module paths, storage
 ids). ``_Walker.walk_py`` is the same walk in pure Python; it runs when the extension is missing
-or ``GRADSCOPE_PURE_PYTHON=1``, and ``tests/test_cwalk.py`` checks that both give equal graphs.
+or ``GRADSCOPE_PURE_PYTHON=1``, and ``tests/capture/test_cwalk.py`` checks that both give equal
+graphs.
 """
 
 from __future__ import annotations
@@ -78,6 +79,17 @@ def _class_info(cls: type) -> _ClassInfo:
     return info
 
 
+def _class_entry(
+    cls: type,
+) -> tuple[str, str, bool, bool, tuple[tuple[str, str, bool], ...], tuple[str, ...]]:
+    """What the compiled walk keeps per autograd node class (it caches the tuple): the class
+    name, the node kind, whether the class is AccumulateGrad, whether it is a custom Function's
+    node, and the saved fields to read (``_ClassInfo.reads`` and ``.unpacked``)."""
+    info = _class_info(cls)
+    kind = info.kind
+    return cls.__name__, kind, kind == "accumulate", kind == "custom", info.reads, info.unpacked
+
+
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
@@ -115,8 +127,8 @@ def _node_defaults() -> tuple[Any, ...]:
 
 
 def _load_cwalk() -> Any:
-    """The compiled walk (``gradscope/capture/_cwalk.c``), configured; None when the build skipped it
-    (no C compiler) or ``GRADSCOPE_PURE_PYTHON=1`` asks for the Python walker."""
+    """The compiled walk (``gradscope/capture/_cwalk.c``), configured; None when the build
+    skipped it (no C compiler) or ``GRADSCOPE_PURE_PYTHON=1`` asks for the Python walker."""
     if os.environ.get("GRADSCOPE_PURE_PYTHON", "") not in ("", "0"):
         return None
     try:
@@ -130,7 +142,7 @@ def _load_cwalk() -> Any:
             layouts.append(_node_defaults())
     # raises if a dataclass's fields no longer match what the C code fills
     _cwalk.configure(
-        *layouts, _class_info, _DTYPE_NAMES, _dtype_name, torch.Tensor, _storage_key
+        *layouts, _class_entry, _DTYPE_NAMES, _dtype_name, torch.Tensor, _storage_key
     )
     return _cwalk
 
@@ -146,6 +158,7 @@ def _nbytes(t: torch.Tensor) -> int:
         return t.nbytes
     except RuntimeError:
         layout = t.layout
+        parts: tuple[torch.Tensor, ...]
         if layout == torch.sparse_coo:
             parts = (t._indices(), t._values())
         elif layout in (torch.sparse_csr, torch.sparse_bsr):
@@ -188,7 +201,7 @@ def _shape(t: torch.Tensor) -> list[int | None]:
     """``list(t.shape)``, also for nested tensors: a dimension without a single size (a ragged
     one) is None, the form the JSON schema documents (``null``) and renderers draw as ``*``."""
     try:
-        shape = list(t.shape)
+        shape: list[int | None] = list(t.shape)
     except RuntimeError:  # a strided nested tensor: "NestedTensorImpl doesn't support sizes"
         if not t.is_nested:
             raise
@@ -204,9 +217,10 @@ class _Storages:
     _NONE = (None, None)
 
     def __init__(self) -> None:
-        # storage key -> (id, untyped_storage().nbytes()); the compiled walk reads and fills
-        # it too (one dict operation per saved tensor: on a big graph each is a cache miss)
-        self._ids: dict[int, tuple[str, int]] = {}
+        # storage key -> (id, untyped_storage().nbytes()); the compiled walk is given it, and
+        # reads and fills it too (one dict operation per saved tensor: on a big graph each is
+        # a cache miss)
+        self.by_key: dict[int, tuple[str, int]] = {}
 
     def record_of(self, t: torch.Tensor) -> tuple[str, int] | tuple[None, None]:
         """``(storage id, bytes of the whole storage)``, or ``(None, None)`` for a tensor
@@ -215,9 +229,9 @@ class _Storages:
             key = _storage_key(t)
         except (RuntimeError, NotImplementedError, AttributeError):
             return self._NONE
-        found = self._ids.get(key)
+        found = self.by_key.get(key)
         if found is None:
-            found = self._ids[key] = ("s%d" % len(self._ids), t.untyped_storage().nbytes())
+            found = self.by_key[key] = ("s%d" % len(self.by_key), t.untyped_storage().nbytes())
         return found
 
     def id_of(self, t: torch.Tensor) -> str | None:
@@ -273,7 +287,7 @@ class _Walker:
     def tensor_info(self, t: torch.Tensor, name: str | None) -> TensorInfo:
         return TensorInfo(
             name=name,
-            shape=_shape(t),  # type: ignore[arg-type]
+            shape=_shape(t),
             dtype=_dtype_name(t.dtype),
             device="cpu" if t.is_cpu else str(t.device),
             # storage ids serve memory accounting, which needs saved tensors too
@@ -285,7 +299,7 @@ class _Walker:
         dtype = _DTYPE_NAMES.get(t.dtype) or _dtype_name(t.dtype)
         return SavedTensor(
             name,
-            _shape(t),  # type: ignore[arg-type]
+            _shape(t),
             dtype,
             "cpu" if t.is_cpu else str(t.device),
             _nbytes(t),
@@ -327,7 +341,24 @@ class _Walker:
     def walk(self, start: Any) -> None:
         """Depth-first preorder from ``start``; ids are given when a node is first popped."""
         if CWALK is not None:
-            CWALK.walk(start, self)
+            # everything the compiled walk works on or falls back to, by name
+            CWALK.walk(
+                start,
+                nodes=self.nodes,
+                ids=self.ids,
+                raw_edges=self.raw_edges,
+                names=self.names,
+                storage_ids=self.storages.by_key,
+                want_saved=self.want_saved,
+                read_modules=self.read_modules,
+                record_of=self.storages.record_of,
+                visit_modules=self.visit_modules,
+                custom_saved=self.custom_saved,
+                read_saved=self.read_saved,
+                read_saved_seq=self.read_saved_seq,
+                saved_record=self.saved_record,
+                shape_of=self.shape_of,
+            )
         else:
             self.walk_py(start)
 
@@ -454,12 +485,12 @@ class _Walker:
             node.attrs[label] = str(val)
 
     @staticmethod
-    def saved_shape(fn: Any, name: str, index: int | None) -> list[int] | None:
+    def saved_shape(fn: Any, name: str, index: int | None) -> list[int | None] | None:
         """The shape torch keeps as `<name>_sym_sizes` (it survives backward), if any."""
         if index is not None:
             return None
         try:
-            return [_dim(s) for s in getattr(fn, f"{_SAVED}{name}_sym_sizes")]  # type: ignore[misc]
+            return [_dim(s) for s in getattr(fn, f"{_SAVED}{name}_sym_sizes")]
         except (AttributeError, RuntimeError, TypeError, ValueError):
             return None
 
@@ -599,9 +630,9 @@ def _trace_with_ids(
         if regions and _REGIONS_SEEN:
             from . import regions as _regions
 
-            found = _regions.find(walker.ids)
-            if found:
-                _regions.expand(graph, found, walker, model)
+            region_nodes = _regions.find(walker.ids)
+            if region_nodes:
+                _regions.expand(graph, region_nodes, walker, model)
         return graph, walker.ids
     finally:
         if pause_gc:

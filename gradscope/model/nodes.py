@@ -14,7 +14,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-
 #: Node kinds, in the vocabulary of the design document; ``module`` is a collapsed group of
 #: nodes (``Graph.collapse``) and only appears in collapsed views.
 KINDS = ("op", "custom", "accumulate", "leaf", "output", "module")
@@ -271,6 +270,16 @@ def format_split(activation: int, leaf: int = 0, output: int = 0) -> str:
     if output:
         parts.append(f"{format_bytes(output)} outputs")
     return " + ".join(parts) or "0 B"
+
+
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """``n`` and the noun in the number it takes: ``1 node``, ``2 nodes``, ``1 box``.
+
+    Example:
+        >>> plural(1, "saved tensor"), plural(3, "node"), plural(2, "box", "boxes")
+        ('1 saved tensor', '3 nodes', '2 boxes')
+    """
+    return f"{n} {noun if n == 1 else (many or noun + 's')}"
 
 
 def format_bytes(n: float) -> str:

@@ -27,10 +27,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ..model.formats import OutputFormat, register_format, register_renderer
+from ..model.formats import FormatKind, OutputFormat, register_format, register_renderer
 from ..model.graph import Graph, Node, SavedTensor, format_bytes
 from ..model.nodes import saved_bytes_of, storage_sizes
 from ..model.paths import levels, module_class, node_paths
+from ..model.schema import float_to_json
 from ..model.transforms import Run, fold_runs
 from .dot import BAD_OTHER_COLOR, OP_COLOR, attr_entries, short_location
 from .style import (
@@ -45,6 +46,7 @@ from .style import (
     NORM_BANDS,
     OUTPUT_COLOR,
     SAVED_COLOR,
+    clean_text,
 )
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -55,6 +57,9 @@ CHUNK = 150
 PART = 5_000
 #: Items drawn in the first view when neither ``depth`` nor ``full`` is given.
 BUDGET = 600
+#: Module levels the page nests containers to: a node deeper sits in the container at this
+#: depth, its own path in its details (a path 100,000 levels deep costs its length, no more).
+MAX_LEVELS = 64
 
 _KINDS = ("op", "custom", "accumulate", "leaf", "output", "module")
 
@@ -140,21 +145,29 @@ class _Builder:
 
     # -------------------------------------------------------------- module tree
     def _container(self, lv: list[str]) -> int:
-        """Index of the container of module levels ``lv``, creating it (and folds) as needed."""
-        path = ".".join(lv)
-        found = self.by_path.get(path)
-        if found is not None:
-            return found
-        parent = self._container(lv[:-1])
-        run = self.run_of.get(path)
-        if run is not None:
-            parent = self._fold(run, parent)
-        c = _Container(path, lv[-1], "", "module", parent, len(lv))
-        idx = self._add(c)
-        if run is not None:
-            self.containers[parent].members.append(idx)
-        self.by_path[path] = idx
-        return idx
+        """Index of the container of module levels ``lv``, creating it (and its parents and
+        folds) as needed; iterative, so no path is too deep for it."""
+        lv = lv[:MAX_LEVELS]
+        paths = []
+        for depth in range(len(lv), 0, -1):  # the deepest container that exists already
+            path = ".".join(lv[:depth])
+            found = self.by_path.get(path)
+            if found is not None:
+                break
+            paths.append(path)
+        else:
+            found, depth = 0, 0
+        for path, d in zip(reversed(paths), range(depth + 1, len(lv) + 1), strict=True):
+            parent = found
+            run = self.run_of.get(path)
+            if run is not None:
+                parent = self._fold(run, parent)
+            c = _Container(path, lv[d - 1], "", "module", parent, d)
+            found = self._add(c)
+            if run is not None:
+                self.containers[parent].members.append(found)
+            self.by_path[path] = found
+        return found
 
     def _fold(self, run: Run, parent: int) -> int:
         found = self.by_path.get("\x00fold:" + run.path)
@@ -183,11 +196,11 @@ class _Builder:
             self.node_container[i] = c
             self.containers[c].nodes.append(i)
         self._classes()
-        for c in self.containers:  # folds list their members in index order
-            if c.kind == "fold":
-                order = {p: k for k, p in enumerate(self._run_members(c))}
-                c.members.sort(key=lambda i: order.get(self.containers[i].path, 0))
-                c.kids.sort(key=lambda i: order.get(self.containers[i].path, 0))
+        for cont in self.containers:  # folds list their members in index order
+            if cont.kind == "fold":
+                order = {p: k for k, p in enumerate(self._run_members(cont))}
+                cont.members.sort(key=lambda i: order.get(self.containers[i].path, 0))
+                cont.kids.sort(key=lambda i: order.get(self.containers[i].path, 0))
 
     def _run_members(self, fold: _Container) -> tuple[str, ...]:
         first = self.containers[fold.members[0]].path
@@ -205,9 +218,9 @@ class _Builder:
                 if len(got) < 4:
                     got.append(n)
                 c = self.containers[c].parent
-        for idx, c in enumerate(self.containers):
-            if c.kind == "module":
-                c.cls = module_class(c.path, samples.get(idx, []))
+        for idx, cont in enumerate(self.containers):
+            if cont.kind == "module":
+                cont.cls = module_class(cont.path, samples.get(idx, []))
 
     # -------------------------------------------------------------- chunks
     def _items(self, idx: int) -> list[tuple[str, int]]:
@@ -231,7 +244,7 @@ class _Builder:
             levels_needed += 1
         fan = max(2, math.ceil(n ** (1.0 / (levels_needed + 1))))
         c.nodes, c.kids = [], []
-        groups = items
+        groups: list[tuple[str, Any]] = items
         for _ in range(levels_needed):
             packed = []
             for start in range(0, len(groups), fan):
@@ -372,14 +385,6 @@ class _Builder:
 
 
 # ---------------------------------------------------------------------- the page's data
-def _json_float(x: float) -> float | str:
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return float(f"{x:.4g}")
-
-
 def _saved(s: SavedTensor) -> list[Any]:
     return [s.name, s.shape, s.dtype, s.nbytes, s.storage, 1 if s.freed else 0]
 
@@ -397,12 +402,12 @@ _SLOTS = {
 _SIZES = re.compile(r"\(\s*(\d+\s*,?\s*)*\)")
 
 
-def _output_shapes(graph: Graph, index: dict[str, int]) -> list[list[int] | None]:
+def _output_shapes(graph: Graph, index: dict[str, int]) -> list[list[int | None] | None]:
     """Each node's forward output shape where the graph tells it: a tensor's own shape, an op's
     saved ``result``, or what its consumer saved of that input (the tensor, or its
     ``<name>_sym_sizes``) for the argument at the edge's slot; else None. An AccumulateGrad's is
     its parameter's."""
-    shapes: list[list[int] | None] = [None] * len(graph.nodes)
+    shapes: list[list[int | None] | None] = [None] * len(graph.nodes)
     for i, n in enumerate(graph.nodes):
         if n.tensor is not None:
             shapes[i] = list(n.tensor.shape)
@@ -439,7 +444,7 @@ def _output_shapes(graph: Graph, index: dict[str, int]) -> list[list[int] | None
 
 
 def _node_info(
-    node: Node, path: str | None, cpath: str, shape: list[int] | None, note: str | None,
+    node: Node, path: str | None, cpath: str, shape: list[int | None] | None, note: str | None,
     root: str | None,
 ) -> dict[str, Any]:
     info: dict[str, Any] = {}
@@ -513,7 +518,7 @@ def graph_data(
     for e in graph.edges:
         row = [index[e.src], index[e.dst]]
         tail = [e.input_nr, _EDGE_KIND.get(e.kind, 1), e.count,
-                None if e.grad_norm is None else _json_float(e.grad_norm)]
+                None if e.grad_norm is None else float_to_json(e.grad_norm, 4)]
         while tail and tail[-1] == _EDGE_DEFAULTS[len(tail) - 1]:
             tail.pop()
         edges.append(row + tail)
@@ -575,9 +580,8 @@ def to_html(
         The page as a string; write it to a ``.html`` file (``Graph.save("g.html")``).
 
     Example:
-        >>> import torch, gradscope as gs
-        >>> x = torch.ones(2, requires_grad=True)
-        >>> page = gs.trace((x * 2).sum(), params={"x": x}).to_html()
+        >>> from gradscope.model.graph import Graph, Node
+        >>> page = to_html(Graph([Node("n0", "MulBackward0", "op")], roots=["n0"]))
         >>> page.startswith("<!DOCTYPE html>") and "MulBackward0" in page
         True
     """
@@ -593,20 +597,32 @@ def to_html(
             block = _json(rows[start:start + PART])
             parts.append(f'<script type="application/json" class="gs-part" data-kind="{kind}">'
                          f"{block}</script>")
-    page = _asset("viewer.html")
-    return (
-        page.replace("{{TITLE}}", html.escape(title))
-        .replace("/*{{DAGRE}}*/", _asset("dagre.min.js"))
-        .replace("/*{{LAYOUT}}*/", _asset("layout.js"))
-        .replace("/*{{VIEWER}}*/", _asset("viewer.js"))
-        .replace("{{DATA}}", _json(data))
-        .replace("<!--{{PARTS}}-->", "\n".join(parts))
-    )
+    fill = {
+        "{{TITLE}}": html.escape(clean_text(title)),
+        "/*{{DAGRE}}*/": _asset("dagre.min.js"),
+        "/*{{LAYOUT}}*/": _asset("layout.js"),
+        "/*{{VIEWER}}*/": _asset("viewer.js"),
+        "{{DATA}}": _json(data),
+        "<!--{{PARTS}}-->": "\n".join(parts),
+    }
+    # One pass over the template: what is filled in (a title, the graph's names) is never
+    # searched for placeholders again, so "{{DATA}}" in a title stays those eight characters.
+    return _PLACEHOLDER.sub(lambda m: fill[m.group()], _asset("viewer.html"))
+
+
+_PLACEHOLDER = re.compile(r"\{\{TITLE\}\}|/\*\{\{(?:DAGRE|LAYOUT|VIEWER)\}\}\*/|\{\{DATA\}\}"
+                          r"|<!--\{\{PARTS\}\}-->")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _json(value: Any) -> str:
+    """JSON for a ``<script type="application/json">`` block: ``<`` written ``\\u003c`` (no
+    ``</script>`` or ``<!--`` can end or change the block), lone surrogates as their escapes
+    (the page reads back the same string; UTF-8 cannot hold them)."""
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    return text.replace("<", "\\u003c")  # no "</script>" can end a data block early
+    if not text.isascii() and _SURROGATE.search(text):
+        text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return text.replace("<", "\\u003c")
 
 
 def to_notebook_html(graph: Graph, *, height: int = 600, **options: Any) -> str:
@@ -628,6 +644,7 @@ def _render_html(graph: Graph, **options: Any) -> bytes:
 HTML_OPTIONS = frozenset({"title", "depth", "full", "fold", "saved", "notes", "root", "max_nodes"})
 
 register_format(
-    OutputFormat("html", _render_html, HTML_OPTIONS, "interactive page, self-contained and offline")
+    OutputFormat("html", _render_html, HTML_OPTIONS, "interactive page, self-contained and offline",
+                 kind=FormatKind.PAGE)
 )
 register_renderer("notebook_html", to_notebook_html)

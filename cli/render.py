@@ -1,0 +1,208 @@
+"""``gradscope render FILE`` (the graph written as a picture, a page or data) and
+``gradscope tree FILE`` (the graph in the terminal).
+
+``render`` settles where and how it writes before the model file runs: the format (``--format``
+and the suffix of ``-o`` must agree), whether it can be written here (Graphviz for pictures), and
+the absolute path of the output (a symlink followed; a FIFO, device, socket or folder refused),
+so a model file that changes folder cannot redirect the output. ``-o -`` writes to standard
+output. What is drawn follows the format's kind (``gs.FormatKind``): a picture gets a bounded,
+readable view; a page the whole graph (it opens modules itself); data every node.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+import gradscope as gs
+
+from .common import (
+    BackwardOpt,
+    TargetArg,
+    fail,
+    plural,
+    report_backward,
+    report_regions,
+    stderr,
+    stdout,
+)
+
+#: ``-o -``: the bytes go to standard output.
+STDOUT = "-"
+
+
+def load_graph(mf: gs.ModelFile, *, loss: bool = False, saved: bool = True) -> gs.Graph:
+    """Run a model file's forward (and loss), trace the result, and free the autograd graph
+    node by node (``gs.release``): the plain-data graph is all the CLI needs, and a deep chain
+    released by Python's usual path would overflow the C stack."""
+    fwd = mf.forward()
+    outputs = mf.loss(fwd.outputs) if loss else fwd.outputs
+    graph = gs.trace(outputs, saved=saved, model=fwd.model)
+    gs.release((outputs, fwd.outputs))
+    return graph
+
+
+def backward_graph(mf: gs.ModelFile, *, saved: bool = True) -> Any:
+    """The model file's graph annotated by one backward (``ModelFile.backward``), as a
+    ``gs.BackwardTrace``; a forward that already went non-finite is said first (the gradients'
+    NaN/Inf then comes from it, not from backward)."""
+    run = mf.backward(saved=saved)
+    if run.forward_nonfinite is not None:
+        stderr().print(run.forward_nonfinite.summary(), markup=False)
+    return run.trace
+
+
+def _where_to(target: str, output: Path | None, fmt: str) -> Path | None:
+    """The absolute file to write (None for standard output), settled before anything runs."""
+    if output is not None and str(output) == STDOUT:
+        return None
+    if output is None:
+        output = Path(f"{gs.model_file_path(target).stem}.{fmt}")
+    return gs.output_target(output)
+
+
+def render(
+    target: str = TargetArg,
+    output: Path | None = typer.Option(
+        None, "-o", "--output",
+        help="Output file, or - for standard output; default <file stem>.<format>.",
+    ),
+    fmt: str | None = typer.Option(
+        None, "--format", "-f",
+        help=f"One of {', '.join(gs.FORMATS)} (default: from -o, else svg); must agree with "
+        "the suffix of -o.",
+    ),
+    saved: bool = typer.Option(
+        True, "--saved/--no-saved", help="Draw saved tensors as orange boxes."
+    ),
+    attrs: bool = typer.Option(False, "--attrs", help="List non-tensor saved attributes."),
+    loss: bool = typer.Option(False, "--loss", help="Render from the file's loss_fn(output)."),
+    depth: int | None = typer.Option(
+        None,
+        "--depth",
+        min=0,
+        help="Show each module at depth N as one box (encoder.layers.3 is at depth 2).",
+    ),
+    fold: bool | None = typer.Option(
+        None,
+        "--fold/--no-fold",
+        help="Fold runs of identical layers into one box (layers.0-63 x64); "
+        "default: only past --max-nodes.",
+    ),
+    max_nodes: int = typer.Option(
+        1500,
+        "--max-nodes",
+        min=1,
+        help="Past this many nodes, fold and collapse by module depth until the graph fits.",
+    ),
+    full: bool = typer.Option(False, "--full", help="Draw every node, however large the graph."),
+    timeout: float = typer.Option(
+        60.0,
+        "--timeout",
+        min=1.0,
+        help="Stop Graphviz after this many seconds (SVG/PNG/PDF) with a message.",
+    ),
+    backward: bool = BackwardOpt,
+    memory: bool = typer.Option(
+        False,
+        "--memory",
+        help="Label each node with the saved bytes it holds (each storage counted once).",
+    ),
+    legend: bool = typer.Option(
+        True, "--legend/--no-legend", help="Draw a compact legend in SVG/PNG/PDF pictures."
+    ),
+) -> None:
+    """Build the model file's graph and write it as SVG/PNG/PDF/DOT/JSON/HTML."""
+    to_stdout = output is not None and str(output) == STDOUT
+    named = None if to_stdout else output
+    if fmt is None and (named is None or not named.suffix):
+        fmt = "svg"
+    spec = gs.format_spec(gs.output_format(named, fmt))
+    spec.require()  # e.g. Graphviz for a picture: said before the model runs, not after
+    if to_stdout and spec.binary and sys.stdout.isatty():
+        fail(f"refusing to write {spec.name.upper()} bytes to the terminal; redirect standard "
+             f"output (-o - > graph.{spec.name}) or give a file name")
+    path = _where_to(target, output, spec.name)  # before the model file runs
+    mf = gs.load_model_file(target)
+    rec = backward_graph(mf, saved=saved or attrs) if backward else None
+    graph = rec.graph if rec else load_graph(mf, loss=loss, saved=saved or attrs)
+    note = None
+    notes = graph.memory().node_labels() if memory else None
+    if notes:
+        notes = {nid: f"holds {size}" for nid, size in notes.items()}
+    if spec.kind is gs.FormatKind.PAGE:  # the page opens and closes modules itself
+        view = graph
+        candidates: dict[str, Any] = {
+            "title": mf.path.name, "depth": depth, "full": full, "fold": fold is not False,
+            "saved": saved, "notes": notes, "root": mf.path.parent,
+        }
+    elif spec.kind is gs.FormatKind.DATA:  # every node unless a depth is asked for
+        view = graph if depth is None else graph.collapse(depth)
+        candidates = {}
+    else:  # a picture laid out by Graphviz: a readable, bounded view
+        view, note = gs.readable_view(
+            graph, depth=depth, fold_repeats=fold, max_nodes=max_nodes, full=full
+        )
+        candidates = {"saved": saved, "attrs": attrs, "notes": notes, "root": mf.path.parent,
+                      "legend": legend, "timeout": timeout}
+    if note:  # before a layout that may take a while, say what is drawn
+        stderr().print(note, markup=False)
+    report_regions(graph)
+    options = {k: v for k, v in candidates.items() if k in spec.options}  # what it declares
+    if path is None:
+        data = view.render(spec.name, **options)
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        shown = "standard output"
+    else:
+        view.save(path, format=spec.name, **options)
+        shown = str(output) if output is not None else path.name
+    drawn = sum(1 for n in view.nodes if n.kind != "module")
+    boxes = len(view.nodes) - drawn
+    if view is graph:
+        what = graph.summary()
+    else:
+        what = (f"drew {drawn} of {plural(len(graph.nodes), 'node')}"
+                + (f" and {plural(boxes, 'box', 'boxes')}" if boxes else "")
+                + f"; the graph: {graph.summary()}")
+    stderr().print(f"wrote {shown}: {what}", markup=False)
+    report_backward(rec)
+
+
+def tree(
+    target: str = TargetArg,
+    loss: bool = typer.Option(False, "--loss", help="Start from the file's loss_fn(output)."),
+    max_lines: int = typer.Option(
+        2000, "--max-lines", min=1, help="Stop after this many lines."
+    ),
+    depth: int | None = typer.Option(
+        None,
+        "--depth",
+        min=0,
+        help="Show each module at depth N as one line (encoder.layers.3 is at depth 2).",
+    ),
+    backward: bool = BackwardOpt,
+) -> None:
+    """Print the graph as a tree: node names, shapes, saved tensors and their bytes."""
+    mf = gs.load_model_file(target)
+    rec = backward_graph(mf) if backward else None
+    graph = rec.graph if rec else load_graph(mf, loss=loss)
+    mem = graph.memory()  # of the whole graph, before any collapse
+    full_graph = graph
+    if depth is not None:
+        graph = graph.collapse(depth)
+    out = stdout()
+    out.print(gs.render_tree(graph, max_lines=max_lines))
+    if mem.total or mem.freed:
+        out.print(mem.render(depth=depth))
+    report_regions(full_graph)
+    report_backward(rec)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``render`` and ``tree`` commands to the gradscope app."""
+    app.command("render")(render)
+    app.command("tree")(tree)
