@@ -343,8 +343,9 @@ def activation_report(
         >>> rep = gs.activation_report(net, torch.randn(4, 8))
         >>> rep.total                   # tanh's output, saved by tanh and by the last Linear
         512
-        >>> rep.row("1").checkpoint_saves   # the last Linear saves it too: nothing freed
-        0
+        >>> rep.row("1").checkpoint_saves   # the Linear still saves it, and the checkpoint
+        -5568
+        >>> # keeps tanh's input (512 B) and the RNG state (5056 B): checkpointing it costs
     """
     if not isinstance(model, torch.nn.Module):
         raise GradscopeError(
@@ -496,7 +497,7 @@ class CheckpointPlan(Plan):
         >>> net = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64),
         ...                             torch.nn.Tanh(), torch.nn.Linear(64, 64))
         ...                             for _ in range(4)])
-        >>> x = torch.randn(32, 64)
+        >>> x = torch.randn(512, 64)
         >>> plan = gs.plan_checkpoints(net, x, budget="50%")
         >>> plan.predicted <= plan.budget
         True
