@@ -16,6 +16,8 @@ Public surface (everything else lives in private ``_modules``)::
     GradMonitor(model, ...)                              gradient statistics while training
     check(fn, *inputs), explain(tensor)                  custom Function checks, tensor internals
     saved_memory(), leak_check()                         memory held by autograd graphs
+    activation_report(), plan_checkpoints()              activation memory per module and
+                                                         checkpoint plans under a budget
     load_model_file(spec) -> ModelFile                   the CLI's model-file contract
                                                          (.forward(), .backward(), .training())
     FORMATS, format_spec(name) -> OutputFormat           the output formats: kind, options,
@@ -38,6 +40,7 @@ from typing import Any
 
 from . import views as _views  # noqa: F401  (registers the output formats; no torch there)
 from .errors import (
+    BudgetError,
     CheckInputError,
     ExplainInputError,
     FormatError,
@@ -157,6 +160,15 @@ _LAZY = {
     "LeakCheck": ".capture.memory",
     "Leak": ".model.memory",
     "LeakStep": ".model.memory",
+    "activation_report": ".capture.memplan",
+    "plan_checkpoints": ".capture.memplan",
+    "measure_forward": ".capture.memplan",
+    "CheckpointPlan": ".capture.memplan",
+    "CheckpointHandle": ".capture.memplan",
+    "ActivationReport": ".model.memplan",
+    "ModuleRow": ".model.memplan",
+    "Verification": ".model.memplan",
+    "parse_size": ".model.memplan",
 }
 
 
@@ -174,13 +186,17 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "ActivationReport",
     "Alert",
     "BackwardRun",
     "BackwardTrace",
     "Box",
+    "BudgetError",
     "Region",
     "CheckFailure",
     "CheckInputError",
+    "CheckpointHandle",
+    "CheckpointPlan",
     "CheckResult",
     "Edge",
     "ExplainInputError",
@@ -204,6 +220,7 @@ __all__ = [
     "MissingExtraError",
     "ModelFile",
     "ModelFileError",
+    "ModuleRow",
     "MonitorError",
     "MonitorLog",
     "MonitorWarning",
@@ -224,8 +241,10 @@ __all__ = [
     "TensorInfo",
     "Training",
     "UnsupportedSetupError",
+    "Verification",
     "ViewError",
     "__version__",
+    "activation_report",
     "auto_depth",
     "check",
     "collapse",
@@ -239,9 +258,12 @@ __all__ = [
     "leak_check",
     "load_model_file",
     "make_dot",
+    "measure_forward",
     "model_file_path",
     "output_format",
     "output_target",
+    "parse_size",
+    "plan_checkpoints",
     "readable_view",
     "record_backward",
     "read_jsonl",

@@ -20,6 +20,7 @@ Hierarchy::
     │   └── UnsupportedSetupError   a training set-up it cannot measure (a tensor subclass,
     │                               DTensors sharded over several mesh dimensions...)
     ├── MemoryHooksError        saved-tensor hooks could not be installed or removed in order
+    ├── BudgetError             a checkpoint budget that cannot be read or reached
     └── MissingExtraError       an optional dependency (an extra of the package) is missing
 
     UserWarning
@@ -138,3 +139,8 @@ __all__ = [
     "UnsupportedSetupError",
     "ViewError",
 ]
+
+
+class BudgetError(GradscopeError):
+    """A checkpoint budget that cannot be read, or that no plan reaches (the message says the
+    smallest reachable figure)."""

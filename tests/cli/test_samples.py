@@ -25,6 +25,7 @@ CASES: dict[str, tuple[list[str], int, str]] = {
     "nan_training": (["report", "{f}", "--steps", "6"], 1, "nan"),
     "vanishing": (["report", "{f}", "--steps", "4"], 0, "vanishing"),
     "exploding": (["report", "{f}", "--steps", "4"], 0, "exploding"),
+    "memory_blocks": (["memory", "{f}", "--budget", "40%"], 0, "fits the budget"),
 }
 
 
