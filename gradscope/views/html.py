@@ -18,6 +18,7 @@ The page exposes ``window.gradscope`` (see the README): ``ready``, ``visible()``
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 import html
 import json
 import math
@@ -29,7 +30,8 @@ from typing import Any
 
 from ..model.formats import OutputFormat, register_format, register_renderer
 from ..model.graph import Graph, Node, SavedTensor, format_bytes
-from ..model.nodes import saved_bytes_of, storage_sizes
+from ..model.nodes import KINDS, saved_bytes_of, storage_sizes
+from ..model.schema import EDGE_KINDS
 from ..model.paths import levels, module_class, node_paths
 from ..model.transforms import Run, fold_runs
 from .dot import BAD_OTHER_COLOR, OP_COLOR, attr_entries, short_location
@@ -56,7 +58,34 @@ PART = 5_000
 #: Items drawn in the first view when neither ``depth`` nor ``full`` is given.
 BUDGET = 600
 
-_KINDS = ("op", "custom", "accumulate", "leaf", "output", "module")
+#: The page's data contract: every row of the page is a list whose positions are named here
+#: (the page reads the names from ``fields`` in its data, never a position of its own), and trailing
+#: fields at their default are left out. Node and edge kinds are written as indices into the
+#: model's own tables (``model.nodes.KINDS``, ``model.schema.EDGE_KINDS``), sent with the data.
+#: A new field is a name here and a value where the rows are written.
+FIELDS: dict[str, tuple[str, ...]] = {
+    "nodes": ("id", "name", "kind", "container", "info"),
+    "edges": ("src", "dst", "input_nr", "kind", "count", "grad_norm"),
+    "containers": ("path", "label", "cls", "kind", "parent", "depth", "count", "saved_bytes",
+                   "members", "sum_count", "sum_bytes", "range"),
+}
+#: Defaults of the optional (trailing) fields, left out of a row when every later one is too.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "nodes": {"info": None},
+    "edges": {"input_nr": 0, "kind": 0, "count": 1, "grad_norm": None},
+    "containers": {"members": None, "sum_count": 0, "sum_bytes": 0, "range": None},
+}
+
+
+def _row(table: str, values: dict[str, Any]) -> list[Any]:
+    """One compact row of ``table``: the values in ``FIELDS`` order, trailing defaults dropped."""
+    names = FIELDS[table]
+    defaults = DEFAULTS[table]
+    row = [values.get(name, defaults.get(name)) for name in names]
+    while row and names[len(row) - 1] in defaults and row[-1] == defaults[names[len(row) - 1]]:
+        row.pop()
+    return row
+
 
 #: The X11 colours of the DOT views as CSS hex: the page draws with the same palette.
 GRAPHVIZ_HEX = {
@@ -84,11 +113,6 @@ def _norm_scale() -> list[list[Any]]:
     return bands + [[NONFINITE_BAND.name, None, _css(NONFINITE_BAND.color)]]
 #: A container row's kind: the root, a module, a fold of repeated layers, a chunk of a long run.
 _KIND_CODE = {"root": "r", "module": "m", "fold": "f", "chunk": "k"}
-#: An edge's kind in the page: 0 a gradient edge; else drawn dotted (1 a view's link to its
-#: base, 2 a compiled region's saved-activation link).
-_EDGE_KIND = {"grad": 0, "view": 1, "saved": 2}
-#: An edge row is [src, dst, input_nr, kind, count, norm]; trailing defaults are left out.
-_EDGE_DEFAULTS = (0, 0, 1, None)
 
 
 @cache
@@ -129,6 +153,7 @@ class _Builder:
         self.containers: list[_Container] = [_Container("", "(model)", "", "root", -1, 0)]
         self.by_path: dict[str, int] = {"": 0}
         self.node_container = [0] * len(graph.nodes)
+        self.ranges: dict[int, str] = {}  # a chunk's first and last node id
         runs = fold_runs(graph, inside="all") if fold else []
         self.run_of: dict[str, Run] = {}  # member path -> its run
         for run in runs:
@@ -251,11 +276,21 @@ class _Builder:
             self.containers[value].parent = parent
         else:
             first, last = self._ends(value)
-            label = f"{first} … {last}"
-            chunk = _Container(p.path, label, "", "chunk", parent, p.depth)
+            chunk = _Container(p.path, "", "", "chunk", parent, p.depth)
             cidx = self._add(chunk)
+            self.ranges[cidx] = f"{first} … {last}"
             for k, v in value:
                 self._attach(cidx, k, v)
+            chunk.label = self._ops_label(cidx)
+
+    def _ops_label(self, idx: int) -> str:
+        """A chunk's label: the ops it holds, most frequent first (at most three named), and
+        how many nodes: ``MulBackward0, AddBackward0, TanhBackward0 ×47``."""
+        names = Counter(self.graph.nodes[i].name for i in self._all_nodes(idx))
+        top = [name for name, _ in names.most_common(3)]
+        more = f" +{len(names) - 3} more" if len(names) > 3 else ""
+        total = sum(names.values())
+        return f"{', '.join(top)}{more} ×{total}"
 
     def _ends(self, group: list[tuple[str, Any]]) -> tuple[str, str]:
         def first(item: tuple[str, Any], last: bool) -> str:
@@ -505,27 +540,29 @@ def graph_data(
         cpath = b.containers[cidx].path
         info = _node_info(n, b.paths[n.id], cpath, shapes[i],
                           notes.get(n.id) if notes else None, root_dir)
-        row: list[Any] = [n.id, n.name, _KINDS.index(n.kind) if n.kind in _KINDS else 0, cidx]
-        if info:
-            row.append(info)
-        nodes.append(row)
+        nodes.append(_row("nodes", {
+            "id": n.id, "name": n.name, "kind": KINDS.index(n.kind) if n.kind in KINDS else 0,
+            "container": cidx, "info": info or None,
+        }))
     edges = []
     for e in graph.edges:
-        row = [index[e.src], index[e.dst]]
-        tail = [e.input_nr, _EDGE_KIND.get(e.kind, 1), e.count,
-                None if e.grad_norm is None else _json_float(e.grad_norm)]
-        while tail and tail[-1] == _EDGE_DEFAULTS[len(tail) - 1]:
-            tail.pop()
-        edges.append(row + tail)
+        edges.append(_row("edges", {
+            "src": index[e.src], "dst": index[e.dst], "input_nr": e.input_nr,
+            "kind": EDGE_KINDS.index(e.kind) if e.kind in EDGE_KINDS else 1, "count": e.count,
+            "grad_norm": None if e.grad_norm is None else _json_float(e.grad_norm),
+        }))
     containers = []
     for c in b.containers:
-        row = [c.path, c.label, c.cls, _KIND_CODE[c.kind], c.parent, c.depth,
-               c.count, c.saved_bytes]
+        values: dict[str, Any] = {
+            "path": c.path, "label": c.label, "cls": c.cls, "kind": _KIND_CODE[c.kind],
+            "parent": c.parent, "depth": c.depth, "count": c.count, "saved_bytes": c.saved_bytes,
+            "range": b.ranges.get(len(containers)),
+        }
         if c.kind == "fold":
             rest = [k for m in c.members[1:] for k in b.subtree_nodes(m)]
-            row += [c.members, sum(graph.nodes[i].count for i in rest),
-                    saved_bytes_of([graph.nodes[i] for i in rest])]
-        containers.append(row)
+            values |= {"members": c.members, "sum_count": sum(graph.nodes[i].count for i in rest),
+                       "sum_bytes": saved_bytes_of([graph.nodes[i] for i in rest])}
+        containers.append(_row("containers", values))
     first = next((index[n.id] for n in graph.nodes if n.first_nonfinite), -1)
     return {
         "v": 2,
@@ -541,6 +578,9 @@ def graph_data(
                     "chunk": CHUNK, "memory": bool(notes),
                     "backward": any(n.order is not None for n in graph.nodes)},
         "style": {"colors": {k: _css(v) for k, v in PAGE_COLORS.items()}, "norm": _norm_scale()},
+        "fields": {k: list(v) for k, v in FIELDS.items()},
+        "kinds": list(KINDS),
+        "edge_kinds": list(EDGE_KINDS),
     }
 
 
@@ -609,15 +649,55 @@ def _json(value: Any) -> str:
     return text.replace("<", "\\u003c")  # no "</script>" can end a data block early
 
 
-def to_notebook_html(graph: Graph, *, height: int = 600, **options: Any) -> str:
+def to_notebook_html(graph: Graph, *, height: int | None = None, **options: Any) -> str:
     """The page in a sandboxed ``<iframe srcdoc>`` for notebooks (``Graph._repr_html_``): its
-    scripts run in their own document and it stays self-contained."""
+    scripts run in their own document and it stays self-contained. The frame is as tall as the
+    graph's first view needs (``notebook_height``) unless ``height`` is given; inside a frame the
+    page starts with its side panel folded (a click on a node opens it, narrow)."""
     page = to_html(graph, **options)
+    tall = notebook_height(graph) if height is None else int(height)
+    # single quotes around srcdoc: the page's JSON is full of double quotes, which would each
+    # become a 6-byte &quot; (a third of the page again); it has few single quotes
+    srcdoc = page.replace("&", "&amp;").replace("'", "&#39;")
     return (
-        f'<iframe sandbox="allow-scripts allow-downloads" srcdoc="{html.escape(page, quote=True)}"'
-        f' style="width:100%;height:{int(height)}px;border:1px solid #ccc"'
+        f"<iframe sandbox=\"allow-scripts allow-downloads\" srcdoc='{srcdoc}'"
+        f' style="width:100%;height:{tall}px;border:1px solid #ccc"'
         ' title="gradscope graph"></iframe>'
     )
+
+
+#: A notebook frame's height: header and footer, then about this many pixels per rank of boxes
+#: at a legible scale, between the two bounds.
+_FRAME_CHROME, _FRAME_RANK, _FRAME_MIN, _FRAME_MAX = 110, 52, 260, 640
+
+
+def notebook_height(graph: Graph) -> int:
+    """Pixels a notebook frame needs to show ``graph`` at a legible scale: its longest path
+    (ranks of boxes, top to bottom) times the height of a rank, within 260-640 px (a taller
+    graph opens at its top, the minimap shows the rest)."""
+    index = {n.id: i for i, n in enumerate(graph.nodes)}
+    ranks = [1] * len(graph.nodes)
+    indeg = [0] * len(graph.nodes)
+    succ: list[list[int]] = [[] for _ in graph.nodes]
+    for e in graph.edges:
+        a, b = index.get(e.src), index.get(e.dst)
+        if a is None or b is None or a == b:
+            continue
+        succ[a].append(b)
+        indeg[b] += 1
+    todo = [i for i, d in enumerate(indeg) if d == 0]
+    longest = 1
+    while todo:
+        i = todo.pop()
+        longest = max(longest, ranks[i])
+        if longest * _FRAME_RANK + _FRAME_CHROME >= _FRAME_MAX:
+            return _FRAME_MAX
+        for j in succ[i]:
+            ranks[j] = max(ranks[j], ranks[i] + 1)
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                todo.append(j)
+    return max(_FRAME_MIN, min(_FRAME_MAX, _FRAME_CHROME + _FRAME_RANK * longest))
 
 
 def _render_html(graph: Graph, **options: Any) -> bytes:

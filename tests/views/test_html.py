@@ -199,11 +199,38 @@ def test_save_html(transformer, tmp_path: Path) -> None:
 def test_notebook_repr_is_a_sandboxed_frame(transformer) -> None:
     graph, _ = transformer
     frame = graph._repr_html_()
-    m = re.fullmatch(r'<iframe sandbox="allow-scripts allow-downloads" srcdoc="([^"]*)"[^>]*>'
-                     r"</iframe>", frame)
+    m = re.fullmatch(r"<iframe sandbox=\"allow-scripts allow-downloads\" srcdoc='([^']*)'"
+                     r' style="width:100%;height:(\d+)px;[^"]*"[^>]*></iframe>', frame)
     assert m, frame[:200]
     assert html_lib.unescape(m.group(1)) == graph.to_html()
+    assert 260 <= int(m.group(2)) <= 640
     assert graph._repr_svg_() is None or graph._repr_svg_().lstrip().startswith("<?xml")
+
+
+def test_repr_is_one_line(deep: gs.Graph) -> None:
+    text = repr(deep)
+    assert text == (f"Graph({len(deep.nodes)} nodes, {len(deep.edges)} edges, 1 root, "
+                    f"{gs.format_bytes(deep.saved_bytes())} saved)")
+    assert "\n" not in text and len(text) < 100
+
+
+def test_notebook_bundle_is_light(deep: gs.Graph) -> None:
+    """What a notebook stores for the 4.4k-node encoder: the page once, no Graphviz picture
+    (seconds and megabytes on every display), one line of text: under 1.5 MB and 1 s."""
+    import time
+
+    start = time.perf_counter()
+    bundle = deep._repr_mimebundle_()
+    took = time.perf_counter() - start
+    size = sum(len(v.encode("utf-8")) for v in bundle.values())
+    assert set(bundle) == {"text/plain", "text/html"}, set(bundle)
+    assert size < 1_500_000 and took < 1.0, (size, took)
+    assert bundle["text/plain"] == repr(deep)
+    assert deep._repr_svg_() is None  # IPython asks for it apart from the bundle
+    # a small graph also carries its picture (where Graphviz is installed)
+    small = traced("mlp.py")[0]
+    if small._repr_svg_() is not None:
+        assert small._repr_mimebundle_()["image/svg+xml"].lstrip().startswith("<?xml")
 
 
 # ---------------------------------------------------------------------- in Chromium

@@ -10,7 +10,11 @@
   const COLORS = D.style.colors;
   const NORM = D.style.norm;
   const OPT = D.options;
-  const KINDS = ["op", "custom", "accumulate", "leaf", "output", "module"];
+  const KINDS = D.kinds; // the model's node kinds (nodes.KINDS): a row's kind is an index
+  // The data contract (html.py FIELDS): each row is a list whose positions D.fields names.
+  const fieldsOf = (table) => Object.fromEntries(D.fields[table].map((name, i) => [name, i]));
+  const NF = fieldsOf("nodes"), EF = fieldsOf("edges"), CF = fieldsOf("containers");
+  const PLAIN_EDGE = D.edge_kinds.indexOf("grad"); // other edge kinds are drawn dotted
   const $ = (id) => document.getElementById(id);
   const canvas = $("graph"), ctx = canvas.getContext("2d");
   const detailsEl = $("details"), resultsEl = $("results"), searchEl = $("search");
@@ -37,16 +41,17 @@
       const rows = JSON.parse(el.textContent);
       if (el.dataset.kind === "nodes") {
         for (const r of rows) {
-          nodeId[i] = r[0]; nodeName[i] = r[1]; nodeKind[i] = r[2]; nodeC[i] = r[3];
-          nodeInfo[i] = r[4] || null;
-          idIndex.set(r[0], i);
+          nodeId[i] = r[NF.id]; nodeName[i] = r[NF.name]; nodeKind[i] = r[NF.kind];
+          nodeC[i] = r[NF.container]; nodeInfo[i] = r[NF.info] || null;
+          idIndex.set(nodeId[i], i);
           i++;
         }
       } else {
         for (const r of rows) {
-          eSrc[k] = r[0]; eDst[k] = r[1]; eNr[k] = r[2] || 0; eView[k] = r[3] || 0;
-          eCount[k] = r[4] === undefined ? 1 : r[4];
-          eNorm[k] = r[5] === undefined ? null : r[5];
+          eSrc[k] = r[EF.src]; eDst[k] = r[EF.dst]; eNr[k] = r[EF.input_nr] || 0;
+          eView[k] = (r[EF.kind] || 0) === PLAIN_EDGE ? 0 : r[EF.kind];
+          eCount[k] = r[EF.count] === undefined ? 1 : r[EF.count];
+          eNorm[k] = r[EF.grad_norm] === undefined ? null : r[EF.grad_norm];
           k++;
         }
       }
@@ -61,8 +66,10 @@
   function buildContainers() {
     D.containers.forEach((r, j) => {
       C[j] = {
-        j, path: r[0], label: r[1], cls: r[2], kind: r[3], parent: r[4], depth: r[5],
-        count: r[6], bytes: r[7], members: r[8] || null, sumCount: r[9] || 0, sumBytes: r[10] || 0,
+        j, path: r[CF.path], label: r[CF.label], cls: r[CF.cls], kind: r[CF.kind],
+        parent: r[CF.parent], depth: r[CF.depth], count: r[CF.count], bytes: r[CF.saved_bytes],
+        members: r[CF.members] || null, sumCount: r[CF.sum_count] || 0,
+        sumBytes: r[CF.sum_bytes] || 0, range: r[CF.range] || "",
         kids: [], nodes: [], fold: -1, level: 0,
       };
     });
@@ -82,7 +89,17 @@
   const expanded = new Uint8Array(M); // open containers (the root is always open)
   const unfolded = new Uint8Array(M); // folds drawn member by member
   expanded[0] = 1;
-  const toggles = { saved: !!OPT.saved, shapes: false, legend: true, minimap: true, pathOnly: false };
+  // Inside a frame (a notebook) the side panel starts folded and opens, narrow, on a click;
+  // folding the panel or the legend is remembered (where the page may store anything).
+  const embedded = (() => { try { return window.top !== window.self; } catch (err) { return true; } })();
+  function pref(name) { try { const v = localStorage.getItem("gradscope." + name); return v === null ? null : v === "1"; } catch (err) { return null; } }
+  function keepPref(name, on) { try { localStorage.setItem("gradscope." + name, on ? "1" : "0"); } catch (err) { /* sandboxed */ } }
+  const panelPref = pref("panel");
+  let panelChosen = panelPref !== null;
+  const toggles = { saved: !!OPT.saved, shapes: false, legend: pref("legend") !== false, minimap: true,
+                    pathOnly: false, panel: panelPref === null ? !embedded : panelPref };
+  // Text is drawn at 11 px times the zoom: no view the page opens by itself goes below 9 px.
+  const READ_K = 9 / 11;
   let selected = -1; // a visible item key (see below)
   let userMoved = false; // until the user pans or zooms, a resize shows the first view again
   let matches = new Set();
@@ -181,7 +198,7 @@
   }
   function boxLines(j) {
     const c = C[j];
-    if (c.kind === "k") return [c.label, c.count + " nodes (a run, opened in parts)"];
+    if (c.kind === "k") return [c.label, c.range + " · click to open"];
     const head = c.kind === "f" ? c.label + " (" + c.members.length + " alike)" : c.label;
     return [head, (c.cls ? c.cls + " · " : "") + c.count + " nodes", "saved " + fmtBytes(c.bytes)];
   }
@@ -195,9 +212,9 @@
   function frameTitle(j) {
     const c = C[j];
     if (j === 0) return "";
-    if (c.kind === "f") return "− " + c.label + ": " + (c.cls || "?") + " — " + C[c.members[0]].label +
-      " drawn, " + (c.members.length - 1) + " alike summarised";
-    if (c.kind === "k") return "− " + c.label + " (" + c.count + " nodes)";
+    if (c.kind === "f") return "− " + c.label + ": " + (c.cls || "?") + " — " + (unfolded[j]
+      ? "all " + c.members.length + " drawn" : C[c.members[0]].label + " drawn, " + (c.members.length - 1) + " alike summarised");
+    if (c.kind === "k") return "− " + c.label + " · " + c.range;
     return "− " + c.label + (c.cls ? ": " + c.cls : "");
   }
   function savedBoxes(i) { // [lines, w] of each saved tensor drawn next to its node
@@ -580,12 +597,8 @@
       c.stroke();
       c.setLineDash([]);
       if (arrows) arrowHead(c, e.pts, 6 / Math.max(v.k, 0.6));
-      if (text && (e.count > 1 || e.norm !== null)) {
-        const n = e.pts.length >> 2 << 1;
-        const label = (e.count > 1 ? "×" + e.count + " " : "") + (e.norm !== null ? fmtNorm(e.norm) : "");
-        c.fillStyle = col || "#555";
-        c.fillText(label.trim(), e.pts[n] + 4, e.pts[n + 1]);
-      }
+      const lab = text ? edgeLabel(e) : null;
+      if (lab) { c.fillStyle = col || "#555"; c.fillText(lab.text, lab.x, lab.y + lab.h - 2); }
       c.globalAlpha = 1;
     }
     // boxes
@@ -639,6 +652,13 @@
         x += s.w + 4;
       }
     }
+  }
+  // An edge's label (merged count, gradient norm): its text and box in page coordinates.
+  function edgeLabel(e) {
+    if (!(e.count > 1 || e.norm !== null)) return null;
+    const n = e.pts.length >> 2 << 1;
+    const text = ((e.count > 1 ? "×" + e.count + " " : "") + (e.norm !== null ? fmtNorm(e.norm) : "")).trim();
+    return { text, x: e.pts[n] + 4, y: e.pts[n + 1] - LH + 2, w: CW * text.length, h: LH };
   }
   function curve(c, p) {
     c.beginPath();
@@ -759,7 +779,14 @@
     phases = { build: t1 - t0, jobs: t2 - t1, layout: t3 - t2, place: performance.now() - t3 };
     await tick();
     scene = placed;
-    if (selected >= 0 && !scene.items.has(selected)) selected = -1;
+    // the selection, its dimming, Path to output and the search marks follow what is drawn now:
+    // a selected box that was opened (or a node hidden in a closed one) is no longer selected
+    if (selected >= 0) {
+      const it = scene.items.get(selected), was = selected;
+      if (!it) clearSelection(true);
+      else if (it.open) { clearSelection(false); showContainer(was - BOX); } // its frame: details stay
+    }
+    if (lastFound.length) markMatches(lastFound);
     updateRelated();
     syncSize();
     const settled = anchor ? anchor(scene) : null; // a promise when the view moves smoothly
@@ -783,9 +810,13 @@
   function updateNote() {
     let hidden = false;
     for (let j = 1; j < M && !hidden; j++) hidden = status[j] !== -1 || (C[j].kind === "f" && !unfolded[j]);
-    noteEl.textContent = !hidden ? "" : "Some modules are closed: click a box to open it, a ×N " +
+    const parts = [];
+    if (cropped) parts.push("Shown at a readable size, not whole: drag or use the minimap (bottom right) " +
+      "for the rest; f fits it all (too small to read).");
+    if (hidden) parts.push("Some modules are closed: click a box to open it, a ×N " +
       "summary to draw every repeat, or Expand all; the command line draws every node with --full " +
-      "(or --depth N, --no-fold).";
+      "(or --depth N, --no-fold).");
+    noteEl.textContent = parts.join(" ");
   }
   function showError(err) {
     statusEl.textContent = "layout failed: " + (err && err.message ? err.message : err);
@@ -805,16 +836,36 @@
     if (!scene) return;
     userMoved = true;
     view = fitRect(0, 0, scene.bounds.w, scene.bounds.h);
+    cropped = false; updateNote();
     requestDraw();
   }
-  // The first view: the whole graph when it is readable so, else its top (the model's inputs)
-  // at a readable scale; the minimap shows the rest.
+  // The views the page opens by itself (first view, after Expand all or Collapse all, a
+  // resize): the whole graph when its text is readable so (READ_K), else, at a readable scale,
+  // the selection, the first NaN, or the top of the graph (the model's inputs); the minimap
+  // and the note say how to reach the rest. Only Fit (asked for) shrinks past it.
+  let cropped = false;
+  function readableView(s, focus) {
+    const whole = fitRect(0, 0, s.bounds.w, s.bounds.h);
+    if (whole.k >= READ_K) return { view: whole, cropped: false };
+    const k = Math.max(READ_K, Math.min(1, (cssW - 40) / s.bounds.w));
+    const it = focus >= 0 ? s.items.get(focus) : null;
+    if (it && !it.open) return { view: centerOn(it, k, true), cropped: true };
+    let top = null; // the topmost box, leftmost on its row
+    for (const n of s.nodes) if (!top || n.y < top.y - 1 || (Math.abs(n.y - top.y) <= 1 && n.x < top.x)) top = n;
+    const cx = top ? top.x + top.cw / 2 : s.bounds.w / 2;
+    const x = s.bounds.w * k <= cssW - 40 ? (cssW - s.bounds.w * k) / 2
+      : Math.min(20, Math.max(cssW - 20 - s.bounds.w * k, cssW / 2 - cx * k));
+    return { view: { k, x, y: 20 - (top ? Math.max(0, top.y - 10) : 0) * k }, cropped: true };
+  }
+  function focusKey() {
+    if (selected >= 0) return selected;
+    return D.first >= 0 && scene ? visOf(D.first) : -1;
+  }
   function firstView() {
     if (!scene) return;
-    const whole = fitRect(0, 0, scene.bounds.w, scene.bounds.h);
-    if (whole.k >= 0.45) { view = whole; requestDraw(); return; }
-    const k = Math.min(0.75, Math.max(whole.k, (cssW - 40) / scene.bounds.w));
-    view = { k, x: Math.max(20, (cssW - scene.bounds.w * k) / 2), y: 20 };
+    const r = readableView(scene, focusKey());
+    view = r.view; cropped = r.cropped;
+    updateNote();
     requestDraw();
   }
   let anim = null;
@@ -844,12 +895,13 @@
   // at readable scale; the rest of the view follows.
   function showRect(it) {
     const fitK = Math.min((cssW - 40) / it.w, (cssH - 40) / it.h);
-    if (fitK >= 0.55) return fitRect(it.x, it.y, it.w, it.h, 1.25);
-    const k = 0.8;
-    return { k, x: cssW / 2 - (it.x + it.w / 2) * k, y: 20 - it.y * k };
+    if (fitK >= READ_K) return fitRect(it.x, it.y, it.w, it.h, 1.25);
+    const k = Math.max(READ_K, Math.min(1, (cssW - 40) / it.w));
+    const x = it.w * k <= cssW - 40 ? cssW / 2 - (it.x + it.w / 2) * k : 20 - it.x * k;
+    return { k, x, y: 20 - it.y * k };
   }
-  function centerOn(it, minK) {
-    const k = Math.max(view.k, minK || 0.9);
+  function centerOn(it, minK, exact) {
+    const k = exact ? minK : Math.max(view.k, minK || 0.9);
     return { k, x: cssW / 2 - (it.x + it.cw / 2) * k, y: cssH / 2 - (it.y + it.h / 2) * k };
   }
 
@@ -911,16 +963,26 @@
   }
   function expandAll() {
     expanded.fill(1); unfolded.fill(1);
-    return refresh(() => fit());
+    return refresh(() => firstView());
   }
   function collapseAll() {
     expanded.fill(0); unfolded.fill(0); expanded[0] = 1;
-    return refresh(() => fit());
+    return refresh(() => firstView());
   }
 
   // ------------------------------------------------------------------ selection and details
+  function clearSelection(gone) {
+    selected = -1; related = null; toggles.pathOnly = false;
+    $("path-only").disabled = true; syncToggles();
+    if (gone) {
+      detailsEl.textContent = "";
+      const p = document.createElement("p");
+      p.textContent = "The selection is no longer drawn (a module around it was closed): click a node.";
+      detailsEl.appendChild(p);
+    }
+  }
   function updateRelated() {
-    if (!scene || selected < 0 || !scene.items.has(selected)) { related = null; return; }
+    if (!scene || selected < 0 || !scene.items.has(selected) || scene.items.get(selected).open) { related = null; return; }
     const walk = (map) => {
       const seen = new Set(), todo = [selected];
       while (todo.length) for (const nxt of map.get(todo.pop()) || []) if (!seen.has(nxt)) { seen.add(nxt); todo.push(nxt); }
@@ -929,8 +991,12 @@
     related = { up: walk(scene.adj.up), down: walk(scene.adj.down) };
     $("path-only").disabled = false;
   }
+  function openPanel() { // a selection shows its details: in a frame the folded panel opens
+    if (!toggles.panel && embedded && !panelChosen) { toggles.panel = true; syncToggles(); }
+  }
   function selectItem(key, opts) {
     selected = key;
+    openPanel();
     updateRelated();
     showDetails(key);
     if (opts && opts.center && scene && scene.items.has(key)) return animateTo(centerOn(scene.items.get(key)), 200);
@@ -1020,6 +1086,7 @@
     const t = section(c.kind === "f" ? "repeated layers" : c.kind === "k" ? "part of a long run" : "module");
     row(t, "kind", { m: "module", f: "fold (identical consecutive layers)", k: "chunk", r: "model" }[c.kind]);
     if (c.kind !== "k") row(t, "module", c.path || "(root)");
+    else row(t, "nodes from … to", c.range);
     if (c.cls) row(t, "class", c.cls);
     if (c.kind === "f") row(t, "members", c.members.length + " (" + C[c.members[0]].label + " … " + C[c.members[c.members.length - 1]].label + ")");
     row(t, "nodes", String(c.count));
@@ -1044,14 +1111,17 @@
     if (searchText[i] === undefined) searchText[i] = (nodeName[i] + " " + modulePathOf(i) + " " + nodeId[i]).toLowerCase();
     return searchText[i];
   }
+  let searchError = null; // the message of an invalid /regex/, else null
   function findNodes(text) {
     const q = (text || "").trim();
+    searchError = null;
     if (!q) return [];
     let test;
     const re = /^\/(.+)\/([a-z]*)$/.exec(q);
     if (re) {
       let rx;
-      try { rx = new RegExp(re[1], re[2].includes("i") ? re[2] : re[2] + "i"); } catch (err) { return []; }
+      try { rx = new RegExp(re[1], re[2].includes("i") ? re[2] : re[2] + "i"); }
+      catch (err) { searchError = "invalid regex " + q + ": " + (err && err.message ? err.message : err); return []; }
       test = (i) => rx.test(nodeName[i] + " " + modulePathOf(i) + " " + nodeId[i]);
     } else {
       const words = q.toLowerCase().split(/\s+/);
@@ -1061,11 +1131,17 @@
     for (let i = 0; i < N; i++) if (test(i)) out.push(i);
     return out;
   }
-  function showResults(found) {
-    resultsEl.textContent = "";
+  let lastFound = [];
+  function markMatches(found) {
     matches = new Set();
     for (const i of found.slice(0, 2000)) { const v = scene ? visOf(i) : i; matches.add(v); }
+  }
+  function showResults(found) {
+    resultsEl.textContent = "";
+    lastFound = found;
+    markMatches(found);
     const frag = document.createDocumentFragment();
+    if (searchError) { const li = document.createElement("li"); li.className = "error"; li.textContent = searchError; frag.appendChild(li); }
     for (const i of found.slice(0, 100)) {
       const li = document.createElement("li");
       li.textContent = nodeName[i] + "  " + (modulePathOf(i) || "") + "  " + nodeId[i];
@@ -1099,7 +1175,7 @@
     const found = findNodes(searchEl.value);
     showResults(found);
     if (found.length) selectNode(found[0]);
-    else detailsEl.textContent = "No node matches " + JSON.stringify(searchEl.value) + ".";
+    else detailsEl.textContent = searchError ? searchError[0].toUpperCase() + searchError.slice(1) + "." : "No node matches " + JSON.stringify(searchEl.value) + ".";
   });
 
   // ------------------------------------------------------------------ pointer input
@@ -1142,7 +1218,7 @@
     if (wasDrag || ev.target !== canvas) return;
     const [wx, wy] = toWorld(ev);
     const h = hit(wx, wy);
-    if (!h) { selected = -1; related = null; $("path-only").disabled = true; toggles.pathOnly = false; syncToggles(); requestDraw(); return; }
+    if (!h) { clearSelection(false); requestDraw(); return; }
     if (h.item) activate(h.item);
     else { selected = h.title.key; showContainer(h.title.key - BOX); collapseContainer(h.title.key - BOX); }
   });
@@ -1212,7 +1288,7 @@
     else if (ev.key === "Backspace" && selected >= 0 && scene) {
       const it = scene.items.get(selected);
       if (it && it.parent > 0) { ev.preventDefault(); const j = it.parent; selected = BOX + j; collapseContainer(j); }
-    } else if (ev.key === "Escape") { selected = -1; related = null; toggles.pathOnly = false; syncToggles(); requestDraw(); }
+    } else if (ev.key === "Escape") { clearSelection(false); requestDraw(); }
     else if (ev.key === "/") { ev.preventDefault(); searchEl.focus(); }
     else if (ev.key === "f") fit();
     else if (ev.key === "+" || ev.key === "=") zoomBy(1.25);
@@ -1303,15 +1379,20 @@
 
   // ------------------------------------------------------------------ controls
   function syncToggles() {
-    for (const [id, key] of [["t-saved", "saved"], ["t-shapes", "shapes"], ["t-legend", "legend"], ["t-minimap", "minimap"], ["path-only", "pathOnly"]]) {
+    for (const [id, key] of [["t-saved", "saved"], ["t-shapes", "shapes"], ["t-legend", "legend"], ["t-minimap", "minimap"], ["path-only", "pathOnly"], ["t-panel", "panel"]]) {
       const b = $(id);
       b.setAttribute("aria-pressed", toggles[key] ? "true" : "false");
     }
     $("legend").hidden = !toggles.legend;
+    document.body.classList.toggle("folded", !toggles.panel);
+    document.body.classList.toggle("narrow", embedded || window.innerWidth < 1000);
     if (selected < 0) $("path-only").disabled = true;
   }
   function toggle(key, relayout) {
     toggles[key] = !toggles[key];
+    if (key === "legend" || key === "panel") keepPref(key, toggles[key]);
+    if (key === "panel") panelChosen = true;
+    if (key === "legend" && toggles.legend && !toggles.panel) { toggles.panel = true; keepPref("panel", true); }
     labelState++;
     syncToggles();
     if (relayout) {
@@ -1325,10 +1406,36 @@
   $("t-saved").addEventListener("click", () => toggle("saved", true));
   $("t-shapes").addEventListener("click", () => toggle("shapes", true));
   $("t-legend").addEventListener("click", () => toggle("legend", false));
+  $("t-panel").addEventListener("click", () => toggle("panel", false));
   $("t-minimap").addEventListener("click", () => toggle("minimap", false));
   $("path-only").addEventListener("click", () => { if (selected >= 0) toggle("pathOnly", false); });
   $("fit").addEventListener("click", fit);
-  $("expand-all").addEventListener("click", () => expandAll());
+  $("expand-all").addEventListener("click", () => askExpandAll());
+  // Past SMOOTH nodes, Expand all says what it will draw and how long that takes, and waits
+  // for a yes: drawing a million boxes is seconds of layout and a heap of a gigabyte.
+  const SMOOTH = 30000;
+  let asking = null;
+  function askExpandAll() {
+    if (N <= SMOOTH) return expandAll();
+    if (asking) return asking;
+    const perNode = Math.max(0.02, scene && scene.nodes.length ? layoutMs / scene.nodes.length : 0.05);
+    const secs = Math.max(1, Math.round((N * perNode) / 1000));
+    const box = document.createElement("div");
+    box.id = "ask";
+    box.textContent = "Expand all draws all " + N.toLocaleString("en") + " nodes: about " + secs +
+      " s of layout and much memory; search (/) or opening boxes one by one is lighter. ";
+    const yes = document.createElement("button"); yes.textContent = "Draw all " + N.toLocaleString("en");
+    const no = document.createElement("button"); no.textContent = "Cancel";
+    box.append(yes, " ", no);
+    noteEl.after(box);
+    box.style.cssText = "grid-row: 2; grid-column: 1 / 3; padding: 4px 10px; background: #fff3bf; font-size: 12px;";
+    asking = new Promise((resolve) => {
+      const done = (go) => { box.remove(); asking = null; resolve(go ? expandAll() : false); };
+      yes.addEventListener("click", () => done(true));
+      no.addEventListener("click", () => done(false));
+    });
+    return asking;
+  }
   $("collapse-all").addEventListener("click", () => collapseAll());
   $("export-png").addEventListener("click", exportPng);
   $("export-svg").addEventListener("click", () => download(new Blob([viewSvg()], { type: "image/svg+xml" }), "gradscope-view.svg"));
@@ -1408,6 +1515,7 @@
     expandAll: () => expandAll().then(() => undefined),
     collapseAll: () => collapseAll().then(() => undefined),
     search(text) { const found = findNodes(text); showResults(found); return found.map((i) => nodeId[i]); },
+    searchError: () => searchError,
     select(id) {
       const i = idIndex.get(id);
       if (i !== undefined) return selectNode(i).then(() => undefined);
@@ -1424,6 +1532,11 @@
     exportSvg: () => viewSvg(),
     stats: () => ({ readyMs, drawnMs, timings: T, phases, bounds: scene ? scene.bounds : null, layoutMs, jobs: lastLayoutJobs, drawMs: lastDrawMs, worker: !!worker, boxes: scene ? scene.nodes.length : 0, frames: scene ? scene.frames.length : 0, edges: scene ? scene.edges.length : 0 }),
     view: () => ({ ...view, width: cssW, height: cssH }),
+    // What is drawn, in page coordinates: boxes [key, x, y, w, h], edges {pts, label}.
+    geometry: () => (scene ? {
+      boxes: scene.nodes.map((it) => [it.key < N ? nodeId[it.key] : it.key < SUM ? "box:" + C[it.key - BOX].path : "sum:" + C[it.key - SUM].path, it.x, it.y, it.cw || it.w, it.h]),
+      edges: scene.edges.map((e) => ({ a: e.a, b: e.b, pts: e.pts, label: edgeLabel(e) })),
+    } : null),
     boxAt(id) { // where a node (or "box:path") is drawn now, in CSS pixels of the canvas
       let key = idIndex.get(id);
       if (key === undefined) { const j = findContainer(String(id).replace(/^box:/, "")); key = j < 0 ? -1 : BOX + j; }
