@@ -240,10 +240,12 @@ def tree(
 
 # Commands that live in their own modules register themselves on the app.
 from gradscope_cli import check as _check_command  # noqa: E402
+from gradscope_cli import diff as _diff_command  # noqa: E402
 from gradscope_cli import report as _report_command  # noqa: E402
 
 _report_command.register(app)
 _check_command.register(app)
+_diff_command.register(app)
 
 
 def _usage_line(exc: click.UsageError) -> str:

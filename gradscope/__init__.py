@@ -139,6 +139,8 @@ _LAZY = {
     "LeakCheck": ".capture.memory",
     "Leak": ".model.memory",
     "LeakStep": ".model.memory",
+    "diff": ".model.diff",
+    "GraphDiff": ".model.diff",
 }
 
 
@@ -172,6 +174,7 @@ __all__ = [
     "GradStat",
     "GradscopeError",
     "Graph",
+    "GraphDiff",
     "GraphLeakWarning",
     "GraphvizNotFoundError",
     "LayoutError",
@@ -206,6 +209,7 @@ __all__ = [
     "auto_depth",
     "check",
     "collapse",
+    "diff",
     "dot_binary",
     "explain",
     "fold",

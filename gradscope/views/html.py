@@ -125,6 +125,16 @@ def _asset(name: str) -> str:
     return text.replace("</script", "<\\/script") if name.endswith(".js") else text
 
 
+@dataclass
+class DiffMarks:
+    """What a diff page colours: node id -> ``added``/``removed``/``changed``, edge index ->
+    gradient-norm ratio b/a, and the diff's one-line summary."""
+
+    marks: dict[str, str]
+    ratios: dict[int, float]
+    summary: str
+
+
 # ---------------------------------------------------------------------- containers
 @dataclass
 class _Container:
@@ -528,8 +538,11 @@ def graph_data(
     notes: dict[str, str] | None = None,
     root: str | Path | None = None,
     budget: int = BUDGET,
+    diff: DiffMarks | None = None,
 ) -> dict[str, Any]:
-    """The JSON the page embeds (version 2: compact arrays, see ``viewer.js``)."""
+    """The JSON the page embeds (version 2: compact rows named by ``FIELDS``, see
+    ``viewer.js``); ``diff`` colours a diff of two graphs (``views.diff``)."""
+    marks = diff.marks if diff is not None else None
     b = _Builder(graph, fold)
     root_dir = None if root is None else str(root)
     shapes = _output_shapes(graph, b.index)
@@ -540,6 +553,8 @@ def graph_data(
         cpath = b.containers[cidx].path
         info = _node_info(n, b.paths[n.id], cpath, shapes[i],
                           notes.get(n.id) if notes else None, root_dir)
+        if marks and n.id in marks:
+            info["diff"] = marks[n.id]
         nodes.append(_row("nodes", {
             "id": n.id, "name": n.name, "kind": KINDS.index(n.kind) if n.kind in KINDS else 0,
             "container": cidx, "info": info or None,
@@ -581,6 +596,9 @@ def graph_data(
         "fields": {k: list(v) for k, v in FIELDS.items()},
         "kinds": list(KINDS),
         "edge_kinds": list(EDGE_KINDS),
+        "diff": None if diff is None else {
+            "summary": diff.summary,
+            "ratios": sorted([k, _json_float(r)] for k, r in diff.ratios.items())},
     }
 
 
@@ -595,6 +613,7 @@ def to_html(
     notes: dict[str, str] | None = None,
     root: str | Path | None = None,
     max_nodes: int = BUDGET,
+    diff: DiffMarks | None = None,
 ) -> str:
     """One self-contained HTML page showing ``graph`` interactively (works offline).
 
@@ -610,6 +629,7 @@ def to_html(
         root: the model file's folder: forward-line locations are shown relative to it.
         max_nodes: without ``depth`` or ``full``, open modules breadth-first while the first
             view has at most this many boxes.
+        diff: a diff page's marks and norm ratios (``views.diff.diff_page`` fills it).
 
     Returns:
         The page as a string; write it to a ``.html`` file (``Graph.save("g.html")``).
@@ -622,7 +642,7 @@ def to_html(
         True
     """
     data = graph_data(graph, depth=depth, full=full, fold=fold, saved=saved, notes=notes,
-                      root=root, budget=max_nodes)
+                      root=root, budget=max_nodes, diff=diff)
     # Nodes and edges go in blocks of PART rows, each parsed in its own task by the page, so
     # no single JSON.parse of a 100,000-node graph holds the main thread.
     parts = []

@@ -29,6 +29,11 @@
   const idIndex = new Map();
   const eSrc = new Int32Array(E), eDst = new Int32Array(E), eNr = new Int32Array(E);
   const eView = new Uint8Array(E), eCount = new Int32Array(E), eNorm = new Array(E);
+  // a diff page (views/diff.py): node marks in their info, gradient-norm ratios b/a by edge
+  const DIFF = D.diff || null;
+  let hasSavedEdges = false; // a compiled region's saved-activation links: in the legend
+  const eRatio = new Map(DIFF ? DIFF.ratios : []);
+  const DIFF_COLORS = { added: "#8ce99a", removed: "#ff8787", changed: "#ffd43b" };
   const tick = () => new Promise((r) => setTimeout(r, 0)); // lets timers, input and paint run
   async function loadParts() {
     // the blocks follow this script: the HTML parser reads them in its own slices of time
@@ -56,6 +61,9 @@
         }
       }
     }
+    const savedKind = D.edge_kinds.indexOf("saved");
+    for (let q = 0; q < E && !hasSavedEdges; q++) hasSavedEdges = eView[q] === savedKind;
+    if (hasSavedEdges) buildLegend();
     if (i !== N || k !== E) throw new Error("the page's data is incomplete: " + i + " of " + N + " nodes, " + k + " of " + E + " edges");
     for (let n = 0; n < N; n++) C[nodeC[n]].nodes.push(n);
   }
@@ -280,8 +288,8 @@
       if (a === b) continue;
       const id = a * 4294967296 + b;
       const m = merged.get(id);
-      if (m) { m.count += eCount[k]; m.norm = null; m.view = m.view && eView[k]; m.edges.push(k); }
-      else merged.set(id, { a, b, count: eCount[k], norm: eNorm[k], view: !!eView[k], edges: [k] });
+      if (m) { m.count += eCount[k]; m.norm = null; m.ratio = null; m.view = m.view && eView[k]; m.edges.push(k); }
+      else merged.set(id, { a, b, count: eCount[k], norm: eNorm[k], view: !!eView[k], edges: [k], ratio: eRatio.has(k) ? eRatio.get(k) : null });
     }
     const level = new Int32Array(M); // depth of each open container in the drawn tree
     for (const j of open) level[j] = j === 0 ? 0 : level[drawnParent[j]] + 1;
@@ -532,11 +540,17 @@
     return NORM[NORM.length - 2];
   }
   function normColor(norm) { const b = normBand(norm); return b ? b[2] : null; }
+  function ratioColor(r) { // a diff's norm ratio: grown over 2x red, shrunk under 0.5x blue
+    if (r === null || r === undefined) return null;
+    if (typeof r === "string" || !isFinite(r)) return "#c92a2a";
+    return r > 2 ? "#c92a2a" : r < 0.5 ? "#1864ab" : "#495057";
+  }
   function fillOf(it) {
     const key = it.key;
     if (key >= SUM) return COLORS.folded;
     if (key >= BOX) return C[key - BOX].kind === "f" ? COLORS.folded : COLORS.module;
     const kind = KINDS[nodeKind[key]], info = nodeInfo[key] || {};
+    if (info.diff) return DIFF_COLORS[info.diff];
     if (info.bad) return info.first ? COLORS.bad : COLORS.bad_other;
     if (info.fwd) return COLORS.bad_other;
     if (kind === "module") return info.box && info.box[3] ? COLORS.folded : COLORS.module;
@@ -598,7 +612,7 @@
       c.setLineDash([]);
       if (arrows) arrowHead(c, e.pts, 6 / Math.max(v.k, 0.6));
       const lab = text ? edgeLabel(e) : null;
-      if (lab) { c.fillStyle = col || "#555"; c.fillText(lab.text, lab.x, lab.y + lab.h - 2); }
+      if (lab) { c.fillStyle = ratioColor(e.ratio) || col || "#555"; c.fillText(lab.text, lab.x, lab.y + lab.h - 2); }
       c.globalAlpha = 1;
     }
     // boxes
@@ -654,10 +668,16 @@
     }
   }
   // An edge's label (merged count, gradient norm): its text and box in page coordinates.
+  function fmtRatio(r) {
+    if (r === "nan" || r === "inf" || r === "-inf") return "‖∇‖ b/a " + r;
+    return "‖∇‖ b/a " + (r >= 100 || r < 0.01 ? r.toExponential(1) : r.toPrecision(3));
+  }
   function edgeLabel(e) {
-    if (!(e.count > 1 || e.norm !== null)) return null;
+    const ratio = e.ratio !== null && e.ratio !== undefined && (typeof e.ratio !== "number" || Math.abs(Math.log(e.ratio)) > 0.01);
+    if (!(e.count > 1 || e.norm !== null || ratio)) return null;
     const n = e.pts.length >> 2 << 1;
-    const text = ((e.count > 1 ? "×" + e.count + " " : "") + (e.norm !== null ? fmtNorm(e.norm) : "")).trim();
+    const text = ratio ? fmtRatio(e.ratio)
+      : ((e.count > 1 ? "×" + e.count + " " : "") + (e.norm !== null ? fmtNorm(e.norm) : "")).trim();
     return { text, x: e.pts[n] + 4, y: e.pts[n + 1] - LH + 2, w: CW * text.length, h: LH };
   }
   function curve(c, p) {
@@ -811,6 +831,7 @@
     let hidden = false;
     for (let j = 1; j < M && !hidden; j++) hidden = status[j] !== -1 || (C[j].kind === "f" && !unfolded[j]);
     const parts = [];
+    if (DIFF) parts.push("Diff a → b: " + DIFF.summary + ".");
     if (cropped) parts.push("Shown at a readable size, not whole: drag or use the minimap (bottom right) " +
       "for the rest; f fits it all (too small to read).");
     if (hidden) parts.push("Some modules are closed: click a box to open it, a ×N " +
@@ -1361,6 +1382,7 @@
       sw(COLORS.module, "module: click to open", "box"), sw(COLORS.folded, "repeats: one drawn", "box"),
       `<div class="row"><span class="sw frame"></span>open module: title closes</div>`,
       `<div class="row"><span class="ln dotted"></span>view → its base</div>`,
+      ...(hasSavedEdges ? [`<div class="row"><span class="ln dotted"></span>saved activation (compiled)</div>`] : []),
       `<div class="row"><span class="ln"></span><span class="cnt">×3</span> merged edges</div>`];
     if (OPT.backward) {
       parts.push(sw(COLORS.bad, "first NaN/Inf"), sw(COLORS.bad_other, "later NaN/Inf"),
@@ -1373,6 +1395,11 @@
         parts.push(`<div class="row"><span class="ln" style="border-top:2.5px solid ${color}"></span>${name}: ${range}</div>`);
         if (upper !== null) lower = upper;
       }
+    }
+    if (DIFF) {
+      parts.push("<b>Diff: a → b</b>", sw(DIFF_COLORS.added, "added in b"), sw(DIFF_COLORS.removed, "removed from a"),
+        sw(DIFF_COLORS.changed, "changed: shape, dtype, saved"),
+        `<div class="row wide"><span class="ln" style="border-top:2.5px solid #c92a2a"></span>‖∇‖ b/a over 2 (or NaN/Inf), <span style="color:#1864ab">under 0.5</span></div>`);
     }
     el.innerHTML = parts.join("");
   }
