@@ -31,7 +31,6 @@ def diff(
     """Compare two graphs saved as JSON: nodes added, removed and changed, and gradient-norm
     ratios where both were rendered with --backward."""
     import gradscope as gs  # here, not at import: `gradscope --help` stays light
-    from gradscope.views.diff import diff_page
     from gradscope_cli.main import fail, stderr, stdout
 
     graphs = []
@@ -60,9 +59,6 @@ def diff(
     if len(lines) > SHOWN:
         out.print(f"  ... and {len(lines) - SHOWN} more", markup=False)
     if output is not None:
-        from gradscope.model.files import write_atomic
-
-        page = diff_page(ga, gb, d, title=f"gradscope diff: {a.name} → {b.name}")
-        write_atomic(output, page)
+        d.save(output, title=f"gradscope diff: {a.name} → {b.name}")
         stderr().print(f"wrote {output}", markup=False)
     raise typer.Exit(0 if d.empty else 1)

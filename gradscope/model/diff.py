@@ -25,8 +25,10 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from .files import write_atomic
 from .nodes import Edge, GraphLike, Node, format_bytes, saved_bytes_of
 
 
@@ -72,6 +74,23 @@ class GraphDiff:
     removed_edges: list[int] = field(default_factory=list)  # indices into a.edges
     ratios: list[EdgeRatio] = field(default_factory=list)
     keys: dict[str, str] = field(default_factory=dict)  # "a:<id>" / "b:<id>" -> the node's key
+    a: GraphLike | None = field(default=None, repr=False, compare=False)  # the graphs compared
+    b: GraphLike | None = field(default=None, repr=False, compare=False)
+
+    def to_html(self, **options: Any) -> str:
+        """The diff page (``gradscope.views.diff.diff_page``): the union graph in the viewer,
+        added nodes green, removed red, changed yellow, norm ratios on the edges."""
+        from .formats import renderer
+
+        return str(renderer("diff_html")(self.a, self.b, self, **options))
+
+    def save(self, path: str | Path, **options: Any) -> Path:
+        """Write the diff page atomically (``to_html``'s options).
+
+        Raises:
+            OutputError: the file could not be written (the previous one is unchanged).
+        """
+        return write_atomic(path, self.to_html(**options))
 
     @property
     def empty(self) -> bool:
@@ -173,7 +192,7 @@ def diff(a: GraphLike, b: GraphLike) -> GraphDiff:
     ka, kb = node_keys(a), node_keys(b)
     by_key_b = {k: nid for nid, k in kb.items()}
     by_key_a = {k: nid for nid, k in ka.items()}
-    out = GraphDiff()
+    out = GraphDiff(a=a, b=b)
     out.keys = {"a:" + i: k for i, k in ka.items()} | {"b:" + i: k for i, k in kb.items()}
     nodes_b = {n.id: n for n in b.nodes}
     for n in a.nodes:

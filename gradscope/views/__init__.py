@@ -8,4 +8,4 @@ HTML page, then the Graphviz images.
 from __future__ import annotations
 
 from . import dot, json_text, html, graphviz  # noqa: F401  (formats, in gs.FORMATS order)
-from . import check, explain, memory, monitor, tree  # noqa: F401  (record renderers)
+from . import check, diff, explain, memory, monitor, tree  # noqa: F401  (record renderers)

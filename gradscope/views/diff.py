@@ -9,6 +9,7 @@ from typing import Any
 
 from ..model.diff import GraphDiff, diff, union
 from ..model.graph import Graph
+from ..model.formats import register_renderer
 from .html import DiffMarks, to_html
 
 
@@ -23,3 +24,6 @@ def diff_page(a: Graph, b: Graph, d: GraphDiff | None = None, *, title: str = "g
               if (r.src, r.dst, r.input_nr) in where}
     g = Graph(nodes=nodes, edges=edges, roots=roots)
     return to_html(g, title=title, diff=DiffMarks(marks, ratios, d.summary()), **options)
+
+
+register_renderer("diff_html", diff_page)

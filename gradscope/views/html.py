@@ -68,12 +68,18 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "edges": ("src", "dst", "input_nr", "kind", "count", "grad_norm"),
     "containers": ("path", "label", "cls", "kind", "parent", "depth", "count", "saved_bytes",
                    "members", "sum_count", "sum_bytes", "range"),
+    # lists inside a node's info: its saved tensors (s), tensor (t), module box, compiled region
+    "saved": ("name", "shape", "dtype", "nbytes", "storage", "freed"),
+    "tensor": ("name", "shape", "dtype", "device"),
+    "box": ("cls", "nodes", "saved_bytes", "repeat"),
+    "region": ("ops", "note"),
 }
 #: Defaults of the optional (trailing) fields, left out of a row when every later one is too.
 DEFAULTS: dict[str, dict[str, Any]] = {
     "nodes": {"info": None},
     "edges": {"input_nr": 0, "kind": 0, "count": 1, "grad_norm": None},
     "containers": {"members": None, "sum_count": 0, "sum_bytes": 0, "range": None},
+    "saved": {}, "tensor": {}, "box": {}, "region": {},
 }
 
 
@@ -426,7 +432,8 @@ def _json_float(x: float) -> float | str:
 
 
 def _saved(s: SavedTensor) -> list[Any]:
-    return [s.name, s.shape, s.dtype, s.nbytes, s.storage, 1 if s.freed else 0]
+    return _row("saved", {"name": s.name, "shape": s.shape, "dtype": s.dtype, "nbytes": s.nbytes,
+                          "storage": s.storage, "freed": 1 if s.freed else 0})
 
 
 #: The forward arguments behind ``next_functions`` slots of a few common ops, from their ATen
@@ -492,7 +499,8 @@ def _node_info(
         info["s"] = [_saved(s) for s in node.saved]
     t = node.tensor
     if t is not None:
-        info["t"] = [t.name, t.shape, t.dtype, t.device]
+        info["t"] = _row("tensor", {"name": t.name, "shape": t.shape, "dtype": t.dtype,
+                                    "device": t.device})
     attrs = attr_entries(node) if node.kind in ("op", "accumulate") else {}
     if node.kind == "custom":
         attrs = dict(node.attrs)
@@ -501,8 +509,10 @@ def _node_info(
         info["a"] = attrs
     if node.kind == "module":
         box = node.box
-        info["box"] = ([box.cls, box.nodes, box.saved_bytes, box.repeat or 0] if box is not None
-                       else ["", 1, node.saved_bytes, 0])
+        info["box"] = _row("box", {"cls": box.cls, "nodes": box.nodes,
+                                   "saved_bytes": box.saved_bytes, "repeat": box.repeat or 0}
+                           if box is not None else
+                           {"cls": "", "nodes": 1, "saved_bytes": node.saved_bytes, "repeat": 0})
     if node.order is not None:
         info["o"] = node.order
     bad = node.nonfinite
@@ -513,7 +523,7 @@ def _node_info(
     if node.forward_nonfinite:
         info["fwd"] = node.forward_nonfinite
     if node.compiled is not None:
-        info["region"] = [node.compiled.ops, node.compiled.note]
+        info["region"] = _row("region", {"ops": node.compiled.ops, "note": node.compiled.note})
     where = node.created_at
     if where:
         info["at"] = short_location(where, root)

@@ -14,6 +14,7 @@
   // The data contract (html.py FIELDS): each row is a list whose positions D.fields names.
   const fieldsOf = (table) => Object.fromEntries(D.fields[table].map((name, i) => [name, i]));
   const NF = fieldsOf("nodes"), EF = fieldsOf("edges"), CF = fieldsOf("containers");
+  const SF = fieldsOf("saved"), TF = fieldsOf("tensor"), BF = fieldsOf("box"), RF = fieldsOf("region");
   const PLAIN_EDGE = D.edge_kinds.indexOf("grad"); // other edge kinds are drawn dotted
   const $ = (id) => document.getElementById(id);
   const canvas = $("graph"), ctx = canvas.getContext("2d");
@@ -185,13 +186,14 @@
   function nodeLines(i) {
     const kind = KINDS[nodeKind[i]], info = nodeInfo[i] || {};
     if (kind === "leaf" || kind === "output") {
-      const lines = [leafLabel(i), info.t ? shapeText(info.t[1]) : ""];
+      const lines = [leafLabel(i)];
+      if (info.t) lines.push(shapeText(info.t[TF.shape]));
       if (info.mem) lines.push(info.mem);
       return lines;
     }
     if (kind === "module") {
-      const b = info.box || ["", 0, 0, 0];
-      return [nodeName[i], (b[0] ? b[0] + " · " : "") + b[1] + " nodes", "saved " + fmtBytes(b[2])];
+      const b = info.box || [];
+      return [nodeName[i], (b[BF.cls] ? b[BF.cls] + " · " : "") + (b[BF.nodes] || 0) + " nodes", "saved " + fmtBytes(b[BF.saved_bytes] || 0)];
     }
     const lines = [(info.o !== undefined ? "#" + info.o + " " : "") + nodeName[i]];
     if (kind === "custom") lines.push("(custom Function)");
@@ -229,8 +231,8 @@
     const info = nodeInfo[i];
     if (!toggles.saved || !info || !info.s || KINDS[nodeKind[i]] === "module") return null;
     return info.s.map((s) => {
-      const lines = [s[0], s[5] ? "freed" : shapeText(s[1])];
-      return { lines, w: 10 + CW * Math.max(...lines.map((l) => l.length)), freed: !!s[5] };
+      const lines = [s[SF.name], s[SF.freed] ? "freed" : shapeText(s[SF.shape])];
+      return { lines, w: 10 + CW * Math.max(...lines.map((l) => l.length)), freed: !!s[SF.freed] };
     });
   }
   function textWidth(lines) { return 12 + CW * Math.max(1, ...lines.map((l) => l.length)); }
@@ -553,7 +555,7 @@
     if (info.diff) return DIFF_COLORS[info.diff];
     if (info.bad) return info.first ? COLORS.bad : COLORS.bad_other;
     if (info.fwd) return COLORS.bad_other;
-    if (kind === "module") return info.box && info.box[3] ? COLORS.folded : COLORS.module;
+    if (kind === "module") return info.box && info.box[BF.repeat] ? COLORS.folded : COLORS.module;
     if (kind === "output" && info.base) return COLORS.base;
     return COLORS[kind] || COLORS.op;
   }
@@ -1057,12 +1059,12 @@
     let j = nodeC[i];
     while (j > 0 && C[j].kind !== "m") j = C[j].parent;
     if (j > 0 && C[j].cls) row(t, "class", C[j].cls);
-    if (info.t) { row(t, "shape", shapeText(info.t[1])); row(t, "dtype", info.t[2] + " on " + info.t[3]); }
+    if (info.t) { row(t, "shape", shapeText(info.t[TF.shape])); row(t, "dtype", info.t[TF.dtype] + " on " + info.t[TF.device]); }
     else if (info.sh) row(t, "output shape", shapeText(info.sh));
     if (info.o !== undefined) row(t, "backward order", "#" + info.o + " (0 ran first)");
     if (info.mem) row(t, "memory", info.mem);
-    if (info.box) { row(t, "class", info.box[0]); row(t, "nodes", String(info.box[1])); row(t, "saved", fmtBytes(info.box[2])); }
-    if (info.region) row(t, "torch.compile region", info.region[0] + " aten ops drawn" + (info.region[1] ? "; " + info.region[1] : ""));
+    if (info.box) { row(t, "class", info.box[BF.cls]); row(t, "nodes", String(info.box[BF.nodes])); row(t, "saved", fmtBytes(info.box[BF.saved_bytes])); }
+    if (info.region) row(t, "torch.compile region", info.region[RF.ops] + " aten ops drawn" + (info.region[RF.note] ? "; " + info.region[RF.note] : ""));
     if (info.fwd) {
       const f = section("non-finite forward", "bad");
       row(f, "forward output", info.fwd + ": the first op whose forward output was non-finite");
@@ -1073,7 +1075,7 @@
       if (info.at) row(b, "forward line", info.at);
     } else if (info.at) row(t, "forward line", info.at);
     if (info.s && info.s.length) {
-      const total = info.s.reduce((a, s) => a + (s[5] ? 0 : s[3]), 0);
+      const total = info.s.reduce((a, s) => a + (s[SF.freed] ? 0 : s[SF.nbytes]), 0);
       const st = section("saved tensors (" + fmtBytes(total) + ")", "saved");
       const head = document.createElement("tr");
       for (const h of ["name", "shape", "dtype", "bytes"]) { const th = document.createElement("th"); th.textContent = h; head.appendChild(th); }
@@ -1081,8 +1083,8 @@
       const LIMIT = 300;
       for (const s of info.s.slice(0, LIMIT)) {
         const tr = document.createElement("tr");
-        const bytes = s[5] ? "freed" : s[3] + " B (" + fmtBytes(s[3]) + ")";
-        for (const val of [s[0], shapeText(s[1]), s[2] || "", bytes]) { const td = document.createElement("td"); td.textContent = val; tr.appendChild(td); }
+        const bytes = s[SF.freed] ? "freed" : s[SF.nbytes] + " B (" + fmtBytes(s[SF.nbytes]) + ")";
+        for (const val of [s[SF.name], shapeText(s[SF.shape]), s[SF.dtype] || "", bytes]) { const td = document.createElement("td"); td.textContent = val; tr.appendChild(td); }
         st.appendChild(tr);
       }
       if (info.s.length > LIMIT) { const p = document.createElement("p"); p.textContent = "… and " + (info.s.length - LIMIT) + " more"; detailsEl.appendChild(p); }
