@@ -302,10 +302,12 @@ class _Builder:
     def _ops_label(self, idx: int) -> str:
         """A chunk's label: the ops it holds, most frequent first (at most three named), and
         how many nodes: ``MulBackward0, AddBackward0, TanhBackward0 ×47``."""
-        names = Counter(self.graph.nodes[i].name for i in self._all_nodes(idx))
+        inside = [self.graph.nodes[i] for i in self._all_nodes(idx)]
+        ops = [n for n in inside if n.kind in ("op", "custom", "module")] or inside
+        names = Counter(n.name for n in ops)
         top = [name for name, _ in names.most_common(3)]
         more = f" +{len(names) - 3} more" if len(names) > 3 else ""
-        total = sum(names.values())
+        total = len(inside)
         return f"{', '.join(top)}{more} ×{total}"
 
     def _ends(self, group: list[tuple[str, Any]]) -> tuple[str, str]:

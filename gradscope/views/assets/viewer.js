@@ -925,7 +925,9 @@
   }
   function centerOn(it, minK, exact) {
     const k = exact ? minK : Math.max(view.k, minK || 0.9);
-    return { k, x: cssW / 2 - (it.x + it.cw / 2) * k, y: cssH / 2 - (it.y + it.h / 2) * k };
+    const w = it.cw || it.w; // an open frame bigger than the view: its top left corner
+    return { k, x: w * k > cssW - 40 ? 20 - it.x * k : cssW / 2 - (it.x + w / 2) * k,
+             y: it.h * k > cssH - 40 ? 20 - it.y * k : cssH / 2 - (it.y + it.h / 2) * k };
   }
 
   // ------------------------------------------------------------------ expand and collapse
@@ -1545,13 +1547,15 @@
     collapseAll: () => collapseAll().then(() => undefined),
     search(text) { const found = findNodes(text); showResults(found); return found.map((i) => nodeId[i]); },
     searchError: () => searchError,
+    // what the drawing says now: the selection, whether the rest is dimmed, Path to output
+    state: () => ({ selected: api.selected(), dimmed: !!related, pathOnly: toggles.pathOnly, note: noteEl.textContent }),
     select(id) {
       const i = idIndex.get(id);
       if (i !== undefined) return selectNode(i).then(() => undefined);
       const j = findContainer(String(id).replace(/^box:/, ""));
       if (j < 0) return Promise.reject(new Error("no node " + JSON.stringify(id)));
       openTo(j);
-      return refresh((s) => { if (s.items.has(BOX + j)) { selected = BOX + j; view = centerOn(s.items.get(BOX + j), 0.9); } })
+      return refresh((s) => { if (s.items.has(BOX + j)) { selected = BOX + j; updateRelated(); view = centerOn(s.items.get(BOX + j), 0.9); } })
         .then(() => { showContainer(j); requestDraw(); });
     },
     details: () => detailsEl.innerText,
