@@ -348,6 +348,19 @@
         const a = Math.floor(rk / ROUTE) - 2, b = (rk % ROUTE) - 2;
         e.push(at(a), at(b));
       }
+      // The ports go above and below everything in the container (unseen edges from the IN
+      // port to every source and from every sink to the OUT port, after the routes): a route
+      // that leaves the container then never crosses the boxes under its port.
+      if (port[0] >= 0 || port[1] >= 0) {
+        const hasIn = new Uint8Array(w.length), hasOut = new Uint8Array(w.length);
+        for (let q = 0; q < e.length; q += 2) { hasOut[e[q]] = 1; hasIn[e[q + 1]] = 1; }
+        const n = e.length;
+        for (let i = 0; i < keys.length; i++) {
+          if (port[0] >= 0 && !hasIn[i]) e.push(port[0], i);
+          if (port[1] >= 0 && !hasOut[i]) e.push(i, port[1]);
+        }
+        if (port[0] >= 0 && port[1] >= 0 && e.length === n) e.push(port[0], port[1]);
+      }
       jobOf.set(j, jobs.length);
       jobs.push({ w, h, c, e, pad: PAD, key: j });
     }
@@ -451,6 +464,7 @@
     const s = { items: view.items, nodes, frames, edges, bounds, view };
     s.grid = makeGrid(s);
     s.adj = adjacency(s);
+    placeLabels(s);
     return s;
   }
   function containerLevel(j) { return C[j].level; }
@@ -654,7 +668,8 @@
       let x = it.x + it.cw + 6;
       const y = it.y + 1;
       c.strokeStyle = "#666"; c.lineWidth = lw;
-      c.beginPath(); c.moveTo(it.x + it.cw, it.y + it.h / 2); c.lineTo(x, it.y + it.h / 2); c.stroke();
+      const cy = y + 1 + LH; // the middle of the saved boxes, whatever the node's height
+      c.beginPath(); c.moveTo(it.x + it.cw, cy); c.lineTo(x, cy); c.stroke();
       for (const s of it.saved) {
         c.fillStyle = s.freed ? COLORS.freed : COLORS.saved;
         c.fillRect(x, y, s.w, 2 + LH * 2);
@@ -669,19 +684,58 @@
       }
     }
   }
-  // An edge's label (merged count, gradient norm): its text and box in page coordinates.
   function fmtRatio(r) {
     if (r === "nan" || r === "inf" || r === "-inf") return "‖∇‖ b/a " + r;
     return "‖∇‖ b/a " + (r >= 100 || r < 0.01 ? r.toExponential(1) : r.toPrecision(3));
   }
-  function edgeLabel(e) {
+  // Edge labels (merged count, gradient norm, a diff's ratio) go where they cover no box and no
+  // other label: the first free spot of a few along the edge (its middle, then towards its
+  // ends), right of it, then left; placed once per layout.
+  function labelText(e) {
     const ratio = e.ratio !== null && e.ratio !== undefined && (typeof e.ratio !== "number" || Math.abs(Math.log(e.ratio)) > 0.01);
-    if (!(e.count > 1 || e.norm !== null || ratio)) return null;
-    const n = e.pts.length >> 2 << 1;
-    const text = ratio ? fmtRatio(e.ratio)
-      : ((e.count > 1 ? "×" + e.count + " " : "") + (e.norm !== null ? fmtNorm(e.norm) : "")).trim();
-    return { text, x: e.pts[n] + 4, y: e.pts[n + 1] - LH + 2, w: CW * text.length, h: LH };
+    if (ratio) return fmtRatio(e.ratio);
+    if (!(e.count > 1 || e.norm !== null)) return "";
+    return ((e.count > 1 ? "×" + e.count + " " : "") + (e.norm !== null ? fmtNorm(e.norm) : "")).trim();
   }
+  function placeLabels(s) {
+    const taken = new Map(); // grid cell -> label boxes placed
+    const cells = (r, fn) => {
+      for (let cx = Math.floor(r.x / CELL); cx <= Math.floor((r.x + r.w) / CELL); cx++)
+        for (let cy = Math.floor(r.y / CELL); cy <= Math.floor((r.y + r.h) / CELL); cy++) if (fn(cx * 100003 + cy)) return true;
+      return false;
+    };
+    const over = (r, x, y, w, h) => r.x < x + w && x < r.x + r.w && r.y < y + h && y < r.y + r.h;
+    const hits = (r) => cells(r, (id) => {
+      const cell = s.grid.get(id);
+      if (cell) for (const it of cell.n) if (over(r, it.x, it.y, it.cw || it.w, it.h)) return true;
+      for (const o of taken.get(id) || []) if (over(r, o.x, o.y, o.w, o.h)) return true;
+      return false;
+    });
+    for (const e of s.edges) {
+      e.lab = null;
+      const text = labelText(e);
+      if (!text) continue;
+      const p = e.pts, w = CW * text.length + 2, h = LH, last = p.length / 2 - 1;
+      const at = (f) => {
+        if (p.length <= 4) return [p[0] + (p[2] - p[0]) * f, p[1] + (p[3] - p[1]) * f];
+        const n = Math.min(last, Math.max(0, Math.round(f * last)));
+        return [p[2 * n], p[2 * n + 1]];
+      };
+      let first = null;
+      for (const f of [0.5, 0.35, 0.65, 0.2, 0.8]) {
+        const [x, y] = at(f);
+        for (const r of [{ x: x + 4, y: y - h / 2, w, h }, { x: x - 4 - w, y: y - h / 2, w, h }]) {
+          if (!first) first = r;
+          if (!hits(r)) { e.lab = { text, ...r }; break; }
+        }
+        if (e.lab) break;
+      }
+      if (!e.lab) e.lab = { text, ...first, crowded: true };
+      const lab = e.lab;
+      cells(lab, (id) => { if (!taken.has(id)) taken.set(id, []); taken.get(id).push(lab); return false; });
+    }
+  }
+  function edgeLabel(e) { return e.lab || null; }
   function curve(c, p) {
     c.beginPath();
     c.moveTo(p[0], p[1]);
