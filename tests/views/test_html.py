@@ -635,3 +635,37 @@ def test_diff_page_colours_the_union(browser, tmp_path: Path) -> None:
     assert added == len(d.added) == 7
     assert "nodes added" in p.page.inner_text("#note")
     p.close()
+
+
+#: Overlaps in what is drawn: edges passing through a box that is not one of their ends (a
+#: sample every tenth of each segment), labels over labels, labels over boxes.
+OVERLAPS = """() => { const g = gradscope.geometry(); let through = 0, ll = 0, lb = 0;
+  const boxes = g.boxes;
+  const inside = (x, y, b) => x > b[1] + 1 && x < b[1] + b[3] - 1 && y > b[2] + 1 && y < b[2] + b[4] - 1;
+  for (const e of g.edges) { const hit = new Set(); const p = e.pts;
+    for (let q = 0; q + 3 < p.length; q += 2) for (let t = 0.1; t < 1; t += 0.1) {
+      const x = p[q] + (p[q + 2] - p[q]) * t, y = p[q + 1] + (p[q + 3] - p[q + 1]) * t;
+      boxes.forEach((b, i) => { if (inside(x, y, b)) hit.add(i); }); }
+    through += hit.size; }
+  const labels = g.edges.map((e) => e.label).filter((l) => l);
+  const ov = (a, b) => a.x < b.x + b.w && b.x < a.x + a.w && a.y < b.y + b.h && b.y < a.y + a.h;
+  labels.forEach((a, i) => { for (let j = i + 1; j < labels.length; j++) if (ov(a, labels[j])) ll++;
+    for (const b of boxes) if (ov(a, { x: b[1], y: b[2], w: b[3], h: b[4] })) lb++; });
+  return { through, labels: labels.length, label_label: ll, label_box: lb }; }"""
+
+
+def test_edges_and_labels_keep_clear_of_boxes(browser, tmp_path: Path) -> None:
+    """The cnn sample's edges pass through no box (13 did: routes left a module from a port
+    in the middle of it); on a --backward page no norm label covers a box or another label."""
+    p = Page(browser, traced("cnn.py")[0].save(tmp_path / "cnn.html"))
+    assert p.js(OVERLAPS)["through"] == 0
+    p.close()
+    fwd = gs.load_model_file(SAMPLES / "transformer.py").forward()
+    loss = fwd.outputs.pow(2).mean()
+    with gs.record_backward(loss, model=fwd.model) as rec:
+        loss.backward()
+    p = Page(browser, rec.graph.save(tmp_path / "bw.html", full=True))
+    got = p.js(OVERLAPS)
+    assert got["labels"] >= len(rec.graph.edges) - 5, got  # every edge carries its norm
+    assert got["label_label"] == 0 and got["label_box"] == 0, got
+    p.close()
