@@ -23,7 +23,9 @@ def diff_page(a: Graph, b: Graph, d: GraphDiff | None = None, *, title: str = "g
     ratios = {where[(r.src, r.dst, r.input_nr)]: r.ratio for r in d.ratios
               if (r.src, r.dst, r.input_nr) in where}
     g = Graph(nodes=nodes, edges=edges, roots=roots)
-    return to_html(g, title=title, diff=DiffMarks(marks, ratios, d.summary()), **options)
+    changed = {k: "added" for k in d.added_edges}  # b's edges come first in the union
+    changed |= {len(b.edges) + n: "removed" for n in range(len(d.removed_edges))}
+    return to_html(g, title=title, diff=DiffMarks(marks, ratios, d.summary(), changed), **options)
 
 
 register_renderer("diff_html", diff_page)

@@ -134,11 +134,12 @@ def _asset(name: str) -> str:
 @dataclass
 class DiffMarks:
     """What a diff page colours: node id -> ``added``/``removed``/``changed``, edge index ->
-    gradient-norm ratio b/a, and the diff's one-line summary."""
+    gradient-norm ratio b/a, the diff's one-line summary, and edge index -> ``added``/``removed``."""
 
     marks: dict[str, str]
     ratios: dict[int, float]
     summary: str
+    edges: dict[int, str] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------- containers
@@ -610,7 +611,8 @@ def graph_data(
         "edge_kinds": list(EDGE_KINDS),
         "diff": None if diff is None else {
             "summary": diff.summary,
-            "ratios": sorted([k, _json_float(r)] for k, r in diff.ratios.items())},
+            "ratios": sorted([k, _json_float(r)] for k, r in diff.ratios.items()),
+            "edges": sorted([k, m] for k, m in diff.edges.items())},
     }
 
 

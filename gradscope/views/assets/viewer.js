@@ -34,7 +34,9 @@
   const DIFF = D.diff || null;
   let hasSavedEdges = false; // a compiled region's saved-activation links: in the legend
   const eRatio = new Map(DIFF ? DIFF.ratios : []);
+  const eDiff = new Map(DIFF ? DIFF.edges : []); // edge index -> "added" / "removed"
   const DIFF_COLORS = { added: "#8ce99a", removed: "#ff8787", changed: "#ffd43b" };
+  const DIFF_EDGES = { added: "#2b8a3e", removed: "#e03131" };
   const tick = () => new Promise((r) => setTimeout(r, 0)); // lets timers, input and paint run
   async function loadParts() {
     // the blocks follow this script: the HTML parser reads them in its own slices of time
@@ -290,8 +292,8 @@
       if (a === b) continue;
       const id = a * 4294967296 + b;
       const m = merged.get(id);
-      if (m) { m.count += eCount[k]; m.norm = null; m.ratio = null; m.view = m.view && eView[k]; m.edges.push(k); }
-      else merged.set(id, { a, b, count: eCount[k], norm: eNorm[k], view: !!eView[k], edges: [k], ratio: eRatio.has(k) ? eRatio.get(k) : null });
+      if (m) { m.count += eCount[k]; m.norm = null; m.ratio = null; m.view = m.view && eView[k]; m.edges.push(k); if (m.diff !== eDiff.get(k)) m.diff = null; }
+      else merged.set(id, { a, b, count: eCount[k], norm: eNorm[k], view: !!eView[k], edges: [k], ratio: eRatio.has(k) ? eRatio.get(k) : null, diff: eDiff.get(k) || null });
     }
     const level = new Int32Array(M); // depth of each open container in the drawn tree
     for (const j of open) level[j] = j === 0 ? 0 : level[drawnParent[j]] + 1;
@@ -614,7 +616,7 @@
     const arrows = v.k > 0.25;
     for (const e of q.e) {
       if (edgeHidden(e)) continue;
-      const col = normColor(e.norm);
+      const col = DIFF ? (e.diff ? DIFF_EDGES[e.diff] : ratioColor(e.ratio)) : normColor(e.norm); // a diff: b/a
       // the selection's inputs (upstream) and its path to the output (downstream) stay bright and
       // thick in their own colours (a norm's colour is never replaced); every other edge fades
       const on = related && (e.b === selected || related.up.has(e.b)) && (e.a === selected || related.up.has(e.a));
@@ -936,7 +938,13 @@
   }
   function focusKey() {
     if (selected >= 0) return selected;
-    return D.first >= 0 && scene ? visOf(D.first) : -1;
+    if (D.first >= 0 && scene) return visOf(D.first);
+    if (DIFF && scene) { // a diff: the change drawn highest
+      let best = null;
+      for (const it of scene.nodes) if (it.key < N && nodeInfo[it.key] && nodeInfo[it.key].diff && (!best || it.y < best.y)) best = it;
+      if (best) return best.key;
+    }
+    return -1;
   }
   function firstView() {
     if (!scene) return;
@@ -1442,7 +1450,7 @@
       `<div class="row"><span class="ln dotted"></span>view → its base</div>`,
       ...(hasSavedEdges ? [`<div class="row"><span class="ln dotted"></span>saved activation (compiled)</div>`] : []),
       `<div class="row"><span class="ln"></span><span class="cnt">×3</span> merged edges</div>`];
-    if (OPT.backward) {
+    if (OPT.backward && !DIFF) {
       parts.push(sw(COLORS.bad, "first NaN/Inf"), sw(COLORS.bad_other, "later NaN/Inf"),
         `<div class="row">#N: backward order</div>`,
         `<div class="row wide">edge colour: ‖∇‖ of the gradient along it (as in SVG and tree)</div>`);
@@ -1457,6 +1465,8 @@
     if (DIFF) {
       parts.push("<b>Diff: a → b</b>", sw(DIFF_COLORS.added, "added in b"), sw(DIFF_COLORS.removed, "removed from a"),
         sw(DIFF_COLORS.changed, "changed: shape, dtype, saved"),
+        `<div class="row"><span class="ln" style="border-top:2.5px solid ${DIFF_EDGES.added}"></span>edge added</div>`,
+        `<div class="row"><span class="ln" style="border-top:2.5px solid ${DIFF_EDGES.removed}"></span>edge removed</div>`,
         `<div class="row wide"><span class="ln" style="border-top:2.5px solid #c92a2a"></span>‖∇‖ b/a over 2 (or NaN/Inf), <span style="color:#1864ab">under 0.5</span></div>`);
     }
     el.innerHTML = parts.join("");
