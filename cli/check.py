@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 import typer
 from rich.console import Console
 
@@ -23,12 +22,16 @@ _HINT = (
 
 
 def _is_checkable(obj: Any) -> bool:
+    import torch
+
     if isinstance(obj, type):
         return issubclass(obj, torch.autograd.Function)
     return callable(obj) and not isinstance(obj, torch.nn.Module)
 
 
 def _candidates(mf: gs.ModelFile) -> str:
+    import torch
+
     names = [
         n for n, v in vars(mf.module).items()
         if not n.startswith("_") and isinstance(v, type) and issubclass(v, torch.autograd.Function)
@@ -64,6 +67,8 @@ def load_inputs(mf: gs.ModelFile, name: str) -> tuple[Any, ...]:
             + _HINT.format(name=name)
         )
     value = mf.call(f"calling {label}()", source) if callable(source) else source
+    import torch
+
     if isinstance(value, torch.Tensor):
         return (value,)
     if isinstance(value, (tuple, list)) and not value:

@@ -31,7 +31,7 @@ def diff(
     """Compare two graphs saved as JSON: nodes added, removed and changed, and gradient-norm
     ratios where both were rendered with --backward."""
     import gradscope as gs  # here, not at import: `gradscope --help` stays light
-    from gradscope_cli.main import fail, stderr, stdout
+    from gradscope_cli.common import fail, stderr, stdout
 
     graphs = []
     for path in (a, b):

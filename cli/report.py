@@ -15,14 +15,16 @@ import importlib.util
 import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import torch
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import gradscope as gs
+
+if TYPE_CHECKING:
+    import torch
 
 NONFINITE = ("nan", "inf", "forward_nonfinite")
 
@@ -71,6 +73,8 @@ def _pair(mf: gs.ModelFile, item: Any) -> tuple[Any, Any]:
 
 
 def _optimizer(mf: gs.ModelFile, model: torch.nn.Module) -> torch.optim.Optimizer:
+    import torch
+
     make = mf.get("optimizer")
     if make is None:
         return torch.optim.SGD(model.parameters(), lr=1e-2)
@@ -101,6 +105,8 @@ def _train_step(
     loss_fn: Callable[..., Any],
     batch: tuple[Any, Any],
 ) -> None:
+    import torch
+
     inputs, target = batch
     opt.zero_grad(set_to_none=True)
     out = mf.run_model(model, inputs)

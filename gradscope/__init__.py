@@ -21,7 +21,9 @@ Public surface (everything else lives in private ``_modules``)::
 The package has three layers, and data flows one way: ``gradscope.capture`` (touches torch)
 fills the plain data of ``gradscope.model``, which ``gradscope.views`` draws (no torch). The
 views register their output formats with the model when ``gradscope`` is imported. Heavier
-parts are imported on first use, so ``import gradscope`` stays cheap.
+parts are imported on first use, so ``import gradscope`` stays cheap: it imports no torch
+(``gradscope --help`` relies on it); the first name that needs torch (``trace``,
+``load_model_file``...) imports it.
 """
 
 from __future__ import annotations
@@ -29,10 +31,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from . import views as _views  # registers the output formats and renderers (no torch there)
-from .capture.loader import ModelFile, load_model_file
-from .capture.nest import iter_tensors
-from .capture.walk import trace
+from . import views as _views  # noqa: F401  (registers the output formats; no torch there)
 from .errors import (
     CheckInputError,
     ExplainInputError,
@@ -99,6 +98,7 @@ def make_dot(
         >>> "MulBackward0" in dot.source
         True
     """
+    from .capture.walk import trace
     from .views.torchviz import dot_from_graph
 
     # custom Functions' tensors are always drawn; a compiled region stays one node, as in torchviz
@@ -110,6 +110,10 @@ def make_dot(
 
 # name -> module that defines it, imported on first attribute access
 _LAZY = {
+    "trace": ".capture.walk",
+    "iter_tensors": ".capture.nest",
+    "ModelFile": ".capture.loader",
+    "load_model_file": ".capture.loader",
     "scopes": ".capture.scopes",
     "collapse": ".model.transforms",
     "fold": ".model.transforms",

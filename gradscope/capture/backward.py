@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -26,8 +25,8 @@ from ..model.graph import Graph, Node
 from . import regions as _regions
 from .forward import created_at
 from .handles import HookHandle
-from .stamps import FORWARD_NONFINITE_KEY
 from .nest import iter_tensors
+from .stamps import FORWARD_NONFINITE_KEY
 from .walk import _trace_with_ids
 
 #: Key under which ``torch.autograd.detect_anomaly`` keeps a node's forward stack.

@@ -15,14 +15,13 @@ gradients of the inputs``: ``input_index`` counts the inputs and then the grad_o
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
 from ..errors import CheckInputError
-from ..model.check import ORDER_NAME, CheckFailure, CheckResult, JacobianBlock
+from ..model.check import ORDER_NAME, CheckResult, JacobianBlock
 
 #: Jacobians are computed (and kept) only up to this many elements per input / output, and
 #: big ones are summarised by their worst element.

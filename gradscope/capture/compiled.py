@@ -154,8 +154,10 @@ def _quiet(on: bool) -> None:
         return
     _quiet_users = max(0, _quiet_users - 1)
     if _quiet_users == 0 and _quiet_item is not None:
+        filters = warnings.filters  # a list (typeshed declares a Sequence)
         try:
-            warnings.filters.remove(_quiet_item)
+            if isinstance(filters, list):
+                filters.remove(_quiet_item)
         except ValueError:  # someone restored the filter list (catch_warnings): already gone
             pass
         mutated = getattr(warnings, "_filters_mutated", None)
@@ -333,7 +335,7 @@ class SavedSlot:
     """An activation the region saved for backward (a placeholder of the backward graph)."""
 
     name: str
-    shape: list[int] | None
+    shape: list[int | None] | None
     dtype: str | None
 
 
@@ -540,9 +542,10 @@ def _tangent_slots(meta: Any) -> list[int]:
     return slots
 
 
-def _shape_dtype(node: Any) -> tuple[list[int] | None, str | None]:
+def _shape_dtype(node: Any) -> tuple[list[int | None] | None, str | None]:
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
+        shape: list[int | None] | None
         try:
             shape = [int(s) for s in val.shape]
         except (TypeError, ValueError):  # symbolic sizes

@@ -20,6 +20,7 @@ import linecache
 import os
 import sys
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import torch
@@ -191,7 +192,7 @@ class _ForwardMode(TorchFunctionMode):
         try:  # still off the stack: the checks' own torch calls are not the forward's
             if torch.is_grad_enabled():
                 # the region's node: the user's line that called the compiled module
-                frame = sys._getframe(1)
+                frame: FrameType | None = sys._getframe(1)
                 while frame is not None and frame.f_code.co_filename.startswith(_OWN_DIR):
                     frame = frame.f_back
                 tensors = list(_tensors(output))
@@ -223,7 +224,8 @@ class _ForwardMode(TorchFunctionMode):
                 # too, so that the next call does not take these nodes for its own
                 frame = _user_frame(sys._getframe(2) if frame is None else frame)
                 loc = None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
-            fn.metadata[CREATED_KEY] = loc
+            # torch's stub declares Node.metadata a method; it is a dict attribute
+            fn.metadata[CREATED_KEY] = loc  # type: ignore[index]
             if seq > self.last + 1:
                 self._stamp_below(fn, loc, seq - self.last - 1)
             self.last = max(self.last, seq)

@@ -22,7 +22,9 @@ class HookHandle:
         >>> import torch
         >>> lin = torch.nn.Linear(2, 2)
         >>> handle = HookHandle()
-        >>> handle.add(lin.register_forward_hook(lambda *a: None))
+        >>> hook = handle.add(lin.register_forward_hook(lambda *a: None))  # returns the hook
+        >>> len(lin._forward_hooks), len(handle)
+        (1, 1)
         >>> handle.remove(); handle.remove()     # idempotent
         >>> len(lin._forward_hooks)
         0

@@ -53,9 +53,9 @@ def _where(exc: BaseException, path: Path) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     target = str(path.resolve())
     inside = [f for f in frames if str(Path(f.filename).resolve()) == target]
-    frame = (inside or frames or [None])[-1]
-    if frame is None:
+    if not (inside or frames):
         return str(path)
+    frame = (inside or frames)[-1]
     return f"{frame.filename}:{frame.lineno}"
 
 

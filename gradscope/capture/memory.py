@@ -87,7 +87,8 @@ class _HooksGuard:
         self.pushed = False
 
     def push(self) -> None:
-        if not torch._C._autograd._saved_tensors_hooks_is_enabled():
+        # the C function exists; torch/_C/_autograd.pyi does not declare it
+        if not torch._C._autograd._saved_tensors_hooks_is_enabled():  # type: ignore[attr-defined]
             raise MemoryHooksError(
                 "saved-tensor hooks are disabled here (inside torch.compile or functorch?); "
                 "run the forward eagerly to measure saved memory"
@@ -451,7 +452,7 @@ class LeakCheck(_Listener):
         self._saved.setdefault(self._step, []).append((weakref.ref(payload), key, nbytes))
         fn = tensor.grad_fn
         if fn is not None:
-            meta = fn.metadata
+            meta: dict[Any, Any] = fn.metadata  # type: ignore[assignment]  # a dict, not a method
             if LEAK_KEY not in meta:  # a node of an earlier step keeps that step's token
                 meta[LEAK_KEY] = self._token
 

@@ -157,11 +157,11 @@ class _Builder:
             if ids[i] not in fed:
                 edges.append(Edge(node.id, ids[i], 0, "saved"))
         for e in outgoing:  # one edge per next_functions slot, as autograd holds them
-            ref = region.outputs[e.input_nr] if e.input_nr < len(region.outputs) else None
-            if ref is None:  # the graph returns no gradient there: the edge stays the node's
+            out = region.outputs[e.input_nr] if e.input_nr < len(region.outputs) else None
+            if out is None:  # the graph returns no gradient there: the edge stays the node's
                 edges.append(e)
             else:
-                src = ids[ref.index] if ref.kind == "op" else node.id
+                src = ids[out.index] if out.kind == "op" else node.id
                 edges.append(Edge(src, e.dst, e.input_nr))
         return edges
 

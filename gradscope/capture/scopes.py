@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import torch
@@ -65,7 +66,7 @@ class _Frame:
 
 def _on_stack(frame: Any) -> bool:
     """Whether the Python frame ``frame`` is still running (on the current thread's stack)."""
-    f = sys._getframe(1)
+    f: FrameType | None = sys._getframe(1)
     while f is not None:
         if f is frame:
             return True
@@ -79,7 +80,7 @@ _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 def _hook_caller() -> Any:
     """The frame that runs the global hooks (``Module._call_impl``): the first one outside
     gradscope (the hook may be reached through ``compiled.ModuleHooks``)."""
-    f = sys._getframe(2)
+    f: FrameType | None = sys._getframe(2)
     while f is not None and f.f_code.co_filename.startswith(_OWN_DIR):
         f = f.f_back
     return f

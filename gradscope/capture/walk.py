@@ -115,8 +115,8 @@ def _node_defaults() -> tuple[Any, ...]:
 
 
 def _load_cwalk() -> Any:
-    """The compiled walk (``gradscope/capture/_cwalk.c``), configured; None when the build skipped it
-    (no C compiler) or ``GRADSCOPE_PURE_PYTHON=1`` asks for the Python walker."""
+    """The compiled walk (``gradscope/capture/_cwalk.c``), configured; None when the build
+    skipped it (no C compiler) or ``GRADSCOPE_PURE_PYTHON=1`` asks for the Python walker."""
     if os.environ.get("GRADSCOPE_PURE_PYTHON", "") not in ("", "0"):
         return None
     try:
@@ -146,6 +146,7 @@ def _nbytes(t: torch.Tensor) -> int:
         return t.nbytes
     except RuntimeError:
         layout = t.layout
+        parts: tuple[torch.Tensor, ...]
         if layout == torch.sparse_coo:
             parts = (t._indices(), t._values())
         elif layout in (torch.sparse_csr, torch.sparse_bsr):
@@ -188,7 +189,7 @@ def _shape(t: torch.Tensor) -> list[int | None]:
     """``list(t.shape)``, also for nested tensors: a dimension without a single size (a ragged
     one) is None, the form the JSON schema documents (``null``) and renderers draw as ``*``."""
     try:
-        shape = list(t.shape)
+        shape: list[int | None] = list(t.shape)
     except RuntimeError:  # a strided nested tensor: "NestedTensorImpl doesn't support sizes"
         if not t.is_nested:
             raise
@@ -273,7 +274,7 @@ class _Walker:
     def tensor_info(self, t: torch.Tensor, name: str | None) -> TensorInfo:
         return TensorInfo(
             name=name,
-            shape=_shape(t),  # type: ignore[arg-type]
+            shape=_shape(t),
             dtype=_dtype_name(t.dtype),
             device="cpu" if t.is_cpu else str(t.device),
             # storage ids serve memory accounting, which needs saved tensors too
@@ -285,7 +286,7 @@ class _Walker:
         dtype = _DTYPE_NAMES.get(t.dtype) or _dtype_name(t.dtype)
         return SavedTensor(
             name,
-            _shape(t),  # type: ignore[arg-type]
+            _shape(t),
             dtype,
             "cpu" if t.is_cpu else str(t.device),
             _nbytes(t),
@@ -454,12 +455,12 @@ class _Walker:
             node.attrs[label] = str(val)
 
     @staticmethod
-    def saved_shape(fn: Any, name: str, index: int | None) -> list[int] | None:
+    def saved_shape(fn: Any, name: str, index: int | None) -> list[int | None] | None:
         """The shape torch keeps as `<name>_sym_sizes` (it survives backward), if any."""
         if index is not None:
             return None
         try:
-            return [_dim(s) for s in getattr(fn, f"{_SAVED}{name}_sym_sizes")]  # type: ignore[misc]
+            return [_dim(s) for s in getattr(fn, f"{_SAVED}{name}_sym_sizes")]
         except (AttributeError, RuntimeError, TypeError, ValueError):
             return None
 
@@ -599,9 +600,9 @@ def _trace_with_ids(
         if regions and _REGIONS_SEEN:
             from . import regions as _regions
 
-            found = _regions.find(walker.ids)
-            if found:
-                _regions.expand(graph, found, walker, model)
+            region_nodes = _regions.find(walker.ids)
+            if region_nodes:
+                _regions.expand(graph, region_nodes, walker, model)
         return graph, walker.ids
     finally:
         if pause_gc:

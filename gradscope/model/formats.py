@@ -122,7 +122,9 @@ def render_graph(graph: GraphLike, fmt: str, **options: Any) -> bytes:
     return spec.render(graph, **options)
 
 
-def save_graph(graph: GraphLike, path: str | Path, format: str | None = None, **options: Any) -> Path:
+def save_graph(
+    graph: GraphLike, path: str | Path, format: str | None = None, **options: Any
+) -> Path:
     """Write ``graph`` to ``path`` in ``format`` (default: from the suffix), atomically: the
     bytes go to a temporary file in the same folder, renamed over ``path`` once complete."""
     path = Path(path)

@@ -43,11 +43,10 @@ class Graph:
     """An autograd graph as plain data. Build one with ``gradscope.trace``.
 
     Example:
-        >>> import torch, gradscope as gs
-        >>> x = torch.ones(3, requires_grad=True)
-        >>> g = gs.trace((x * 2).sum(), params={"x": x})
-        >>> [n.name for n in g.nodes]
-        ['output', 'SumBackward0', 'MulBackward0', 'AccumulateGrad', 'x']
+        >>> g = Graph([Node("n0", "output", "output"), Node("n1", "SumBackward0", "op")],
+        ...           [Edge("n0", "n1")], roots=["n0"])
+        >>> g.node("n1").name, [e.dst for e in g.children()["n0"]]
+        ('SumBackward0', ['n1'])
     """
 
     nodes: list[Node] = field(default_factory=list)
@@ -92,12 +91,14 @@ class Graph:
         alias parameters/inputs and outputs (alive anyway), each storage counted once.
 
         Example:
-            >>> import torch, gradscope as gs
-            >>> w = torch.ones(256, requires_grad=True)
-            >>> line = gs.trace((w * w.exp()).sum()).summary()  # mul saves w, exp its result
-            >>> head, held = line.split(", 3 saved tensors holding ")
+            >>> w = TensorInfo("w", [256], "float32", "cpu", storage="s0")
+            >>> mul = Node("n1", "MulBackward0", "op", saved=[  # w * w.exp(): saves both
+            ...     SavedTensor("self", [256], "float32", "cpu", 1024, "s0"),
+            ...     SavedTensor("other", [256], "float32", "cpu", 1024, "s1")])
+            >>> g = Graph([mul, Node("n2", "w", "leaf", tensor=w)], [Edge("n1", "n2")])
+            >>> head, held = g.summary().split(", 2 saved tensors holding ")
             >>> head
-            '6 nodes (3 op, 1 accumulate, 1 leaf, 1 output), 6 edges'
+            '2 nodes (1 op, 1 leaf), 1 edges'
             >>> held
             '1.0 KiB activations + 1.0 KiB params/inputs'
         """

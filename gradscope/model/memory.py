@@ -102,9 +102,9 @@ class MemoryReport:
     activation: the graph does keep it alive. Buffers (BatchNorm's running statistics) too.
 
     Example:
-        >>> import torch, gradscope as gs
-        >>> x = torch.ones(4, requires_grad=True)
-        >>> gs.trace(x.exp().sum()).memory().total      # exp keeps its result: 4 float32
+        >>> from gradscope.model.graph import Graph, Node, SavedTensor
+        >>> result = SavedTensor("result", [4], "float32", "cpu", 16, "s0")  # 4 float32
+        >>> graph_memory(Graph([Node("n1", "ExpBackward0", "op", saved=[result])])).total
         16
     """
 
@@ -215,11 +215,12 @@ def graph_memory(graph: GraphLike) -> MemoryReport:
         The ``MemoryReport``; ``Graph.memory()`` returns the same.
 
     Example:
-        >>> import torch, gradscope as gs
-        >>> lin = torch.nn.Linear(3, 2)
-        >>> with gs.scopes(lin):
-        ...     out = lin(torch.randn(4, 3))
-        >>> rep = gs.trace(out.relu().sum(), model=lin).memory()
+        >>> from gradscope.model.graph import Edge, Graph, Node, SavedTensor
+        >>> x = SavedTensor("mat1", [4, 3], "float32", "cpu", 48, "s0")
+        >>> y = SavedTensor("result", [4, 2], "float32", "cpu", 32, "s1")
+        >>> relu = Node("n1", "ReluBackward0", "op", saved=[y])  # outside the model
+        >>> linear = Node("n2", "AddmmBackward0", "op", module="", saved=[x])  # the model
+        >>> rep = graph_memory(Graph([relu, linear], [Edge("n1", "n2")]))
         >>> rep.by_module    # Linear keeps its input; relu, outside the model, its result
         {'': 48, None: 32}
     """
@@ -243,8 +244,9 @@ def graph_memory(graph: GraphLike) -> MemoryReport:
             owner.setdefault(sid, node.id)
             savers[sid] = savers.get(sid, 0) + 1
     report = MemoryReport(freed=freed)
+    by_id = {n.id: n for n in graph.nodes}
     for sid, size in sizes.items():
-        node = graph.node(owner[sid])
+        node = by_id[owner[sid]]
         use = StorageUse(sid, size, aliases.get(sid, ACTIVATION), node.id, node.module, savers[sid])
         add_use(report, use)
         report.by_node[node.id] = report.by_node.get(node.id, 0) + size

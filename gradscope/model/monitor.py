@@ -6,6 +6,7 @@ kept, compared, pickled or written out long after the tensors are gone.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 #: the kinds an ``Alert`` can have, most severe first
@@ -43,7 +44,8 @@ class StepStats:
     step (non-finite gradients). ``scope``: None without ``torch.distributed``; ``"global"``
     when every rank reports the same global figures; ``"rank N"`` when they are this rank's own.
     ``measured_at``: ``"backward"`` (as the last backward left them) or ``"optimizer"`` (at
-    ``optimizer.step()``).
+    ``optimizer.step()``). ``forward_nonfinite``: with ``activations=True``, the module whose
+    output was the step's first non-finite forward value (None when all were finite).
     """
 
     step: int
@@ -54,6 +56,7 @@ class StepStats:
     skipped: bool = False
     scope: str | None = None
     measured_at: str = "backward"
+    forward_nonfinite: str | None = None
 
 
 @dataclass(frozen=True)
@@ -76,8 +79,53 @@ class Alert:
 
 
 @dataclass
+class DroppedSummary:
+    """What the logged steps that a bounded history dropped held: how many, from which step to
+    which, the largest finite total norm, the steps whose gradients were not finite or that
+    the GradScaler skipped, and per parameter the largest finite norm and the steps with
+    non-finite values in its gradient."""
+
+    steps: int = 0
+    first_step: int | None = None
+    last_step: int | None = None
+    max_total_norm: float | None = None
+    nonfinite_steps: int = 0
+    skipped_steps: int = 0
+    max_norm: dict[str, float] = field(default_factory=dict)
+    nonfinite: dict[str, int] = field(default_factory=dict)
+
+    def add(self, st: StepStats) -> None:
+        """Fold one dropped step in (constant memory per parameter)."""
+        self.steps += 1
+        if self.first_step is None:
+            self.first_step = st.step
+        self.last_step = st.step
+        if st.skipped:
+            self.skipped_steps += 1
+            return
+        total = st.total_norm
+        if total == total and total not in (math.inf, -math.inf):
+            if self.max_total_norm is None or total > self.max_total_norm:
+                self.max_total_norm = total
+        else:
+            self.nonfinite_steps += 1
+        top, bad = self.max_norm, self.nonfinite
+        for name, ps in st.params.items():
+            norm = ps.norm
+            if norm == norm and norm != math.inf:
+                if norm > top.get(name, -1.0):
+                    top[name] = norm
+            else:
+                bad[name] = bad.get(name, 0) + 1
+
+
+@dataclass
 class MonitorLog:
-    """What a monitor recorded, as plain data (what the views take)."""
+    """What a monitor recorded, as plain data (what the views take).
+
+    ``numels``: each parameter's element count (what the alert rules compare norms by).
+    ``dropped``: logged steps no longer in ``steps`` (the monitor keeps the last ``history``
+    of them), with ``dropped_summary`` what they held."""
 
     names: list[str]
     every: int
@@ -86,3 +134,6 @@ class MonitorLog:
     steps: list[StepStats]
     alerts: list[Alert]
     distributed: str | None = None
+    numels: dict[str, int] = field(default_factory=dict)
+    dropped: int = 0
+    dropped_summary: DroppedSummary | None = None

@@ -14,7 +14,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-
 #: Node kinds, in the vocabulary of the design document; ``module`` is a collapsed group of
 #: nodes (``Graph.collapse``) and only appears in collapsed views.
 KINDS = ("op", "custom", "accumulate", "leaf", "output", "module")

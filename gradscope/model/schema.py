@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Literal, overload
 
 from ..errors import SchemaError
 from .nodes import KINDS, Box, Edge, GraphLike, Node, Region, SavedTensor, TensorInfo
@@ -264,7 +264,8 @@ def read_dict(d: Any) -> Parts:
     ids: dict[str, int] = {}
     for i, n in enumerate(nodes):
         if n.id in ids:
-            raise SchemaError(f"nodes[{i}].id: {json.dumps(n.id)} is used by nodes[{ids[n.id]}] too")
+            other = ids[n.id]
+            raise SchemaError(f"nodes[{i}].id: {json.dumps(n.id)} is used by nodes[{other}] too")
         ids[n.id] = i
     for i, n in enumerate(nodes):
         if n.region is not None and n.region not in ids:
@@ -335,6 +336,10 @@ class _Reader:
             raise self.fail(at, "true or false", v)
         return v
 
+    @overload
+    def shape(self, v: Any, at: str, *, optional: Literal[False]) -> list[int | None]: ...
+    @overload
+    def shape(self, v: Any, at: str, *, optional: Literal[True]) -> list[int | None] | None: ...
     def shape(self, v: Any, at: str, *, optional: bool) -> list[int | None] | None:
         if v is None and optional:
             return None
@@ -366,7 +371,7 @@ class _Reader:
         size = d.get("storage_nbytes")
         return SavedTensor(
             self.expect_str(self.field(d, "name", at), f"{at}.name"),
-            self.shape(self.field(d, "shape", at), f"{at}.shape", optional=True),  # type: ignore[arg-type]
+            self.shape(self.field(d, "shape", at), f"{at}.shape", optional=True),
             self.opt_str(self.field(d, "dtype", at), f"{at}.dtype"),
             self.opt_str(self.field(d, "device", at), f"{at}.device"),
             nbytes,
@@ -381,7 +386,7 @@ class _Reader:
         d = self.obj(v, at)
         return TensorInfo(
             self.opt_str(self.field(d, "name", at), f"{at}.name"),
-            self.shape(self.field(d, "shape", at), f"{at}.shape", optional=False),  # type: ignore[arg-type]
+            self.shape(self.field(d, "shape", at), f"{at}.shape", optional=False),
             self.expect_str(self.field(d, "dtype", at), f"{at}.dtype"),
             self.expect_str(self.field(d, "device", at), f"{at}.device"),
             self.opt_str(d.get("storage"), f"{at}.storage"),

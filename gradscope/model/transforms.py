@@ -20,15 +20,22 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from ..errors import ViewError
 from .memory import alias_kinds, split_bytes
 from .nodes import Box, Edge, GraphLike, Node, SavedTensor, storage_sizes
 from .paths import inside, levels, module_class, node_paths
 
+
+class _GraphClass(GraphLike, Protocol):
+    """A graph that its class builds from the three lists (``Graph(nodes, edges, roots)``)."""
+
+    def __init__(self, nodes: list[Node], edges: list[Edge], roots: list[str]) -> None: ...
+
+
 #: A graph type: the views return graphs of the class they were given (``Graph``).
-G = TypeVar("G", bound=GraphLike)
+G = TypeVar("G", bound=_GraphClass)
 
 _INDEXED = re.compile(r"^(?:(.*)\.)?(\d+)(#\d+)?$")
 _REPEAT = re.compile(r"^(.*?)(?:#(\d+))?$")
@@ -147,11 +154,12 @@ def collapse(graph: G, depth: int) -> G:
         ViewError: ``depth`` is negative.
 
     Example:
-        >>> import torch, gradscope as gs
-        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
-        >>> with gs.scopes(net):
-        ...     out = net(torch.randn(2, 3))
-        >>> [n.name for n in gs.trace(out, model=net).collapse(1).nodes]
+        >>> from gradscope.model.graph import Edge, Graph, Node
+        >>> g = Graph(  # Sequential(Linear, ReLU): each op in its module
+        ...     [Node("n0", "output", "output"), Node("n1", "ReluBackward0", "op", module="1"),
+        ...      Node("n2", "AddmmBackward0", "op", module="0")],
+        ...     [Edge("n0", "n1"), Edge("n1", "n2")], roots=["n0"])
+        >>> [n.name for n in collapse(g, 1).nodes]
         ['output', '1', '0']
     """
     if depth < 0:
@@ -196,8 +204,8 @@ def auto_depth(graph: GraphLike, max_nodes: int = 1500) -> int | None:
         one box per model does not fit.
 
     Example:
-        >>> import gradscope as gs
-        >>> auto_depth(gs.Graph(), max_nodes=10) is None
+        >>> from gradscope.model.graph import Graph
+        >>> auto_depth(Graph(), max_nodes=10) is None
         True
     """
     if len(graph.nodes) <= max_nodes:
@@ -349,11 +357,10 @@ def fold_runs(graph: GraphLike, *, inside: str = "none") -> list[Run]:
         ViewError: ``inside`` is none of those.
 
     Example:
-        >>> import torch, gradscope as gs
-        >>> net = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(3)])
-        >>> with gs.scopes(net):
-        ...     out = net(torch.randn(2, 4, requires_grad=True))
-        >>> [(r.name, r.members) for r in fold_runs(gs.trace(out, model=net))]
+        >>> from gradscope.model.graph import Edge, Graph, Node
+        >>> layers = [Node(str(i), "MmBackward0", "op", module=str(i)) for i in range(3)]
+        >>> g = Graph(layers, [Edge("2", "1"), Edge("1", "0")], roots=["2"])
+        >>> [(r.name, r.members) for r in fold_runs(g)]
         [('0-2 x3', ('0', '1', '2'))]
     """
     if inside not in ("none", "first", "all"):
@@ -407,12 +414,12 @@ def fold(graph: G, *, keep_first: bool = False) -> G:
             members only and ``box.shown`` names the member kept (``encoder.layers.0``).
 
     Example:
-        >>> import torch, gradscope as gs
-        >>> net = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(8)])
-        >>> with gs.scopes(net):
-        ...     out = net(torch.randn(2, 4, requires_grad=True))
-        >>> [n.name for n in gs.trace(out, model=net).fold().nodes]
-        ['output', '0-7 x8', 'AccumulateGrad', '']
+        >>> from gradscope.model.graph import Edge, Graph, Node
+        >>> layers = [Node(str(i), "MmBackward0", "op", module=str(i)) for i in range(8)]
+        >>> chain = [Edge("out", "7")] + [Edge(str(i + 1), str(i)) for i in range(7)]
+        >>> g = Graph([Node("out", "output", "output"), *layers], chain, roots=["out"])
+        >>> [n.name for n in fold(g).nodes]
+        ['output', '0-7 x8']
     """
     paths = node_paths(graph)
     runs = {r.path: r for r in fold_runs(graph, inside="first" if keep_first else "none")}
@@ -456,11 +463,10 @@ def nearest(graph: G, max_nodes: int) -> tuple[G, int]:
     size Graphviz lays out in seconds.
 
     Example:
-        >>> import torch, gradscope as gs
-        >>> y = torch.ones(2, requires_grad=True)
-        >>> for _ in range(100):
-        ...     y = y * 2
-        >>> view, hidden = nearest(gs.trace(y), 10)
+        >>> from gradscope.model.graph import Edge, Graph, Node
+        >>> ops = [Node(f"n{i}", "MulBackward0", "op") for i in range(103)]  # a chain
+        >>> chain = Graph(ops, [Edge(f"n{i}", f"n{i + 1}") for i in range(102)], roots=["n0"])
+        >>> view, hidden = nearest(chain, 10)
         >>> len(view.nodes), hidden, view.nodes[-1].name
         (11, 93, '… 93 more nodes')
     """
@@ -518,8 +524,8 @@ def readable_view(
     (``--no-fold``, ``--depth N``, ``--full``, ``-o graph.html``).
 
     Example:
-        >>> import gradscope as gs
-        >>> readable_view(gs.Graph(), max_nodes=10)
+        >>> from gradscope.model.graph import Graph
+        >>> readable_view(Graph(), max_nodes=10)
         (Graph(nodes=[], edges=[], roots=[]), None)
     """
     if full:

@@ -337,9 +337,9 @@ def _cluster_keys(graph: Graph) -> _Clusters:
         if shown:
             lv = _insert_folds(lv, shown)
         keys[nid] = lv
-    for path, box in shown.items():
-        outer = _insert_folds(levels(path)[:-1], shown) + [levels(box.module or "")[-1]]
-        folds[".".join(outer)] = box
+    for path, fold_box in shown.items():
+        outer = _insert_folds(levels(path)[:-1], shown) + [levels(fold_box.module or "")[-1]]
+        folds[".".join(outer)] = fold_box
     if shown:
         for lv in keys.values():
             for d in range(1, len(lv) + 1):
@@ -473,9 +473,8 @@ def to_dot(
     Arrows point in the forward direction (input -> op), as torchviz draws them.
 
     Example:
-        >>> import torch, gradscope as gs
-        >>> x = torch.ones(2, requires_grad=True)
-        >>> to_dot(gs.trace(x * 2)).splitlines()[0]
+        >>> from gradscope.model.graph import Graph, Node
+        >>> to_dot(Graph([Node("n0", "MulBackward0", "op")], roots=["n0"])).splitlines()[0]
         'digraph {'
     """
     # A cheap test first: graphs traced without scopes have no module and skip the grouping.

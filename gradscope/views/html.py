@@ -225,11 +225,11 @@ class _Builder:
             self.node_container[i] = c
             self.containers[c].nodes.append(i)
         self._classes()
-        for c in self.containers:  # folds list their members in index order
-            if c.kind == "fold":
-                order = {p: k for k, p in enumerate(self._run_members(c))}
-                c.members.sort(key=lambda i: order.get(self.containers[i].path, 0))
-                c.kids.sort(key=lambda i: order.get(self.containers[i].path, 0))
+        for cont in self.containers:  # folds list their members in index order
+            if cont.kind == "fold":
+                order = {p: k for k, p in enumerate(self._run_members(cont))}
+                cont.members.sort(key=lambda i: order.get(self.containers[i].path, 0))
+                cont.kids.sort(key=lambda i: order.get(self.containers[i].path, 0))
 
     def _run_members(self, fold: _Container) -> tuple[str, ...]:
         first = self.containers[fold.members[0]].path
@@ -247,9 +247,9 @@ class _Builder:
                 if len(got) < 4:
                     got.append(n)
                 c = self.containers[c].parent
-        for idx, c in enumerate(self.containers):
-            if c.kind == "module":
-                c.cls = module_class(c.path, samples.get(idx, []))
+        for idx, cont in enumerate(self.containers):
+            if cont.kind == "module":
+                cont.cls = module_class(cont.path, samples.get(idx, []))
 
     # -------------------------------------------------------------- chunks
     def _items(self, idx: int) -> list[tuple[str, int]]:
@@ -273,7 +273,7 @@ class _Builder:
             levels_needed += 1
         fan = max(2, math.ceil(n ** (1.0 / (levels_needed + 1))))
         c.nodes, c.kids = [], []
-        groups = items
+        groups: list[tuple[str, Any]] = items
         for _ in range(levels_needed):
             packed = []
             for start in range(0, len(groups), fan):
@@ -452,12 +452,12 @@ _SLOTS = {
 _SIZES = re.compile(r"\(\s*(\d+\s*,?\s*)*\)")
 
 
-def _output_shapes(graph: Graph, index: dict[str, int]) -> list[list[int] | None]:
+def _output_shapes(graph: Graph, index: dict[str, int]) -> list[list[int | None] | None]:
     """Each node's forward output shape where the graph tells it: a tensor's own shape, an op's
     saved ``result``, or what its consumer saved of that input (the tensor, or its
     ``<name>_sym_sizes``) for the argument at the edge's slot; else None. An AccumulateGrad's is
     its parameter's."""
-    shapes: list[list[int] | None] = [None] * len(graph.nodes)
+    shapes: list[list[int | None] | None] = [None] * len(graph.nodes)
     for i, n in enumerate(graph.nodes):
         if n.tensor is not None:
             shapes[i] = list(n.tensor.shape)
@@ -494,7 +494,7 @@ def _output_shapes(graph: Graph, index: dict[str, int]) -> list[list[int] | None
 
 
 def _node_info(
-    node: Node, path: str | None, cpath: str, shape: list[int] | None, note: str | None,
+    node: Node, path: str | None, cpath: str, shape: list[int | None] | None, note: str | None,
     root: str | None,
 ) -> dict[str, Any]:
     info: dict[str, Any] = {}
@@ -649,9 +649,8 @@ def to_html(
         The page as a string; write it to a ``.html`` file (``Graph.save("g.html")``).
 
     Example:
-        >>> import torch, gradscope as gs
-        >>> x = torch.ones(2, requires_grad=True)
-        >>> page = gs.trace((x * 2).sum(), params={"x": x}).to_html()
+        >>> from gradscope.model.graph import Graph, Node
+        >>> page = to_html(Graph([Node("n0", "MulBackward0", "op")], roots=["n0"]))
         >>> page.startswith("<!DOCTYPE html>") and "MulBackward0" in page
         True
     """

@@ -127,7 +127,7 @@ class _ReportTable:
     def rows(self) -> list[tuple[str, str, list[float], str, str, str, str]]:
         log = self.log
         statuses = _statuses(log)
-        out = []
+        out: list[tuple[str, str, list[float], str, str, str, str]] = []
         for name in log.names:
             seen = [st.params[name] for st in log.steps if name in st.params]
             if not seen:

@@ -9,6 +9,7 @@ large, exploding; a non-finite norm is its own band (red, and drawn thicker).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # torchviz's legend, so its users feel at home.
@@ -87,13 +88,13 @@ def format_norm(norm: float) -> str:
     return f"{norm:.2e}"
 
 
-def size_to_str(shape: list[int] | None) -> str:
+def size_to_str(shape: Sequence[int | None] | None) -> str:
     """``(3, 4)`` as torchviz writes sizes; a ragged dimension (nested tensors) is ``*``."""
     if shape is None:
         return "(?)"
     return "(" + ", ".join("*" if v is None else str(int(v)) for v in shape) + ")"
 
 
-def var_label(name: str | None, shape: list[int] | None) -> str:
+def var_label(name: str | None, shape: Sequence[int | None] | None) -> str:
     """torchviz's tensor label: name, newline, space, size."""
     return f"{name or ''}\n {size_to_str(shape)}"

@@ -15,9 +15,9 @@ from __future__ import annotations
 from rich.console import Group
 from rich.text import Text
 
+from ..model.formats import register_renderer
 from ..model.graph import Edge, Graph, Node, format_bytes
 from ..model.nodes import format_split
-from ..model.formats import register_renderer
 from .style import format_norm, norm_style, size_to_str
 
 STYLES = {
@@ -215,9 +215,8 @@ def _backward_header(graph: Graph) -> Text | None:
         downstream = ", downstream of it" if origin is not None else ""
         text.append(f"\nfirst non-finite gradient{downstream}: ", BAD)
         text.append(f"{first.nonfinite or 'nan'} from {first.name} ({first.id})", BAD)
-        where = first.created_at
-        if where:
-            text.append(f", created at {where}", BAD)
+        if first.created_at:
+            text.append(f", created at {first.created_at}", BAD)
     return text
 
 
@@ -225,10 +224,23 @@ def render_tree(graph: Graph, *, max_lines: int | None = None) -> Group:
     """A rich renderable: a summary line, then the tree (see module docstring).
 
     Example:
-        >>> import torch, gradscope as gs
         >>> from rich.console import Console
-        >>> x = torch.ones(2, requires_grad=True)
-        >>> Console(width=80).print(gs.render_tree(gs.trace((x * x).sum(), params={"x": x})))
+        >>> from gradscope.model.graph import Edge, Graph, Node, SavedTensor, TensorInfo
+        >>> f32 = ("float32", "cpu")
+        >>> x = TensorInfo("x", [2], *f32, storage="s0")
+        >>> mul = Node("n1", "MulBackward0", "op", saved=[  # (x * x).sum(): saves x twice
+        ...     SavedTensor("self", [2], *f32, 8, "s0"), SavedTensor("other", [2], *f32, 8, "s0")])
+        >>> g = Graph(
+        ...     [Node("n0", "SumBackward0", "op"), mul, Node("n2", "AccumulateGrad", "accumulate"),
+        ...      Node("n3", "x", "leaf", tensor=x)],
+        ...     [Edge("n0", "n1"), Edge("n1", "n2", 0), Edge("n1", "n2", 1), Edge("n2", "n3")],
+        ...     roots=["n0"])
+        >>> Console(width=90).print(render_tree(g))
+        4 nodes (2 op, 1 accumulate, 1 leaf), 4 edges, 2 saved tensors holding 8 B params/inputs
+        SumBackward0  n0
+        MulBackward0  n1  saved self (2), other (2)  16 B
+        ├─ AccumulateGrad ← x (2) float32  n2
+        └─ ↺ AccumulateGrad ← x (2) float32  n2 (shown above)
     """
     header = Text(graph.summary(), "dim")
     extra = _backward_header(graph)

@@ -955,7 +955,7 @@ def test_sampled_update_ratio_is_close_to_the_exact_one() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     exact = []
     with gs.GradMonitor(model, optimizer=opt, full_every=1) as mon:
-        for step in range(3):
+        for _step in range(3):
             opt.zero_grad()
             model(torch.randn(32, 384)).square().mean().backward()
             before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -1057,7 +1057,7 @@ def test_exactly_zero_gradient_is_dead_not_vanishing() -> None:
     model = CutOff()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with gs.GradMonitor(model, optimizer=opt) as mon:
-        for i in range(4):
+        for _i in range(4):
             opt.zero_grad()
             model(torch.randn(8, 6)).square().mean().backward()
             assert model.dead.weight.grad.count_nonzero() == 0
@@ -1191,7 +1191,7 @@ def test_an_internal_failure_stops_the_monitor_not_the_training(monkeypatch) -> 
 
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    mon = gs.GradMonitor(model, optimizer=opt)
+    _mon = gs.GradMonitor(model, optimizer=opt)  # kept alive: its hooks stay registered
 
     def broken(*args, **kwargs):
         raise RuntimeError("kernel trouble")
@@ -1278,6 +1278,6 @@ def test_report_at_80_columns_keeps_names_and_numbers_whole(golden) -> None:
     text = console.export_text()
     assert "…" not in text and all(len(line) <= 80 for line in text.splitlines())
     last = mon.history[-1].params
-    for name, ps in last.items():
+    for ps in last.values():
         assert f"{ps.norm:.3g}" in text
     golden("monitor_report_80.txt", text)

@@ -71,8 +71,7 @@ def test_sample_paths_are_named_modules(sample: str) -> None:
 
 
 def test_class_chains_follow_named_modules() -> None:
-    from gradscope.capture.stamps import MODULE_KEY
-    from gradscope.capture.stamps import MODULE_CLASSES_KEY
+    from gradscope.capture.stamps import MODULE_CLASSES_KEY, MODULE_KEY
     from gradscope.model.paths import levels
 
     fwd = gs.load_model_file(SAMPLES / "transformer.py").forward()

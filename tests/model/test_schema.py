@@ -120,7 +120,10 @@ def _doc() -> dict:
         (lambda d: d["nodes"][3]["saved"][0].update(shape=[3, True]),
          "nodes[3].saved[0].shape[1]: expected an integer, got true"),
         (lambda d: d["nodes"][2].update(kind="weird"), 'nodes[2].kind: expected one of'),
-        (lambda d: d["edges"][0].update(input_nr=-1), "edges[0].input_nr: expected an integer >= 0"),
+        (
+            lambda d: d["edges"][0].update(input_nr=-1),
+            "edges[0].input_nr: expected an integer >= 0",
+        ),
         (lambda d: d["edges"][0].update(count=0), "edges[0].count: expected an integer >= 1"),
         (lambda d: d["edges"][0].update(grad_norm="big"), 'edges[0].grad_norm: expected a number'),
         (lambda d: d["nodes"][2]["attrs"].update(alpha=1),
@@ -182,7 +185,9 @@ _HOSTILE = [None, True, False, 0, -1, 2**70, 1.5, float("nan"), "", "n0", "false
 def _paths(obj, at=()):
     """Every (container, key) pair in a JSON document."""
     out = []
-    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    items = (
+        obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    )
     for k, v in items:
         out.append((obj, k))
         out.extend(_paths(v))

@@ -1,0 +1,152 @@
+"""The monitor's set-up checks: its arguments, which parameters and modules it watches, the
+optimizer inside a wrapper, the GradScaler. Everything here runs once, in
+``GradMonitor.__init__``, before any of the user's code, and raises ``MonitorError`` or
+``UnsupportedSetupError`` with the fix."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from ...errors import MonitorError, UnsupportedSetupError
+
+try:  # DTensor: the gradients of FSDP2 and tensor parallelism
+    from torch.distributed.tensor import DTensor as _DTensor
+except ImportError:  # pragma: no cover - torch without distributed
+    _DTensor = None  # type: ignore[assignment,misc]
+
+MEASURE_POINTS = ("backward", "optimizer")
+
+
+def select_modules(
+    model: torch.nn.Module, modules: bool | str | Iterable[str]
+) -> list[tuple[str, torch.nn.Module]]:
+    """The submodules ``modules=`` names: True for all, False for none, else names or globs
+    (``"encoder.*"``), each of which must match at least one submodule."""
+    if isinstance(modules, bool):
+        return [(n, m) for n, m in model.named_modules() if n] if modules else []
+    patterns = [modules] if isinstance(modules, str) else list(modules)
+    if not all(isinstance(p, str) for p in patterns):
+        raise MonitorError(
+            f"modules={modules!r} must be True, False, or submodule names/globs such as "
+            "'encoder.layers.*'"
+        )
+    named = [(n, m) for n, m in model.named_modules() if n]
+    unknown = [p for p in patterns if not any(fnmatch.fnmatchcase(n, p) for n, _ in named)]
+    if unknown:
+        shown = ", ".join(n for n, _ in named[:8]) + (", ..." if len(named) > 8 else "")
+        raise MonitorError(
+            f"modules= names no submodule of {type(model).__name__}: {', '.join(unknown)}; "
+            f"give names as in named_modules() or globs (its submodules: {shown or 'none'})"
+        )
+    return [(n, m) for n, m in named if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+
+def select_params(
+    model: torch.nn.Module, params: str | Iterable[str] | None
+) -> list[tuple[str, torch.nn.Parameter]]:
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if params is None:
+        chosen = named
+    else:
+        patterns = [params] if isinstance(params, str) else list(params)
+        chosen = [(n, p) for n, p in named if any(fnmatch.fnmatchcase(n, pat) for pat in patterns)]
+        if not chosen:
+            shown = ", ".join(n for n, _ in named[:6]) + (", ..." if len(named) > 6 else "")
+            raise MonitorError(
+                f"params={patterns!r} matches no trainable parameter of {type(model).__name__}; "
+                f"give names or globs such as 'encoder.*' (its parameters: {shown or 'none'})"
+            )
+    if not chosen:
+        raise MonitorError(
+            f"{type(model).__name__} has no parameter with requires_grad=True to monitor; "
+            "pass the model being trained"
+        )
+    devices = sorted({str(p.device) for _, p in chosen})
+    if len(devices) > 1:
+        # the statistics of one step are packed into one tensor on one device
+        raise MonitorError(
+            f"the watched parameters are on several devices ({', '.join(devices)}); "
+            "use one GradMonitor per device, selecting its parameters with params=..."
+        )
+    for name, p in chosen:
+        check_tensor_type(name, p)
+    return chosen
+
+
+def check_tensor_type(name: str, p: torch.Tensor) -> None:
+    if is_dtensor(p):
+        return
+    if isinstance(p, torch.nn.parameter.UninitializedParameter):
+        raise UnsupportedSetupError(
+            f"parameter {name} is not initialised yet (a lazy module); run one forward "
+            "before building the GradMonitor"
+        )
+    # a Python subclass of Parameter is a plain tensor; one with its own __torch_dispatch__
+    # (quantised or packed weights) is not something the norms can be read from
+    if type(p).__torch_dispatch__ is not torch.Tensor.__torch_dispatch__:
+        raise UnsupportedSetupError(
+            f"parameter {name} is a {type(p).__name__}, a tensor subclass GradMonitor cannot "
+            "measure (it knows plain tensors and DTensor); leave it out with params=[...]"
+        )
+
+
+def is_dtensor(t: Any) -> bool:
+    return _DTensor is not None and isinstance(t, _DTensor)
+
+
+def check_args(model: Any, every: Any, norm_type: Any, full_every: Any, measure: Any) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise MonitorError(
+            f"GradMonitor needs an nn.Module, got {type(model).__name__}; "
+            "pass the model being trained"
+        )
+    for name, value in (("every", every), ("full_every", full_every)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise MonitorError(f"{name}={value!r} must be a positive integer (1: every step)")
+    if not isinstance(norm_type, (int, float)) or isinstance(norm_type, bool) or not norm_type > 0:
+        raise MonitorError(f"norm_type={norm_type!r} must be a positive number or math.inf")
+    if measure not in MEASURE_POINTS:
+        raise MonitorError(
+            f"measure={measure!r} must be 'backward' (the gradients as backward left them, "
+            "before clipping) or 'optimizer' (what optimizer.step() is given)"
+        )
+
+
+def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer inside a wrapper (accelerate's AcceleratedOptimizer, Lightning's
+    LightningOptimizer): step hooks run only on the optimizer whose step() does the work."""
+    inner = optimizer
+    for _ in range(4):
+        nested = getattr(inner, "optimizer", None) or getattr(inner, "_optimizer", None)
+        if isinstance(nested, torch.optim.Optimizer) and nested is not inner:
+            inner = nested
+        else:
+            break
+    if not isinstance(inner, torch.optim.Optimizer):
+        raise MonitorError(
+            f"optimizer= must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
+        )
+    return inner
+
+
+def check_scaler(scaler: Any) -> Any:
+    if scaler is None:
+        return None
+    if not isinstance(scaler, torch.amp.GradScaler):
+        raise MonitorError(
+            f"scaler= must be a torch.amp.GradScaler, got {type(scaler).__name__}"
+        )
+    return scaler if scaler.is_enabled() else None
+
+
+def check_options(replicated: Any, update_sample: Any) -> None:
+    if replicated not in (None, True, False):
+        raise MonitorError(f"replicated={replicated!r} must be None (detect), True or False")
+    if isinstance(update_sample, bool) or not isinstance(update_sample, int) or (
+        update_sample < 1
+    ):
+        raise MonitorError(f"update_sample={update_sample!r} must be a positive integer")

@@ -1,0 +1,266 @@
+"""The gradient monitor's alert rules, over plain ``StepStats`` (no torch).
+
+``AlertRules`` turns logged steps into ``Alert``s one at a time (what a live ``GradMonitor``
+runs at each logged step); ``alerts(log, thresholds)`` runs the same rules over a whole
+``MonitorLog``, for instance one read back from a JSON Lines file, and gives the alerts the
+live run gave (``leak`` alerts aside: they come from a walk of the autograd graphs, not from
+the statistics, and are left where they are).
+
+Example:
+    >>> from gradscope.model.monitor import MonitorLog, ParamStats, StepStats
+    >>> zero = ParamStats(0.0, None, None, 0, 0, None)
+    >>> steps = [StepStats(i, 0.0, {"w": zero}) for i in range(3)]
+    >>> log = MonitorLog(["w"], 1, 50, 2.0, steps, [], numels={"w": 4})
+    >>> [(a.kind, a.step, a.name) for a in alerts(log)]
+    [('dead', 2, 'w')]
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+from .monitor import Alert, MonitorLog, ParamStats, StepStats
+
+#: a parameter is "vanishing" or "dead" after this many consecutive logged steps
+VANISH_PATIENCE = 3
+#: a norm this many times above the running median of its last logged norms is "exploding"
+SPIKE_FACTOR = 10.0
+#: the running median needs at least this many earlier logged norms
+SPIKE_MIN_HISTORY = 5
+_SPIKE_WINDOW = 25
+_MEDIAN_EVERY = 5
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a gradient alerts (``GradMonitor``'s arguments of the same names).
+
+    ``vanish``: a per-element size (norm / numel^(1/p)) below this for ``VANISH_PATIENCE``
+    logged steps is "vanishing"; ``vanish_ratio``: ... or below this fraction of the model's
+    median per-element size at the same step; ``explode``: a norm above this (or
+    ``SPIKE_FACTOR`` x its running median) is "exploding"."""
+
+    vanish: float = 1e-7
+    vanish_ratio: float = 1e-4
+    explode: float = 1e3
+
+
+def alerts(log: MonitorLog, thresholds: Thresholds | None = None) -> list[Alert]:
+    """The alerts the rules give over ``log``'s steps, in order (as the live run gave them;
+    ``leak`` alerts are not derived from statistics and are not included). ``log.numels`` must
+    name the element count of every parameter (a monitor's log and one read back from its
+    JSON Lines file have them)."""
+    rules = AlertRules(thresholds or Thresholds(), log.norm_type, log.numels)
+    out: list[Alert] = []
+    for st in log.steps:
+        out.extend(rules.update(st))
+    return out
+
+
+class _Track:
+    """Alert state of one parameter across logged steps."""
+
+    __slots__ = ("low", "zero", "window", "median", "age", "exploding")
+
+    def __init__(self) -> None:
+        self.low = 0  # consecutive logged steps vanishing
+        self.zero = 0  # consecutive logged steps exactly zero
+        self.window: deque[float] = deque(maxlen=_SPIKE_WINDOW)
+        # the median of ``window``, recomputed every ``_MEDIAN_EVERY`` steps: it moves slowly,
+        # and sorting a window per parameter per step would cost more than all the rest
+        self.median = 0.0
+        self.age = _MEDIAN_EVERY
+        self.exploding = False
+
+
+class AlertRules:
+    """Turns each logged step into alerts. Each condition alerts when it starts, and all the
+    parameters that enter it at the same step make one alert (the first named, all counted);
+    NaN and Inf are events of the whole model: one alert when the first parameter turns
+    non-finite, none while some stay so (an optimizer step spreads a NaN to every weight)."""
+
+    def __init__(self, thresholds: Thresholds, norm_type: float, numels: dict[str, int]) -> None:
+        self.thresholds = thresholds
+        self.norm_type = norm_type
+        self.numels = numels
+        self.tracks: dict[str, _Track] = {}
+        self.forward_bad = False
+        self.nan = self.inf = False
+
+    def update(self, st: StepStats) -> list[Alert]:
+        th = self.thresholds
+        vanish, vanish_ratio, explode = th.vanish, th.vanish_ratio, th.explode
+        norm_type, numels = self.norm_type, self.numels
+        out: list[Alert] = []
+        first_bad = st.forward_nonfinite
+        if first_bad is not None and not self.forward_bad:
+            msg = f"step {st.step}: the output of {first_bad} is the first non-finite forward value"
+            out.append(Alert("forward_nonfinite", st.step, first_bad, msg))
+        self.forward_bad = first_bad is not None
+        if st.skipped:  # the GradScaler skipped it: scaled overflow, not the model's gradients
+            return out
+        out.extend(self._nonfinite(st))
+        per_elem = {
+            n: _per_element(ps.norm, numels.get(n, 1), norm_type)
+            for n, ps in st.params.items()
+            if math.isfinite(ps.norm)
+        }
+        positive = [v for v in per_elem.values() if v > 0]
+        median = statistics.median(positive) if positive else 0.0
+        dead, vanishing, exploding = [], [], []
+        tracks = self.tracks
+        for name, ps in st.params.items():
+            track = tracks.get(name)
+            if track is None:
+                track = tracks[name] = _Track()
+            size = per_elem.get(name)
+            if size is None:
+                continue
+            # dead: exactly zero (every element zero, when the zero fraction was measured)
+            zero = size == 0 and (ps.zero_frac is None or ps.zero_frac == 1.0)
+            track.zero = track.zero + 1 if zero else 0
+            low = size > 0 and (size < vanish or size < vanish_ratio * median)
+            track.low = track.low + 1 if low else 0
+            if track.zero == VANISH_PATIENCE:
+                dead.append(name)
+            if track.low == VANISH_PATIENCE:
+                vanishing.append((name, ps.norm, size))
+            spike = self._spike(track, ps.norm, explode)
+            if spike is not None:
+                exploding.append((name, ps.norm, spike))
+        if dead:
+            out.append(_dead_alert(st.step, dead))
+        if vanishing:
+            out.append(_vanish_alert(st.step, vanishing, vanish, vanish_ratio, median))
+        if exploding:
+            out.append(_explode_alert(st.step, exploding, explode))
+        return out
+
+    def _nonfinite(self, st: StepStats) -> list[Alert]:
+        out = []
+        for kind, word in (("nan", "NaN value"), ("inf", "infinite value")):
+            hit = [(n, ps) for n, ps in st.params.items() if _has(ps, kind)]
+            if hit and not getattr(self, kind):
+                out.append(_nonfinite_alert(st.step, kind, word, hit))
+            setattr(self, kind, bool(hit))
+        return out
+
+    @staticmethod
+    def _spike(track: _Track, norm: float, explode: float) -> float | None:
+        """Exploding: above ``explode``, or SPIKE_FACTOR x the running median of the window.
+        Returns the median (or math.nan when only the absolute level was crossed) when the
+        condition starts at this step."""
+        window = track.window
+        median: float | None = None
+        if len(window) >= SPIKE_MIN_HISTORY:
+            if track.age >= _MEDIAN_EVERY:
+                track.age, track.median = 0, statistics.median(window)
+            track.age += 1
+            median = track.median
+        now = norm > explode or (median is not None and median > 0 and norm > SPIKE_FACTOR * median)
+        window.append(norm)
+        started = now and not track.exploding
+        track.exploding = now
+        if not started:
+            return None
+        return median if median is not None and norm <= explode else math.nan
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _per_element(norm: float, numel: int, norm_type: float) -> float:
+    """A norm as a per-element size (the RMS for p = 2), so tensors of any size compare."""
+    if math.isinf(norm_type) or numel <= 1:
+        return norm
+    return norm / numel ** (1.0 / norm_type)
+
+
+def _has(ps: ParamStats, kind: str) -> bool:
+    count = ps.nan if kind == "nan" else ps.inf
+    if count is not None:
+        return count > 0
+    # not countable (changed before counting): a NaN norm means a NaN, an infinite one an Inf
+    return math.isnan(ps.norm) if kind == "nan" else math.isinf(ps.norm)
+
+
+def _nonfinite_alert(
+    step: int, kind: str, word: str, hit: list[tuple[str, ParamStats]]
+) -> Alert:
+    first, ps = hit[0]
+    count = ps.nan if kind == "nan" else ps.inf
+    if count is not None:
+        what = _count(count, word)
+    else:
+        what = f"{word}s (not counted: the gradient changed after backward, e.g. clipped)"
+    names = tuple(n for n, _ in hit)
+    if len(hit) == 1:
+        msg = f"step {step}: {what} in the gradient of {first}"
+    else:
+        label = "NaN" if kind == "nan" else "Inf"
+        msg = (
+            f"step {step}: {label} in the gradients of {len(hit)} parameters, "
+            f"first {first} ({what})"
+        )
+    return Alert(kind, step, first, msg, len(hit), names)
+
+
+def _dead_alert(step: int, dead: list[str]) -> Alert:
+    if len(dead) == 1:
+        msg = (
+            f"step {step}: the gradient of {dead[0]} is exactly zero for {VANISH_PATIENCE} "
+            "logged steps in a row (dead unit or a parameter cut off from the loss)"
+        )
+    else:
+        msg = (
+            f"step {step}: the gradients of {len(dead)} parameters are exactly zero for "
+            f"{VANISH_PATIENCE} logged steps in a row (dead units or parameters cut off from "
+            f"the loss), first {dead[0]}"
+        )
+    return Alert("dead", step, dead[0], msg, len(dead), tuple(dead))
+
+
+def _vanish_alert(
+    step: int,
+    hit: list[tuple[str, float, float]],
+    vanish: float,
+    ratio: float,
+    median: float,
+) -> Alert:
+    name, norm, size = hit[0]
+    why = (
+        f"below {vanish:g} per element"
+        if size < vanish
+        else f"below {ratio:g} x the model's median {median:.3g} per element"
+    )
+    if len(hit) == 1:
+        msg = (
+            f"step {step}: gradient norm of {name} is {norm:.3g} ({size:.3g} per element), "
+            f"{why} for {VANISH_PATIENCE} logged steps in a row"
+        )
+    else:
+        msg = (
+            f"step {step}: vanishing gradients in {len(hit)} parameters for "
+            f"{VANISH_PATIENCE} logged steps in a row, first {name}: norm {norm:.3g} "
+            f"({size:.3g} per element), {why}"
+        )
+    return Alert("vanishing", step, name, msg, len(hit), tuple(n for n, _, _ in hit))
+
+
+def _explode_alert(step: int, hit: list[tuple[str, float, float]], explode: float) -> Alert:
+    name, norm, median = hit[0]
+    why = f"above {explode:g}" if math.isnan(median) else (
+        f"{norm / median:.0f}x its running median {median:.3g}"
+    )
+    if len(hit) == 1:
+        msg = f"step {step}: gradient norm of {name} is {norm:.3g}, {why}"
+    else:
+        msg = (
+            f"step {step}: exploding gradients in {len(hit)} parameters, first {name}: "
+            f"norm {norm:.3g}, {why}"
+        )
+    return Alert("exploding", step, name, msg, len(hit), tuple(n for n, _, _ in hit))
