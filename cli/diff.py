@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
 
 
 def diff(
-    a: Path = typer.Argument(..., help="The first graph, a JSON file (gradscope render -o a.json)."),
+    a: Path = typer.Argument(..., help="The first graph, a JSON file (render -o a.json)."),
     b: Path = typer.Argument(..., help="The second graph, a JSON file."),
     output: Path | None = typer.Option(
         None, "-o", "--output", help="Write the diff page (.html) here."
@@ -30,8 +30,9 @@ def diff(
 ) -> None:
     """Compare two graphs saved as JSON: nodes added, removed and changed, and gradient-norm
     ratios where both were rendered with --backward."""
-    import gradscope as gs  # here, not at import: `gradscope --help` stays light
     from gradscope_cli.common import fail, stderr, stdout
+
+    import gradscope as gs  # here, not at import: `gradscope --help` stays light
 
     graphs = []
     for path in (a, b):

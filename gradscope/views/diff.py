@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..model.diff import GraphDiff, diff, union
-from ..model.graph import Graph
 from ..model.formats import register_renderer
+from ..model.graph import Graph
 from .html import DiffMarks, to_html
 
 

@@ -18,11 +18,11 @@ The page exposes ``window.gradscope`` (see the README): ``ready``, ``visible()``
 from __future__ import annotations
 
 import heapq
-from collections import Counter
 import html
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -31,8 +31,8 @@ from typing import Any
 from ..model.formats import OutputFormat, register_format, register_renderer
 from ..model.graph import Graph, Node, SavedTensor, format_bytes
 from ..model.nodes import KINDS, saved_bytes_of, storage_sizes
-from ..model.schema import EDGE_KINDS
 from ..model.paths import levels, module_class, node_paths
+from ..model.schema import EDGE_KINDS
 from ..model.transforms import Run, fold_runs
 from .dot import BAD_OTHER_COLOR, OP_COLOR, attr_entries, short_location
 from .style import (
@@ -134,7 +134,8 @@ def _asset(name: str) -> str:
 @dataclass
 class DiffMarks:
     """What a diff page colours: node id -> ``added``/``removed``/``changed``, edge index ->
-    gradient-norm ratio b/a, the diff's one-line summary, and edge index -> ``added``/``removed``."""
+    gradient-norm ratio b/a, the diff's one-line summary, and edge index -> ``added`` or
+    ``removed``."""
 
     marks: dict[str, str]
     ratios: dict[int, float]
@@ -579,7 +580,7 @@ def graph_data(
             "kind": EDGE_KINDS.index(e.kind) if e.kind in EDGE_KINDS else 1, "count": e.count,
             "grad_norm": None if e.grad_norm is None else _json_float(e.grad_norm),
         }))
-    containers = []
+    containers: list[list[Any]] = []
     for c in b.containers:
         values: dict[str, Any] = {
             "path": c.path, "label": c.label, "cls": c.cls, "kind": _KIND_CODE[c.kind],

@@ -641,7 +641,8 @@ def test_diff_page_colours_the_union(browser, tmp_path: Path) -> None:
 #: sample every tenth of each segment), labels over labels, labels over boxes.
 OVERLAPS = """() => { const g = gradscope.geometry(); let through = 0, ll = 0, lb = 0;
   const boxes = g.boxes;
-  const inside = (x, y, b) => x > b[1] + 1 && x < b[1] + b[3] - 1 && y > b[2] + 1 && y < b[2] + b[4] - 1;
+  const inside = (x, y, b) => x > b[1] + 1 && x < b[1] + b[3] - 1
+    && y > b[2] + 1 && y < b[2] + b[4] - 1;
   for (const e of g.edges) { const hit = new Set(); const p = e.pts;
     for (let q = 0; q + 3 < p.length; q += 2) for (let t = 0.1; t < 1; t += 0.1) {
       const x = p[q] + (p[q + 2] - p[q]) * t, y = p[q + 1] + (p[q + 3] - p[q + 1]) * t;
