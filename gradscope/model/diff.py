@@ -8,15 +8,17 @@ the keys of their two ends and their input slot. A matched node whose tensor (sh
 saved tensors (names, shapes, dtypes) or saved bytes differ is *changed*; where both edges of a
 matched pair carry a gradient norm (``--backward``), their ratio ``b / a`` is reported.
 
-Example:
-    >>> import torch, gradscope as gs
-    >>> x = torch.ones(3, requires_grad=True)
-    >>> a = gs.trace((x * 2).sum(), params={"x": x})
-    >>> b = gs.trace((x * 2).exp().sum(), params={"x": x})
-    >>> d = gs.diff(a, b)
-    >>> [b.node(i).name for i in d.added], d.removed, d.changed
-    (['ExpBackward0'], [], [])
-    >>> gs.diff(a, a).empty
+Example (``gs.diff`` is this function; ids differ, the match does not use them):
+    >>> from gradscope.model.graph import Edge, Graph, Node
+    >>> a = Graph([Node("n0", "SumBackward0", "op"), Node("n1", "MulBackward0", "op")],
+    ...           [Edge("n0", "n1")], ["n0"])
+    >>> b = Graph([Node("n0", "SumBackward0", "op"), Node("n1", "ExpBackward0", "op"),
+    ...            Node("n2", "MulBackward0", "op")],
+    ...           [Edge("n0", "n1"), Edge("n1", "n2")], ["n0"])
+    >>> d = diff(a, b)
+    >>> [b.node(i).name for i in d.added], d.removed, d.changed, d.matched
+    (['ExpBackward0'], [], [], {'n0': 'n0', 'n1': 'n2'})
+    >>> diff(a, a).empty
     True
 """
 
@@ -183,10 +185,9 @@ def diff(a: GraphLike, b: GraphLike) -> GraphDiff:
     order within the module (not by id); see ``GraphDiff``.
 
     Example:
-        >>> import torch, gradscope as gs
-        >>> x = torch.ones(2, requires_grad=True)
-        >>> g = gs.trace((x * 3).sum(), params={"x": x})
-        >>> gs.diff(g, g).summary()
+        >>> from gradscope.model.graph import Graph, Node
+        >>> g = Graph([Node("n0", "SumBackward0", "op")], [], ["n0"])
+        >>> diff(g, g).summary()
         '0 nodes added, 0 removed, 0 changed; 0 edges added, 0 removed'
     """
     ka, kb = node_keys(a), node_keys(b)
