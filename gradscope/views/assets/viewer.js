@@ -663,7 +663,8 @@
     if (text) {
       c.fillStyle = "#111";
       c.textAlign = "center";
-      it.lines.forEach((line, n) => c.fillText(line, it.x + it.cw / 2, it.y + 11 + LH * n + (isBox ? 1 : 0)));
+      const top = it.y + 11 + textDrop(it) + (isBox ? 1 : 0);
+      it.lines.forEach((line, n) => c.fillText(line, it.x + it.cw / 2, top + LH * n));
       c.textAlign = "left";
     }
     if (it.saved) {
@@ -738,6 +739,8 @@
     }
   }
   function edgeLabel(e) { return e.lab || null; }
+  // a box made taller than its text (an op beside its two-line saved boxes): text in the middle
+  function textDrop(it) { return it.key < N ? Math.max(0, (it.h - 6 - LH * it.lines.length) / 2) : 0; }
   function curve(c, p) {
     c.beginPath();
     c.moveTo(p[0], p[1]);
@@ -1423,7 +1426,7 @@
     for (const it of q.n) {
       if (hiddenByPath(it)) continue;
       out.push(`<rect x="${it.x}" y="${it.y}" width="${it.cw}" height="${it.h}" fill="${fillOf(it)}" stroke="#333"/>`);
-      it.lines.forEach((line, n) => out.push(`<text x="${it.x + it.cw / 2}" y="${it.y + 11 + LH * n}" text-anchor="middle">${esc(line)}</text>`));
+      it.lines.forEach((line, n) => out.push(`<text x="${it.x + it.cw / 2}" y="${it.y + 11 + textDrop(it) + LH * n}" text-anchor="middle">${esc(line)}</text>`));
       if (it.saved) {
         let x = it.x + it.cw + 6;
         for (const s of it.saved) {
