@@ -32,9 +32,6 @@ EXIT_INTERRUPTED, EXIT_PIPE_CLOSED = 130, 141
 #: (``render`` adds ``render`` and ``tree``).
 COMMANDS: tuple[str, ...] = ("render", "report", "check", "diff")
 
-_APP: typer.Typer | None = None
-
-
 def make_app() -> typer.Typer:
     """The typer application with every command of ``COMMANDS`` registered."""
     import importlib
@@ -61,11 +58,10 @@ def make_app() -> typer.Typer:
 
 def __getattr__(name: str) -> Any:
     """``from gradscope_cli.main import app`` (typer's test runner) builds the app once."""
-    global _APP
     if name == "app":
-        if _APP is None:
-            _APP = make_app()
-        return _APP
+        app = make_app()
+        globals()["app"] = app  # later look-ups (and ``main``) find it, or what replaced it
+        return app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -176,11 +172,9 @@ def _exit_code(exc: BaseException) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
-    global _APP
     try:
-        if _APP is None:
-            _APP = make_app()
-        code = _APP(args=argv, prog_name="gradscope", standalone_mode=False)
+        app = globals().get("app") or __getattr__("app")
+        code = app(args=argv, prog_name="gradscope", standalone_mode=False)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # every other way out becomes one line and a code
@@ -195,7 +189,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     try:
         code = _run(argv)
         try:  # what is still buffered goes out now, while a closed pipe can be caught
-            sys.stdout.flush()
+            if sys.stdout is not None:
+                sys.stdout.flush()
         except (OSError, ValueError) as exc:
             if not _is_broken_pipe(exc):
                 raise

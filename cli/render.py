@@ -1,8 +1,17 @@
 """``gradscope render FILE`` (the graph written as a picture, a page or data) and
-``gradscope tree FILE`` (the graph in the terminal)."""
+``gradscope tree FILE`` (the graph in the terminal).
+
+``render`` settles where and how it writes before the model file runs: the format (``--format``
+and the suffix of ``-o`` must agree), whether it can be written here (Graphviz for pictures), and
+the absolute path of the output (a symlink followed; a FIFO, device, socket or folder refused),
+so a model file that changes folder cannot redirect the output. ``-o -`` writes to standard
+output. What is drawn follows the format's kind (``gs.FormatKind``): a picture gets a bounded,
+readable view; a page the whole graph (it opens modules itself); data every node.
+"""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +19,19 @@ import typer
 
 import gradscope as gs
 
-from .common import BackwardOpt, TargetArg, report_backward, report_regions, stderr, stdout
+from .common import (
+    BackwardOpt,
+    TargetArg,
+    fail,
+    plural,
+    report_backward,
+    report_regions,
+    stderr,
+    stdout,
+)
+
+#: ``-o -``: the bytes go to standard output.
+STDOUT = "-"
 
 
 def load_graph(mf: gs.ModelFile, *, loss: bool = False, saved: bool = True) -> gs.Graph:
@@ -24,40 +45,35 @@ def load_graph(mf: gs.ModelFile, *, loss: bool = False, saved: bool = True) -> g
     return graph
 
 
-def record_graph(mf: gs.ModelFile, *, saved: bool = True) -> Any:
-    """Forward (and loss_fn when the file has one) with forward lines and the first
-    non-finite forward value recorded, then backward under the recorder (ones as the gradient
-    of non-scalar outputs); ``.graph`` of the ``gs.BackwardTrace`` is annotated. When the
-    forward already went non-finite it is said first: the gradients' NaN/Inf then comes from
-    it, not from backward."""
-    import torch
+def backward_graph(mf: gs.ModelFile, *, saved: bool = True) -> Any:
+    """The model file's graph annotated by one backward (``ModelFile.backward``), as a
+    ``gs.BackwardTrace``; a forward that already went non-finite is said first (the gradients'
+    NaN/Inf then comes from it, not from backward)."""
+    run = mf.backward(saved=saved)
+    if run.forward_nonfinite is not None:
+        stderr().print(run.forward_nonfinite.summary(), markup=False)
+    return run.trace
 
-    with gs.record_forward(check_finite=True) as forward:
-        fwd = mf.forward()
-        root = mf.loss(fwd.outputs) if mf.has("loss_fn") else fwd.outputs
-    if forward.first_nonfinite is not None:
-        stderr().print(forward.first_nonfinite.summary(), markup=False)
-    try:
-        with gs.record_backward(root, model=fwd.model, saved=saved) as rec:
-            tensors = [t for _, t in gs.iter_tensors(root) if t.requires_grad]
-            try:
-                torch.autograd.backward(tensors, [torch.ones_like(t) for t in tensors])
-            except RuntimeError as exc:
-                first = str(exc).strip().splitlines()[0]
-                raise gs.ModelFileError(
-                    f"{mf.path}: backward raised RuntimeError: {first}"
-                ) from exc
-    finally:
-        gs.release((root, fwd.outputs))
-    return rec
+
+def _where_to(target: str, output: Path | None, fmt: str) -> Path | None:
+    """The absolute file to write (None for standard output), settled before anything runs."""
+    if output is not None and str(output) == STDOUT:
+        return None
+    if output is None:
+        output = Path(f"{gs.model_file_path(target).stem}.{fmt}")
+    return gs.output_target(output)
+
 
 def render(
     target: str = TargetArg,
     output: Path | None = typer.Option(
-        None, "-o", "--output", help="Output file; default <file stem>.<format>."
+        None, "-o", "--output",
+        help="Output file, or - for standard output; default <file stem>.<format>.",
     ),
     fmt: str | None = typer.Option(
-        None, "--format", "-f", help=f"One of {', '.join(gs.FORMATS)} (default: from -o, else svg)."
+        None, "--format", "-f",
+        help=f"One of {', '.join(gs.FORMATS)} (default: from -o, else svg); must agree with "
+        "the suffix of -o.",
     ),
     saved: bool = typer.Option(
         True, "--saved/--no-saved", help="Draw saved tensors as orange boxes."
@@ -100,26 +116,30 @@ def render(
     ),
 ) -> None:
     """Build the model file's graph and write it as SVG/PNG/PDF/DOT/JSON/HTML."""
-    if fmt is None and (output is None or not output.suffix):
+    to_stdout = output is not None and str(output) == STDOUT
+    named = None if to_stdout else output
+    if fmt is None and (named is None or not named.suffix):
         fmt = "svg"
-    fmt = gs.output_format(output, fmt)
+    spec = gs.format_spec(gs.output_format(named, fmt))
+    spec.require()  # e.g. Graphviz for a picture: said before the model runs, not after
+    if to_stdout and spec.binary and sys.stdout.isatty():
+        fail(f"refusing to write {spec.name.upper()} bytes to the terminal; redirect standard "
+             f"output (-o - > graph.{spec.name}) or give a file name")
+    path = _where_to(target, output, spec.name)  # before the model file runs
     mf = gs.load_model_file(target)
-    if output is None:
-        output = Path(f"{mf.path.stem}.{fmt}")
-    rec = record_graph(mf, saved=saved or attrs) if backward else None
+    rec = backward_graph(mf, saved=saved or attrs) if backward else None
     graph = rec.graph if rec else load_graph(mf, loss=loss, saved=saved or attrs)
     note = None
     notes = graph.memory().node_labels() if memory else None
     if notes:
         notes = {nid: f"holds {size}" for nid, size in notes.items()}
-    takes = gs.format_options(fmt)  # each format declares its options: pass only those
-    if "max_nodes" in takes:  # the page opens and closes modules itself
+    if spec.kind is gs.FormatKind.PAGE:  # the page opens and closes modules itself
         view = graph
         candidates: dict[str, Any] = {
             "title": mf.path.name, "depth": depth, "full": full, "fold": fold is not False,
             "saved": saved, "notes": notes, "root": mf.path.parent,
         }
-    elif not takes:  # data: every node unless a depth is asked for
+    elif spec.kind is gs.FormatKind.DATA:  # every node unless a depth is asked for
         view = graph if depth is None else graph.collapse(depth)
         candidates = {}
     else:  # a picture laid out by Graphviz: a readable, bounded view
@@ -131,17 +151,25 @@ def render(
     if note:  # before a layout that may take a while, say what is drawn
         stderr().print(note, markup=False)
     report_regions(graph)
-    view.save(output, format=fmt, **{k: v for k, v in candidates.items() if k in takes})
+    options = {k: v for k, v in candidates.items() if k in spec.options}  # what it declares
+    if path is None:
+        data = view.render(spec.name, **options)
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        shown = "standard output"
+    else:
+        view.save(path, format=spec.name, **options)
+        shown = str(output) if output is not None else path.name
     drawn = sum(1 for n in view.nodes if n.kind != "module")
     boxes = len(view.nodes) - drawn
     if view is graph:
         what = graph.summary()
     else:
-        what = (f"drew {drawn} of {len(graph.nodes)} nodes"
-                + (f" and {boxes} boxes" if boxes else "") + f"; the graph: {graph.summary()}")
-    stderr().print(f"wrote {output}: {what}", markup=False)
+        what = (f"drew {drawn} of {plural(len(graph.nodes), 'node')}"
+                + (f" and {plural(boxes, 'box', 'boxes')}" if boxes else "")
+                + f"; the graph: {graph.summary()}")
+    stderr().print(f"wrote {shown}: {what}", markup=False)
     report_backward(rec)
-
 
 
 def tree(
@@ -160,7 +188,7 @@ def tree(
 ) -> None:
     """Print the graph as a tree: node names, shapes, saved tensors and their bytes."""
     mf = gs.load_model_file(target)
-    rec = record_graph(mf) if backward else None
+    rec = backward_graph(mf) if backward else None
     graph = rec.graph if rec else load_graph(mf, loss=loss)
     mem = graph.memory()  # of the whole graph, before any collapse
     full_graph = graph

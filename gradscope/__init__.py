@@ -10,11 +10,16 @@ Public surface (everything else lives in private ``_modules``)::
     render_tree(graph)                                   rich renderable for the terminal
     scopes(model)                                        record which module made each node
     record_backward(outputs), record_forward()           watch the backward pass
+    trace_backward(outputs)                              run backward under the recorder:
+                                                         the annotated graph
     release(outputs)                                     free a deep graph without recursion
     GradMonitor(model, ...)                              gradient statistics while training
     check(fn, *inputs), explain(tensor)                  custom Function checks, tensor internals
     saved_memory(), leak_check()                         memory held by autograd graphs
     load_model_file(spec) -> ModelFile                   the CLI's model-file contract
+                                                         (.forward(), .backward(), .training())
+    FORMATS, format_spec(name) -> OutputFormat           the output formats: kind, options,
+                                                         availability
     GradscopeError and subclasses                        errors whose message says the fix
                                                          (the hierarchy: gradscope.errors)
 
@@ -53,9 +58,11 @@ from .errors import (
     UnsupportedSetupError,
     ViewError,
 )
-from .model.formats import OutputFormat, format_options
+from .model.files import output_target
+from .model.formats import FormatKind, OutputFormat, format_options
 from .model.formats import format_for as output_format
 from .model.formats import format_names as _format_names
+from .model.formats import get_format as format_spec
 from .model.graph import Box, Edge, Graph, Node, Region, SavedTensor, TensorInfo, format_bytes
 from .views.graphviz import dot_binary
 from .views.tree import render_tree
@@ -114,6 +121,10 @@ _LAZY = {
     "iter_tensors": ".capture.nest",
     "ModelFile": ".capture.loader",
     "load_model_file": ".capture.loader",
+    "model_file_path": ".capture.loader",
+    "BackwardRun": ".capture.loader",
+    "Training": ".capture.loader",
+    "trace_backward": ".capture.annotate",
     "scopes": ".capture.scopes",
     "collapse": ".model.transforms",
     "fold": ".model.transforms",
@@ -131,6 +142,8 @@ _LAZY = {
     "ParamStats": ".model.monitor",
     "Alert": ".model.monitor",
     "MonitorLog": ".model.monitor",
+    "Thresholds": ".model.monitor",
+    "read_jsonl": ".model.monitor",
     "check": ".capture.check",
     "CheckResult": ".model.check",
     "CheckFailure": ".model.check",
@@ -163,6 +176,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Alert",
+    "BackwardRun",
     "BackwardTrace",
     "Box",
     "Region",
@@ -174,6 +188,7 @@ __all__ = [
     "Explanation",
     "FORMATS",
     "FormatError",
+    "FormatKind",
     "GradMonitor",
     "GradStat",
     "GradscopeError",
@@ -206,7 +221,9 @@ __all__ = [
     "SchemaError",
     "ScopesError",
     "StepStats",
+    "Thresholds",
     "TensorInfo",
+    "Training",
     "UnsupportedSetupError",
     "ViewError",
     "__version__",
@@ -219,17 +236,22 @@ __all__ = [
     "fold",
     "format_bytes",
     "format_options",
+    "format_spec",
     "iter_tensors",
     "leak_check",
     "load_model_file",
     "make_dot",
+    "model_file_path",
     "output_format",
+    "output_target",
     "readable_view",
     "record_backward",
+    "read_jsonl",
     "record_forward",
     "release",
     "render_tree",
     "saved_memory",
     "scopes",
     "trace",
+    "trace_backward",
 ]

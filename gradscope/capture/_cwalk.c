@@ -18,6 +18,11 @@
  * a `_raw_saved_*` handle, or a non-tensor attribute); everything rarer (saved lists, tensors
  * packed by saved_tensors_hooks, freed tensors, custom Functions, module paths, a storage seen
  * for the first time) is handed back to the `_Walker` methods that the Python walk uses.
+ *
+ * Everything Python this file uses is given to it: the classes and helpers once, to
+ * `configure`; a walk's containers and the `_Walker` methods it falls back to, as the
+ * arguments of `walk`. It looks up no name of gradscope's itself (only torch's public
+ * attributes of the tensors and autograd nodes it reads, as the Python walker reads them).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -45,17 +50,17 @@ enum { S_NAME, S_SHAPE, S_DTYPE, S_DEVICE, S_NBYTES, S_STORAGE, S_FREED, S_STORA
 static Layout NODE, EDGE, TINFO, SAVED;
 static int configured = 0;
 
-/* type -> (name, kind, info, is_accumulate, is_custom, reads, unpacked) */
+/* type -> (name, kind, is_accumulate, is_custom, reads, unpacked), from class_entry_fn */
 static PyObject *class_cache;
-static PyObject *class_info_fn; /* gradscope.capture.walk._class_info */
+static PyObject *class_entry_fn; /* gradscope.capture.walk._class_entry */
 static PyObject *dtype_names;   /* dtype -> "float32" (shared with the Python walker) */
 static PyObject *dtype_name_fn; /* gradscope.capture.walk._dtype_name */
 static PyObject *tensor_type;   /* torch.Tensor */
 static PyObject *storage_key_fn; /* tensor -> its StorageImpl's address (_Storages' key) */
 
-static PyObject *s_cpu, *s_grad, *s_leaf, *s_accumulate, *s_empty, *s_kind, *s_dunder_name;
+static PyObject *s_cpu, *s_grad, *s_leaf, *s_empty;
 static PyObject *s_next_functions, *s_variable, *s_shape, *s_dtype, *s_is_cpu, *s_device;
-static PyObject *s_custom, *s_reads, *s_unpacked, *s_data, *s_nbytes, *s_untyped_storage;
+static PyObject *s_data, *s_nbytes, *s_untyped_storage;
 static PyObject *i_one, *i_zero;
 
 static int
@@ -72,7 +77,7 @@ layout_init(Layout *L, PyObject *type, PyObject *names, Py_ssize_t expected, PyO
     Py_ssize_t n_defaults = defaults == NULL ? 0 : PyTuple_GET_SIZE(defaults);
     if (n != expected + n_defaults || n > MAX_FIELDS) {
         PyErr_Format(PyExc_RuntimeError,
-                     "gradscope._cwalk: %s has %zd fields, this build fills %zd and has %zd "
+                     "gradscope.capture._cwalk: %s has %zd fields, this build fills %zd and has %zd "
                      "defaults; update gradscope/capture/_cwalk.c",
                      ((PyTypeObject *)type)->tp_name, n, expected, n_defaults);
         Py_DECREF(seq);
@@ -87,7 +92,7 @@ layout_init(Layout *L, PyObject *type, PyObject *names, Py_ssize_t expected, PyO
         if (!Py_IS_TYPE(d, &PyMemberDescr_Type)
             || ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX) {
             PyErr_Format(PyExc_RuntimeError,
-                         "gradscope._cwalk: field %R of %s is not a __slots__ member",
+                         "gradscope.capture._cwalk: field %R of %s is not a __slots__ member",
                          PySequence_Fast_GET_ITEM(seq, i), ((PyTypeObject *)type)->tp_name);
             Py_DECREF(d);
             Py_DECREF(seq);
@@ -157,9 +162,9 @@ static PyObject *
 configure(PyObject *self, PyObject *args)
 {
     PyObject *node_t, *node_f, *node_d, *edge_t, *edge_f, *ti_t, *ti_f, *saved_t, *saved_f;
-    PyObject *info_fn, *dnames, *dname_fn, *tensor_t, *key_fn;
+    PyObject *entry_fn, *dnames, *dname_fn, *tensor_t, *key_fn;
     if (!PyArg_ParseTuple(args, "OOO!OOOOOOOO!OOO", &node_t, &node_f, &PyTuple_Type, &node_d,
-                          &edge_t, &edge_f, &ti_t, &ti_f, &saved_t, &saved_f, &info_fn,
+                          &edge_t, &edge_f, &ti_t, &ti_f, &saved_t, &saved_f, &entry_fn,
                           &PyDict_Type, &dnames, &dname_fn, &tensor_t, &key_fn))
         return NULL;
     /* all or nothing: a rejected layout leaves the previous configuration in place */
@@ -186,7 +191,7 @@ configure(PyObject *self, PyObject *args)
     EDGE = edge;
     TINFO = tinfo;
     SAVED = saved;
-    Py_XSETREF(class_info_fn, Py_NewRef(info_fn));
+    Py_XSETREF(class_entry_fn, Py_NewRef(entry_fn));
     Py_XSETREF(dtype_names, Py_NewRef(dnames));
     Py_XSETREF(dtype_name_fn, Py_NewRef(dname_fn));
     Py_XSETREF(tensor_type, Py_NewRef(tensor_t));
@@ -196,50 +201,30 @@ configure(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* (name, kind, info, is_accumulate, is_custom, reads, unpacked) for the class of an autograd
- * node; borrowed. `reads` is `_ClassInfo.reads`: (name, attribute, is a tensor) per saved
- * field; `unpacked` its `_saved_<name>` attribute names. */
+/* (name, kind, is_accumulate, is_custom, reads, unpacked) for the class of an autograd node,
+ * as `class_entry_fn` gives it (checked once, then cached); borrowed. `reads` is
+ * `_ClassInfo.reads`: (name, attribute, is a tensor) per saved field; `unpacked` its
+ * `_saved_<name>` attribute names. */
 static PyObject *
 class_entry(PyObject *cls)
 {
     PyObject *entry = PyDict_GetItemWithError(class_cache, cls);
     if (entry != NULL || PyErr_Occurred())
         return entry;
-    PyObject *info = PyObject_CallOneArg(class_info_fn, cls);
-    if (info == NULL)
-        return NULL;
-    PyObject *kind = PyObject_GetAttr(info, s_kind);
-    PyObject *name = kind ? PyObject_GetAttr(cls, s_dunder_name) : NULL;
-    if (name == NULL) {
-        Py_XDECREF(kind);
-        Py_DECREF(info);
-        return NULL;
-    }
-    PyObject *reads = PyObject_GetAttr(info, s_reads);
-    PyObject *unpacked = reads ? PyObject_GetAttr(info, s_unpacked) : NULL;
-    if (unpacked == NULL || !PyTuple_Check(reads) || !PyTuple_Check(unpacked)
-        || PyTuple_GET_SIZE(reads) != PyTuple_GET_SIZE(unpacked)) {
-        if (unpacked != NULL)
-            PyErr_SetString(PyExc_TypeError,
-                            "_ClassInfo.reads and .unpacked must be tuples of one length");
-        Py_XDECREF(reads);
-        Py_XDECREF(unpacked);
-        Py_DECREF(kind);
-        Py_DECREF(name);
-        Py_DECREF(info);
-        return NULL;
-    }
-    int acc = PyUnicode_Check(kind) ? PyUnicode_Compare(kind, s_accumulate) == 0 : 0;
-    int custom = PyUnicode_Check(kind) ? PyUnicode_Compare(kind, s_custom) == 0 : 0;
-    entry = PyTuple_Pack(7, name, kind, info, acc ? Py_True : Py_False,
-                         custom ? Py_True : Py_False, reads, unpacked);
-    Py_DECREF(reads);
-    Py_DECREF(unpacked);
-    Py_DECREF(kind);
-    Py_DECREF(name);
-    Py_DECREF(info);
+    entry = PyObject_CallOneArg(class_entry_fn, cls);
     if (entry == NULL)
         return NULL;
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 6
+        || !PyBool_Check(PyTuple_GET_ITEM(entry, 2)) || !PyBool_Check(PyTuple_GET_ITEM(entry, 3))
+        || !PyTuple_Check(PyTuple_GET_ITEM(entry, 4)) || !PyTuple_Check(PyTuple_GET_ITEM(entry, 5))
+        || PyTuple_GET_SIZE(PyTuple_GET_ITEM(entry, 4))
+               != PyTuple_GET_SIZE(PyTuple_GET_ITEM(entry, 5))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "class_entry must return (name, kind, is_accumulate, is_custom, reads, "
+                        "unpacked), reads and unpacked tuples of one length");
+        Py_DECREF(entry);
+        return NULL;
+    }
     int err = PyDict_SetItem(class_cache, cls, entry);
     Py_DECREF(entry); /* the cache holds it */
     return err < 0 ? NULL : entry;
@@ -274,81 +259,15 @@ node_id(PyObject *nodes)
     return s;
 }
 
-/* What one walk works on: the `_Walker`'s containers and the methods it falls back to. */
+/* What one walk works on: the `_Walker`'s containers and the methods it falls back to, all
+ * given as the arguments of `walk` (borrowed: the call's arguments hold them). */
 typedef struct {
     PyObject *nodes, *ids, *raw_edges, *names; /* list, dict, list, dict */
+    PyObject *storage_ids;                     /* _Storages.by_key: key -> (sid, size) */
     int want_saved, read_modules;
-    PyObject *storage_ids;                     /* _Storages._ids: key -> (sid, size) */
     PyObject *record_of, *visit_modules, *custom_saved, *read_saved, *read_saved_seq, *record;
     PyObject *shape_of;
 } Ctx;
-
-static void
-ctx_clear(Ctx *c)
-{
-    Py_CLEAR(c->nodes);
-    Py_CLEAR(c->ids);
-    Py_CLEAR(c->raw_edges);
-    Py_CLEAR(c->names);
-    Py_CLEAR(c->storage_ids);
-    Py_CLEAR(c->record_of);
-    Py_CLEAR(c->visit_modules);
-    Py_CLEAR(c->custom_saved);
-    Py_CLEAR(c->read_saved);
-    Py_CLEAR(c->read_saved_seq);
-    Py_CLEAR(c->record);
-    Py_CLEAR(c->shape_of);
-}
-
-static int
-ctx_get(PyObject *obj, const char *attr, PyTypeObject *type, PyObject **out)
-{
-    *out = PyObject_GetAttrString(obj, attr);
-    if (*out == NULL)
-        return -1;
-    if (type != NULL && !Py_IS_TYPE(*out, type)) {
-        PyErr_Format(PyExc_TypeError, "walker.%s must be a %s", attr, type->tp_name);
-        return -1;
-    }
-    return 0;
-}
-
-static int
-ctx_flag(PyObject *obj, const char *attr, int *out)
-{
-    PyObject *v = PyObject_GetAttrString(obj, attr);
-    if (v == NULL)
-        return -1;
-    *out = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return *out < 0 ? -1 : 0;
-}
-
-static int
-ctx_init(Ctx *c, PyObject *w)
-{
-    memset(c, 0, sizeof(*c));
-    PyObject *storages = NULL;
-    int err = ctx_get(w, "nodes", &PyList_Type, &c->nodes) < 0
-              || ctx_get(w, "ids", &PyDict_Type, &c->ids) < 0
-              || ctx_get(w, "raw_edges", &PyList_Type, &c->raw_edges) < 0
-              || ctx_get(w, "names", &PyDict_Type, &c->names) < 0
-              || ctx_flag(w, "want_saved", &c->want_saved) < 0
-              || ctx_flag(w, "read_modules", &c->read_modules) < 0
-              || ctx_get(w, "storages", NULL, &storages) < 0
-              || ctx_get(storages, "_ids", &PyDict_Type, &c->storage_ids) < 0
-              || ctx_get(storages, "record_of", NULL, &c->record_of) < 0
-              || ctx_get(w, "visit_modules", NULL, &c->visit_modules) < 0
-              || ctx_get(w, "custom_saved", NULL, &c->custom_saved) < 0
-              || ctx_get(w, "read_saved", NULL, &c->read_saved) < 0
-              || ctx_get(w, "read_saved_seq", NULL, &c->read_saved_seq) < 0
-              || ctx_get(w, "saved_record", NULL, &c->record) < 0
-              || ctx_get(w, "shape_of", NULL, &c->shape_of) < 0;
-    Py_XDECREF(storages);
-    if (err)
-        ctx_clear(c);
-    return err ? -1 : 0;
-}
 
 static int
 call_drop(PyObject *callable, PyObject *a, PyObject *b, PyObject *c, PyObject *d, PyObject *e)
@@ -676,15 +595,15 @@ visit_node(Ctx *c, PyObject *fn, PyObject *nid, Stack *stack)
     if (c->read_modules && call_drop(c->visit_modules, fn, node, NULL, NULL, NULL) < 0)
         goto done;
     if (c->want_saved) {
-        if (PyTuple_GET_ITEM(entry, 4) == Py_True) {
+        if (PyTuple_GET_ITEM(entry, 3) == Py_True) {
             if (call_drop(c->custom_saved, fn, node, NULL, NULL, NULL) < 0)
                 goto done;
         }
-        else if (builtin_saved(c, fn, node, PyTuple_GET_ITEM(entry, 5),
-                               PyTuple_GET_ITEM(entry, 6)) < 0)
+        else if (builtin_saved(c, fn, node, PyTuple_GET_ITEM(entry, 4),
+                               PyTuple_GET_ITEM(entry, 5)) < 0)
             goto done;
     }
-    if (PyTuple_GET_ITEM(entry, 3) == Py_True && add_leaf(c, nid, fn) < 0)
+    if (PyTuple_GET_ITEM(entry, 2) == Py_True && add_leaf(c, nid, fn) < 0)
         goto done;
     if ((nf = PyObject_GetAttr(fn, s_next_functions)) == NULL)
         goto done;
@@ -726,27 +645,38 @@ done:
 }
 
 PyDoc_STRVAR(walk_doc,
-"walk(start, walker)\n\n"
-"Depth-first preorder from the autograd node `start`, exactly as `_Walker.walk_py` does, into\n"
-"the `_Walker` `walker`: a Node per new autograd node (and a leaf Node after each\n"
-"AccumulateGrad) in `walker.nodes`, each node object's id in `walker.ids`, and one Edge per\n"
-"edge in `walker.raw_edges`, its dst the id of the node it leads to.\n"
-"With `walker.want_saved`, saved tensors and attributes are read as `builtin_saved` reads\n"
-"them; the walker's own methods handle custom Functions, module paths and the rare cases.");
+"walk(start, nodes, ids, raw_edges, names, storage_ids, want_saved, read_modules, record_of,\n"
+"     visit_modules, custom_saved, read_saved, read_saved_seq, saved_record, shape_of)\n\n"
+"Depth-first preorder from the autograd node `start`, exactly as `_Walker.walk_py` does: a\n"
+"Node per new autograd node (and a leaf Node after each AccumulateGrad) appended to `nodes`,\n"
+"each node object's id in `ids`, and one Edge per edge in `raw_edges`, its dst the id of the\n"
+"node it leads to. `names`: id(tensor) -> parameter name, for leaves. `storage_ids`: the\n"
+"storage key -> (sid, bytes) dict of `_Storages`, read and filled here; `record_of` its method\n"
+"for the tensors without a key. With `want_saved`, saved tensors and attributes are read as\n"
+"`builtin_saved` reads them; the `_Walker` methods given handle custom Functions\n"
+"(`custom_saved`), module paths (`visit_modules`, with `read_modules`) and the rare cases\n"
+"(`read_saved`, `read_saved_seq`, `saved_record`, `shape_of`).");
 
 static PyObject *
-walk(PyObject *self, PyObject *args)
+walk(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    PyObject *start, *walker;
-    if (!PyArg_ParseTuple(args, "OO", &start, &walker))
+    static char *kwlist[] = {"start", "nodes", "ids", "raw_edges", "names", "storage_ids",
+                             "want_saved", "read_modules", "record_of", "visit_modules",
+                             "custom_saved", "read_saved", "read_saved_seq", "saved_record",
+                             "shape_of", NULL};
+    PyObject *start;
+    Ctx c;
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwargs, "OO!O!O!O!O!ppOOOOOOO:walk", kwlist, &start, &PyList_Type, &c.nodes,
+            &PyDict_Type, &c.ids, &PyList_Type, &c.raw_edges, &PyDict_Type, &c.names,
+            &PyDict_Type, &c.storage_ids, &c.want_saved, &c.read_modules, &c.record_of,
+            &c.visit_modules, &c.custom_saved, &c.read_saved, &c.read_saved_seq, &c.record,
+            &c.shape_of))
         return NULL;
     if (!configured) {
-        PyErr_SetString(PyExc_RuntimeError, "gradscope._cwalk.configure was not called");
+        PyErr_SetString(PyExc_RuntimeError, "gradscope.capture._cwalk.configure was not called");
         return NULL;
     }
-    Ctx c;
-    if (ctx_init(&c, walker) < 0)
-        return NULL;
     Stack stack = {NULL, 0, 0};
     int err = stack_push(&stack, start, NULL);
     while (!err && stack.size > 0) {
@@ -762,7 +692,6 @@ walk(PyObject *self, PyObject *args)
         Py_XDECREF(e.edge);
     }
     stack_clear(&stack);
-    ctx_clear(&c);
     if (err)
         return NULL;
     Py_RETURN_NONE;
@@ -782,7 +711,7 @@ make_edges(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &raw, &PyDict_Type, &ids))
         return NULL;
     if (!configured) {
-        PyErr_SetString(PyExc_RuntimeError, "gradscope._cwalk.configure was not called");
+        PyErr_SetString(PyExc_RuntimeError, "gradscope.capture._cwalk.configure was not called");
         return NULL;
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(raw); i++) {
@@ -815,9 +744,9 @@ make_edges(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(Node, fields, defaults, Edge, fields, TensorInfo, fields, SavedTensor, fields, "
-     "class_info, dtype_names, dtype_name, Tensor, storage_key): check the dataclasses' slot "
+     "class_entry, dtype_names, dtype_name, Tensor, storage_key): check the dataclasses' slot "
      "layouts and keep the helpers the walk needs."},
-    {"walk", walk, METH_VARARGS, walk_doc},
+    {"walk", (PyCFunction)(void (*)(void))walk, METH_VARARGS | METH_KEYWORDS, walk_doc},
     {"make_edges", make_edges, METH_VARARGS, make_edges_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -837,19 +766,13 @@ PyInit__cwalk(void)
     INTERN(s_cpu, "cpu");
     INTERN(s_grad, "grad");
     INTERN(s_leaf, "leaf");
-    INTERN(s_accumulate, "accumulate");
     INTERN(s_empty, "");
-    INTERN(s_kind, "kind");
-    INTERN(s_dunder_name, "__name__");
     INTERN(s_next_functions, "next_functions");
     INTERN(s_variable, "variable");
     INTERN(s_shape, "shape");
     INTERN(s_dtype, "dtype");
     INTERN(s_is_cpu, "is_cpu");
     INTERN(s_device, "device");
-    INTERN(s_custom, "custom");
-    INTERN(s_reads, "reads");
-    INTERN(s_unpacked, "unpacked");
     INTERN(s_untyped_storage, "untyped_storage");
     INTERN(s_data, "data");
     INTERN(s_nbytes, "nbytes");

@@ -52,6 +52,9 @@ def _norm_kw(d: torch.Tensor) -> dict[str, Any]:
 
 
 _PLAIN = (torch.float32, torch.float64)
+#: a float32 2-norm below this may have lost its value to underflow (squares below float32's
+#: smallest normal number): recomputed in float64, as one that overflowed
+_TINY = torch.finfo(torch.float32).tiny ** 0.5 * 1e4
 _norm = torch.linalg.vector_norm
 
 
@@ -71,6 +74,10 @@ def _stat_now(g: torch.Tensor) -> GradStat:
         kw = _norm_kw(d)
         norm = _norm(d, **kw).item()
         max_abs = _norm(d, math.inf, **kw).item()
+    if max_abs - max_abs == 0.0 and (norm - norm != 0.0 or (norm < _TINY and max_abs > 0)):
+        # every element finite, but the norm overflowed (finite values near 1e30 in float32)
+        # or underflowed (values of 1e-25 whose squares are below float32's range): float64
+        norm = _norm(d, dtype=torch.complex128 if d.is_complex() else torch.float64).item()
     if norm - norm == 0.0:  # finite
         return GradStat(list(g.shape), norm, max_abs, False, False)
     # NaN, Inf, or a norm that overflowed although every element is finite

@@ -20,7 +20,6 @@ import linecache
 import os
 import sys
 from collections.abc import Iterator
-from types import FrameType
 from typing import Any
 
 import torch
@@ -29,7 +28,14 @@ from torch.overrides import TorchFunctionMode
 from ..model.backward import ForwardNonFinite
 from . import compiled
 from .handles import HookHandle
-from .stamps import CREATED_KEY, FORWARD_NONFINITE_KEY, MODULE_KEY
+from .stamps import (
+    CREATED_KEY,
+    FORWARD_NONFINITE_KEY,
+    MODULE_KEY,
+    NO_SEQUENCE_NR,
+    OWN_DIR,
+    outside_gradscope,
+)
 
 
 # ---------------------------------------------------------------------------- reading
@@ -65,11 +71,8 @@ def _short_path(filename: str) -> str:
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-# the gradscope package (the CLI's model-file loader calls torch from there)
-_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _INTERNAL: dict[str, bool] = {}  # by file name: hashing a code object hashes its bytecode
 _APPLY_CODE = torch.autograd.Function.apply.__func__.__code__  # type: ignore[attr-defined]
-_ACCUMULATE_SEQ = 2**64 - 1  # AccumulateGrad nodes carry UINT64_MAX as sequence number
 _CUSTOM_BASE = torch.autograd.function.BackwardCFunction
 _UNSET = object()
 compiling = compiled.compiling
@@ -89,14 +92,18 @@ def _user_frame(frame: Any) -> Any:
     user's made that node, and the line that called gradscope would only mislead."""
     while frame is not None and _internal(frame.f_code.co_filename):
         frame = frame.f_back
-    if frame is not None and frame.f_code.co_filename.startswith(_OWN_DIR):
+    if frame is not None and frame.f_code.co_filename.startswith(OWN_DIR):
         return None
     return frame
 
 
+_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
 def _next_sequence_nr() -> int:
     """The sequence number the next autograd node created on this thread will get."""
-    with torch.enable_grad():
+    # (inference mode off for the probe: under it no tensor gets a grad_fn)
+    with torch.inference_mode(False), torch.enable_grad():
         probe = torch.empty(0, requires_grad=True).view(0)
     return probe.grad_fn._sequence_nr() + 1  # type: ignore[union-attr]
 
@@ -141,6 +148,8 @@ class _ForwardMode(TorchFunctionMode):
             if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
                 continue
             if not (t.is_floating_point() or t.is_complex()) or t.device.type == "meta":
+                continue
+            if _wrapped(t):  # a torch.func transform's tensor (vmap, grad): not checkable here
                 continue
             if loc is _UNSET:
                 user = _user_frame(sys._getframe(2) if frame is None else frame)  # 2: the caller
@@ -192,9 +201,7 @@ class _ForwardMode(TorchFunctionMode):
         try:  # still off the stack: the checks' own torch calls are not the forward's
             if torch.is_grad_enabled():
                 # the region's node: the user's line that called the compiled module
-                frame: FrameType | None = sys._getframe(1)
-                while frame is not None and frame.f_code.co_filename.startswith(_OWN_DIR):
-                    frame = frame.f_back
+                frame = outside_gradscope(sys._getframe(1))
                 tensors = list(_tensors(output))
                 self._stamp_outputs(tensors, frame)
                 if self.check_finite:  # the region's outputs, as one call of the module
@@ -217,7 +224,7 @@ class _ForwardMode(TorchFunctionMode):
             if fn is None:
                 continue
             seq = fn._sequence_nr()
-            if seq <= self.last or seq == _ACCUMULATE_SEQ:
+            if seq <= self.last or seq == NO_SEQUENCE_NR:
                 continue  # made before this call (or a leaf's AccumulateGrad): not this line's
             if loc is _UNSET:
                 # frame 2 is the caller of __torch_function__; None (no user line) is stamped
@@ -236,7 +243,7 @@ class _ForwardMode(TorchFunctionMode):
         stack = [nxt for nxt, _ in top.next_functions]
         while stack and missing > 0:
             fn = stack.pop()
-            if fn is None or not self.start <= fn._sequence_nr() < _ACCUMULATE_SEQ:
+            if fn is None or not self.start <= fn._sequence_nr() < NO_SEQUENCE_NR:
                 continue
             meta = fn.metadata
             if CREATED_KEY in meta:

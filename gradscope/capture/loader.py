@@ -9,6 +9,12 @@ A model file is imported as a module (its folder on ``sys.path``, ``__name__`` n
 3. A callable may return outputs (a tensor or a nest of tensors), a pair ``(module, inputs)``,
    or a module alone when the file also has ``example_input``.
 4. ``loss_fn`` (optional) turns the output into a loss for ``--loss``.
+
+Training (``gradscope report``, ``ModelFile.training()``) is the other half of the contract: the
+file also supplies ``loss_fn(output, target)`` (or ``loss_fn(output)``), optionally ``batches()``
+(an iterable of ``(inputs, target)`` pairs, or of inputs when ``loss_fn`` takes only the output;
+default: ``example_input`` and ``example_target`` again and again) and ``optimizer(params)``
+(default SGD, lr 1e-2).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import inspect
+import itertools
 import re
 import sys
 import traceback
@@ -27,7 +34,8 @@ from typing import Any
 
 import torch
 
-from ..errors import ModelFileError
+from ..errors import ModelFileError, ReportError
+from ..model.backward import BackwardTrace, ForwardNonFinite
 
 TEMPLATE = """\
     import torch
@@ -37,6 +45,12 @@ TEMPLATE = """\
     # or instead: def build(): return model, example_input"""
 
 
+_LOSS_HINT = (
+    "define loss_fn(output, target) (with batches() yielding (inputs, target) pairs or an "
+    "example_target), or loss_fn(output)"
+)
+
+
 @dataclass
 class Forward:
     """What running a model file produced."""
@@ -44,6 +58,59 @@ class Forward:
     outputs: Any
     model: torch.nn.Module | None
     inputs: tuple[Any, ...]
+
+
+@dataclass
+class BackwardRun:
+    """A model file's forward and backward, recorded (``ModelFile.backward()``).
+
+    Attributes:
+        trace: the ``BackwardTrace``; ``trace.graph`` is the annotated graph.
+        forward_nonfinite: the first forward op whose output held a NaN or Inf, or None; when
+            set, the gradients' NaN/Inf comes from it, not from backward.
+    """
+
+    trace: BackwardTrace
+    forward_nonfinite: ForwardNonFinite | None
+
+
+@dataclass
+class Training:
+    """What ``gradscope report`` trains (``ModelFile.training()``): the file's model, loss,
+    batches and optimizer, each checked once before the first step."""
+
+    file: ModelFile
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loss_fn: Callable[..., Any]
+    batches: Iterator[tuple[Any, Any]]
+
+    def next_batch(self) -> tuple[Any, Any] | None:
+        """The next ``(inputs, target)`` pair (target None when loss_fn takes only the
+        output), or None when ``batches()`` ran out."""
+        return self.file.call("taking the next batch from batches()", next, self.batches, None)
+
+    def step(self, batch: tuple[Any, Any]) -> None:
+        """One optimizer step on ``batch``: zero_grad, forward, loss, backward, step.
+
+        Raises:
+            ReportError: loss_fn did not return a scalar tensor with a graph.
+            ModelFileError: the user's code raised (the message names the file and line).
+        """
+        mf = self.file
+        inputs, target = batch
+        self.optimizer.zero_grad(set_to_none=True)
+        out = mf.run_model(self.model, inputs)
+        fn = self.loss_fn
+        loss = mf.call("running loss_fn", lambda: fn(out) if target is None else fn(out, target))
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
+            raise ReportError(
+                f"{mf.path}: loss_fn returned {type(loss).__name__} "
+                f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}; expected "
+                "a scalar tensor that depends on the model's parameters"
+            )
+        mf.call("running backward", loss.backward)
+        mf.call("running optimizer.step()", self.optimizer.step)
 
 
 def _where(exc: BaseException, path: Path) -> str:
@@ -271,6 +338,110 @@ class ModelFile:
                     )
                 return fn(output, target)
             return fn(output)
+
+
+    # ------------------------------------------------------------------ backward
+    def backward(self, *, saved: bool = True) -> BackwardRun:
+        """Forward (and ``loss_fn`` when the file has one) with forward lines and the first
+        non-finite forward value recorded, then backward under the recorder
+        (``gs.trace_backward``: ones as the gradient of non-scalar outputs). The autograd
+        graph is released afterwards.
+
+        Raises:
+            ModelFileError: the user's code, or backward, raised.
+        """
+        from .annotate import trace_backward
+        from .forward import record_forward
+
+        with record_forward(check_finite=True) as forward:
+            fwd = self.forward()
+            root = self.loss(fwd.outputs) if self.has("loss_fn") else fwd.outputs
+        try:
+            trace = trace_backward(root, model=fwd.model, saved=saved, keep=fwd.outputs)
+        except RuntimeError as exc:
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise ModelFileError(f"{self.path}: backward raised RuntimeError: {first}") from exc
+        return BackwardRun(trace, forward.first_nonfinite)
+
+    # ------------------------------------------------------------------ training
+    def training(self) -> Training:
+        """The model, loss, batches and optimizer ``gradscope report`` trains (see the module
+        docstring), each checked before the first step.
+
+        Raises:
+            ReportError: something training needs is missing or of the wrong kind (the
+                message says what to define).
+            ModelFileError: the user's code raised.
+        """
+        model = self._training_model()
+        loss_fn = self.get("loss_fn")
+        if loss_fn is None or not callable(loss_fn):
+            raise ReportError(
+                f"{self.path}: report trains the model but the file defines no loss_fn; "
+                f"{_LOSS_HINT}"
+            )
+        wants_target = self.loss_takes_target
+        module, example = model
+        batches = self._batches(example, wants_target)
+        return Training(self, module, self._optimizer(module), loss_fn, batches)
+
+    def _training_model(self) -> tuple[torch.nn.Module, Any]:
+        module, inputs, _ = self.build()
+        if module is None:
+            raise ReportError(
+                f"{self.path}: report trains a model, but the entry point returned outputs, "
+                "not a module; define model and example_input, or build() returning "
+                "(model, inputs)"
+            )
+        return module, inputs
+
+    def _batches(self, example: Any, wants_target: bool) -> Iterator[tuple[Any, Any]]:
+        """``(inputs, target)`` pairs (target None when loss_fn takes only the output)."""
+        source = self.get("batches")
+        if source is None:
+            target = self.get("example_target")
+            if wants_target and target is None:
+                raise ReportError(
+                    f"{self.path}: loss_fn takes (output, target) but the file has neither "
+                    f"batches() nor example_target; {_LOSS_HINT}"
+                )
+            return itertools.repeat((example, target))
+        items = self.call("calling batches()", source) if callable(source) else source
+        it = iter(items)
+        if not wants_target:
+            return ((x, None) for x in it)
+        return (self._pair(item) for item in it)
+
+    def _pair(self, item: Any) -> tuple[Any, Any]:
+        if isinstance(item, (tuple, list)) and len(item) == 2:
+            return item[0], item[1]
+        raise ReportError(
+            f"{self.path}: batches() gave a {type(item).__name__}, but loss_fn takes "
+            "(output, target), so each batch must be an (inputs, target) pair"
+        )
+
+    def _optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        make = self.get("optimizer")
+        if make is None:
+            return torch.optim.SGD(model.parameters(), lr=1e-2)
+        opt = self.call("calling optimizer(params)", lambda: make(model.parameters()))
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise ReportError(
+                f"{self.path}: optimizer(params) returned a {type(opt).__name__}; expected "
+                "a torch.optim.Optimizer, e.g. return torch.optim.SGD(params, lr=1e-2)"
+            )
+        return opt
+
+
+def model_file_path(spec: str | Path) -> Path:
+    """The file of ``path/to/model.py[:NAME]``, without reading or running it (the CLI names
+    its default output after it before anything runs).
+
+    Example:
+        >>> model_file_path("samples/functions.py:ClippedReLU").name
+        'functions.py'
+    """
+    return Path(_split_spec(str(spec))[0])
 
 
 def load_model_file(spec: str | Path) -> ModelFile:

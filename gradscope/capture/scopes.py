@@ -33,7 +33,6 @@ a path); what happens inside the compiled graph is read from the graph's own FX 
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, field
 from types import FrameType
@@ -47,7 +46,13 @@ from ..model.paths import levels, strip_calls
 from . import compiled
 from .handles import HookHandle
 from .nest import iter_tensors
-from .stamps import MODULE_CLASSES_KEY, MODULE_KEY, NO_SEQUENCE_NR, walk_nodes
+from .stamps import (
+    MODULE_CLASSES_KEY,
+    MODULE_KEY,
+    NO_SEQUENCE_NR,
+    outside_gradscope,
+    walk_nodes,
+)
 
 _ACCUMULATE = "AccumulateGrad"
 
@@ -74,21 +79,10 @@ def _on_stack(frame: Any) -> bool:
     return False
 
 
-_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
 def _hook_caller() -> Any:
     """The frame that runs the global hooks (``Module._call_impl``): the first one outside
     gradscope (the hook may be reached through ``compiled.ModuleHooks``)."""
-    f: FrameType | None = sys._getframe(2)
-    while f is not None and f.f_code.co_filename.startswith(_OWN_DIR):
-        f = f.f_back
-    return f
-
-
-def _is_top_mode(mode: TorchFunctionMode) -> bool:
-    n = torch._C._len_torch_function_stack()
-    return n > 0 and torch._C._get_function_stack_at(n - 1) is mode
+    return outside_gradscope(sys._getframe(2))
 
 
 class _HookMode(TorchFunctionMode):
@@ -208,7 +202,7 @@ class ScopeRecorder:
             mode = self.hook_modes[-1]
             if mode.active and _on_stack(mode.caller):
                 return
-            if not _is_top_mode(mode):
+            if not compiled.mode_on_top(mode):
                 return
             self.hook_modes.pop()
             mode.active = False

@@ -12,7 +12,9 @@ recursion, each node once.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator
+from types import FrameType
 from typing import Any
 
 #: The module path (``encoder.layers.3.self_attn``) whose forward created the node.
@@ -29,6 +31,18 @@ LEAK_KEY = "gradscope.leak_step"
 
 #: ``_sequence_nr()`` of AccumulateGrad nodes (not created by a forward): UINT64_MAX.
 NO_SEQUENCE_NR = 2**64 - 1
+
+#: The gradscope package's folder: code there is gradscope's own, never the user's line (the
+#: CLI's model-file loader, and the hooks, call torch from there).
+OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def outside_gradscope(frame: FrameType | None) -> FrameType | None:
+    """``frame``, or the nearest of its callers whose code is not in the gradscope package;
+    None when every frame out to the bottom of the stack is gradscope's."""
+    while frame is not None and frame.f_code.co_filename.startswith(OWN_DIR):
+        frame = frame.f_back
+    return frame
 
 
 def walk_nodes(

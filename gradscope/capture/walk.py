@@ -8,7 +8,8 @@ The walk loop itself runs in C (``gradscope/capture/_cwalk.c``, built by pip whe
 present): it builds the ``Node``/``Edge`` objects and leaf ``TensorInfo``s, and calls back into
 ``_Walker`` for the per-node reads that stay in Python (saved tensors, module paths, storage
 ids). ``_Walker.walk_py`` is the same walk in pure Python; it runs when the extension is missing
-or ``GRADSCOPE_PURE_PYTHON=1``, and ``tests/test_cwalk.py`` checks that both give equal graphs.
+or ``GRADSCOPE_PURE_PYTHON=1``, and ``tests/capture/test_cwalk.py`` checks that both give equal
+graphs.
 """
 
 from __future__ import annotations
@@ -78,6 +79,17 @@ def _class_info(cls: type) -> _ClassInfo:
     return info
 
 
+def _class_entry(
+    cls: type,
+) -> tuple[str, str, bool, bool, tuple[tuple[str, str, bool], ...], tuple[str, ...]]:
+    """What the compiled walk keeps per autograd node class (it caches the tuple): the class
+    name, the node kind, whether the class is AccumulateGrad, whether it is a custom Function's
+    node, and the saved fields to read (``_ClassInfo.reads`` and ``.unpacked``)."""
+    info = _class_info(cls)
+    kind = info.kind
+    return cls.__name__, kind, kind == "accumulate", kind == "custom", info.reads, info.unpacked
+
+
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
@@ -130,7 +142,7 @@ def _load_cwalk() -> Any:
             layouts.append(_node_defaults())
     # raises if a dataclass's fields no longer match what the C code fills
     _cwalk.configure(
-        *layouts, _class_info, _DTYPE_NAMES, _dtype_name, torch.Tensor, _storage_key
+        *layouts, _class_entry, _DTYPE_NAMES, _dtype_name, torch.Tensor, _storage_key
     )
     return _cwalk
 
@@ -205,9 +217,10 @@ class _Storages:
     _NONE = (None, None)
 
     def __init__(self) -> None:
-        # storage key -> (id, untyped_storage().nbytes()); the compiled walk reads and fills
-        # it too (one dict operation per saved tensor: on a big graph each is a cache miss)
-        self._ids: dict[int, tuple[str, int]] = {}
+        # storage key -> (id, untyped_storage().nbytes()); the compiled walk is given it, and
+        # reads and fills it too (one dict operation per saved tensor: on a big graph each is
+        # a cache miss)
+        self.by_key: dict[int, tuple[str, int]] = {}
 
     def record_of(self, t: torch.Tensor) -> tuple[str, int] | tuple[None, None]:
         """``(storage id, bytes of the whole storage)``, or ``(None, None)`` for a tensor
@@ -216,9 +229,9 @@ class _Storages:
             key = _storage_key(t)
         except (RuntimeError, NotImplementedError, AttributeError):
             return self._NONE
-        found = self._ids.get(key)
+        found = self.by_key.get(key)
         if found is None:
-            found = self._ids[key] = ("s%d" % len(self._ids), t.untyped_storage().nbytes())
+            found = self.by_key[key] = ("s%d" % len(self.by_key), t.untyped_storage().nbytes())
         return found
 
     def id_of(self, t: torch.Tensor) -> str | None:
@@ -328,7 +341,24 @@ class _Walker:
     def walk(self, start: Any) -> None:
         """Depth-first preorder from ``start``; ids are given when a node is first popped."""
         if CWALK is not None:
-            CWALK.walk(start, self)
+            # everything the compiled walk works on or falls back to, by name
+            CWALK.walk(
+                start,
+                nodes=self.nodes,
+                ids=self.ids,
+                raw_edges=self.raw_edges,
+                names=self.names,
+                storage_ids=self.storages.by_key,
+                want_saved=self.want_saved,
+                read_modules=self.read_modules,
+                record_of=self.storages.record_of,
+                visit_modules=self.visit_modules,
+                custom_saved=self.custom_saved,
+                read_saved=self.read_saved,
+                read_saved_seq=self.read_saved_seq,
+                saved_record=self.saved_record,
+                shape_of=self.shape_of,
+            )
         else:
             self.walk_py(start)
 

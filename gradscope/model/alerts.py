@@ -1,10 +1,10 @@
 """The gradient monitor's alert rules, over plain ``StepStats`` (no torch).
 
 ``AlertRules`` turns logged steps into ``Alert``s one at a time (what a live ``GradMonitor``
-runs at each logged step); ``alerts(log, thresholds)`` runs the same rules over a whole
-``MonitorLog``, for instance one read back from a JSON Lines file, and gives the alerts the
-live run gave (``leak`` alerts aside: they come from a walk of the autograd graphs, not from
-the statistics, and are left where they are).
+runs at each logged step, with the ``Thresholds`` it was given); ``alerts(log, thresholds)``
+runs the same rules over a whole ``MonitorLog``, for instance one read back from a JSON Lines
+file, and gives the alerts the live run gave (``leak`` alerts aside: they come from a walk of
+the autograd graphs, not from the statistics).
 
 Example:
     >>> from gradscope.model.monitor import MonitorLog, ParamStats, StepStats
@@ -20,9 +20,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from dataclasses import dataclass
 
-from .monitor import Alert, MonitorLog, ParamStats, StepStats
+from ..errors import MonitorError
+from .monitor import Alert, MonitorLog, ParamStats, StepStats, Thresholds
 
 #: a parameter is "vanishing" or "dead" after this many consecutive logged steps
 VANISH_PATIENCE = 3
@@ -34,26 +34,18 @@ _SPIKE_WINDOW = 25
 _MEDIAN_EVERY = 5
 
 
-@dataclass(frozen=True)
-class Thresholds:
-    """When a gradient alerts (``GradMonitor``'s arguments of the same names).
-
-    ``vanish``: a per-element size (norm / numel^(1/p)) below this for ``VANISH_PATIENCE``
-    logged steps is "vanishing"; ``vanish_ratio``: ... or below this fraction of the model's
-    median per-element size at the same step; ``explode``: a norm above this (or
-    ``SPIKE_FACTOR`` x its running median) is "exploding"."""
-
-    vanish: float = 1e-7
-    vanish_ratio: float = 1e-4
-    explode: float = 1e3
-
-
 def alerts(log: MonitorLog, thresholds: Thresholds | None = None) -> list[Alert]:
     """The alerts the rules give over ``log``'s steps, in order (as the live run gave them;
     ``leak`` alerts are not derived from statistics and are not included). ``log.numels`` must
     name the element count of every parameter (a monitor's log and one read back from its
-    JSON Lines file have them)."""
-    rules = AlertRules(thresholds or Thresholds(), log.norm_type, log.numels)
+    JSON Lines file have them). ``thresholds``: default the log's own (the monitor's)."""
+    missing = [n for n in log.names if n not in log.numels]
+    if missing:
+        raise MonitorError(
+            f"the log has no element count for {missing[0]} (and {len(missing) - 1} more); "
+            "give a log from GradMonitor.log or read_jsonl of a file it wrote"
+        )
+    rules = AlertRules(thresholds or log.thresholds, log.norm_type, log.numels)
     out: list[Alert] = []
     for st in log.steps:
         out.extend(rules.update(st))

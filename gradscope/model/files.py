@@ -3,6 +3,13 @@
 The bytes are written to a temporary file in the target's folder, flushed, and renamed over the
 target (``os.replace`` is atomic on one file system), so a write that fails part-way (disk full,
 quota, Ctrl-C) leaves the previous file byte-identical and no half-written one.
+
+Only regular files are ever replaced. A symlink is followed: its target is replaced (atomically)
+and the link stays a link. A FIFO, a device (``/dev/null``), a socket or a folder at the path is
+refused with an ``OutputError``: renaming a file over it would swap the special file for a
+regular one (run as root, ``/dev/null`` itself). ``output_target`` does that check and gives the
+absolute path to write; the CLI calls it before the model file runs (a model file that changes
+folder cannot redirect the output), and every write calls it again.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
@@ -21,11 +29,52 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc) or type(exc).__name__
 
 
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def output_target(path: str | Path) -> Path:
+    """The absolute path a write to ``path`` replaces: symlinks followed, relative to the
+    current folder now (not when the write happens).
+
+    Raises:
+        OutputError: something that is not a regular file is there (a FIFO, a device, a
+            socket, a folder); nothing was written.
+    """
+    given = Path(path)
+    try:
+        target = Path(os.path.realpath(os.path.abspath(given)))
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return target
+    except OSError as exc:
+        raise OutputError(f"cannot write {given}: {_reason(exc)}") from None
+    if stat.S_ISREG(mode):
+        return target
+    kind = next((what for test, what in _KINDS if test(mode)), "not a regular file")
+    via = f" (through the link {given})" if target != Path(os.path.abspath(given)) else ""
+    raise OutputError(
+        f"refusing to write {target}{via}: it is {kind}, not a regular file, and writing would "
+        "replace it; give the path of a file (or - for standard output on the command line)"
+    )
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """A temporary path next to ``path``; renamed over ``path`` when the block ends cleanly,
-    removed when it raises. For writers that want a file name (``savefig``)."""
-    path = Path(path)
+    """A temporary path next to the file ``path`` names (a symlink's target); renamed over it
+    when the block ends cleanly, removed when it raises. For writers that want a file name
+    (``savefig``).
+
+    Raises:
+        OutputError: ``path`` is not a regular file (see ``output_target``), or the write
+            failed; the previous file is unchanged.
+    """
+    path = output_target(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp_path = _create_temp(path)
@@ -46,10 +95,12 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 def write_atomic(path: str | Path, data: bytes | str, *, encoding: str = "utf-8") -> Path:
-    """Write ``data`` to ``path`` atomically (parent folders are created).
+    """Write ``data`` to ``path`` atomically (parent folders are created; a symlink's target is
+    replaced, the link kept).
 
     Raises:
-        OutputError: the file could not be written; the previous file is unchanged.
+        OutputError: the file could not be written, or ``path`` is a FIFO, device, socket or
+            folder (see ``output_target``); the previous file is unchanged.
     """
     payload = data.encode(encoding) if isinstance(data, str) else data
     path = Path(path)

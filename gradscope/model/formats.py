@@ -6,8 +6,11 @@ The model owns the registry; the views fill it when ``gradscope`` is imported (e
 ``Graph.to_dot``, ``_repr_svg_`` and the CLI's ``--format`` all go through it.
 
 Adding an output format is one file in ``views/`` that calls ``register_format`` with
-``OutputFormat(name, render, options=...)`` and one import line in ``views/__init__.py``;
-``gs.FORMATS`` and ``gradscope render --format`` pick it up from here.
+``OutputFormat(name, render, options=..., kind=FormatKind.PICTURE, available=...)`` and one
+import line in ``views/__init__.py``; ``gs.FORMATS`` and ``gradscope render --format`` pick it up
+from here. Its ``kind`` says what the CLI makes of it (a picture gets a bounded, readable view; a
+page opens modules itself; data gets every node), its ``available`` whether it can be written on
+this machine (the Graphviz binary for SVG/PNG/PDF), checked before a model file runs.
 
 Records (``MemoryReport``, ``CheckResult``...) reach their rich renderings the same way:
 ``register_renderer(kind, fn)`` by a view, ``renderer(kind)`` by the record's method.
@@ -17,12 +20,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from ..errors import FormatError
+from ..errors import FormatError, GradscopeError
 from .files import write_atomic
 from .nodes import GraphLike
+
+
+class FormatKind(Enum):
+    """What a format is to its reader, which decides what of a graph is worth writing."""
+
+    #: one picture laid out by Graphviz (SVG, PNG, PDF, and DOT, its source): a bounded,
+    #: readable view
+    PICTURE = "picture"
+    #: an interactive page that opens and closes modules itself (HTML): the whole graph
+    PAGE = "page"
+    #: data for a program (JSON): every node, unless a depth is asked for
+    DATA = "data"
+
+
+def _always() -> bool:
+    return True
 
 
 @dataclass(frozen=True)
@@ -35,6 +55,15 @@ class OutputFormat:
         options: the keyword options ``render`` takes; any other option is refused.
         description: one line for ``--help``.
         binary: the bytes are not text (PNG, PDF).
+        kind: a picture, a page or data (``FormatKind``).
+        available: ``available() -> bool``: can it be written here (e.g. Graphviz present)?
+        unavailable: ``unavailable(name) -> GradscopeError``: the error that says how to make it
+            available (default: a ``FormatError`` naming the format).
+
+    Example:
+        >>> fmt = OutputFormat("txt", lambda graph: b"", kind=FormatKind.DATA)
+        >>> fmt.kind.value, fmt.available()
+        ('data', True)
     """
 
     name: str
@@ -42,6 +71,20 @@ class OutputFormat:
     options: frozenset[str] = field(default_factory=frozenset)
     description: str = ""
     binary: bool = False
+    kind: FormatKind = FormatKind.DATA
+    available: Callable[[], bool] = _always
+    unavailable: Callable[[str], GradscopeError] | None = None
+
+    def require(self) -> None:
+        """Raise the format's own error when it cannot be written on this machine.
+
+        Raises:
+            GradscopeError: ``available()`` is false (for SVG: ``GraphvizNotFoundError``).
+        """
+        if not self.available():
+            if self.unavailable is not None:
+                raise self.unavailable(self.name)
+            raise FormatError(f"the {self.name} format cannot be written on this machine")
 
 
 _FORMATS: dict[str, OutputFormat] = {}
@@ -60,7 +103,8 @@ def format_names() -> tuple[str, ...]:
 
 
 def get_format(name: str) -> OutputFormat:
-    """The format called ``name`` (case and a leading dot ignored).
+    """The format called ``name`` (case and a leading dot ignored): its kind, options and
+    availability (``gs.format_spec``).
 
     Raises:
         FormatError: no such format is registered.
@@ -80,11 +124,22 @@ def format_for(path: str | Path | None, fmt: str | None) -> str:
     """The format asked for, else the one the path's suffix names.
 
     Raises:
-        FormatError: the format (or the suffix) is not a registered one.
+        FormatError: the format (or the suffix) is not a registered one, or the format asked
+            for is not the one the suffix names (SVG bytes in ``x.png``).
     """
-    if fmt:
-        return get_format(fmt).name
     names = ", ".join(_FORMATS)
+    if fmt:
+        name = get_format(fmt).name
+        if path is None:
+            return name
+        suffix = Path(path).suffix.lower().lstrip(".")
+        if suffix in _FORMATS and suffix != name:
+            raise FormatError(
+                f"the format {name} and the output {str(path)!r} disagree: that name says "
+                f"{suffix}; name the file {Path(path).with_suffix('.' + name).name!r}, "
+                "or drop the format"
+            )
+        return name
     if path is None:
         raise FormatError(f"no output format given; pass one of {names}")
     suffix = Path(path).suffix

@@ -24,6 +24,7 @@ from .nodes import (
     SavedTensor,
     TensorInfo,
     format_bytes,
+    plural,
     saved_bytes_of,
 )
 
@@ -98,7 +99,7 @@ class Graph:
             >>> g = Graph([mul, Node("n2", "w", "leaf", tensor=w)], [Edge("n1", "n2")])
             >>> head, held = g.summary().split(", 2 saved tensors holding ")
             >>> head
-            '2 nodes (1 op, 1 leaf), 1 edges'
+            '2 nodes (1 op, 1 leaf), 1 edge'
             >>> held
             '1.0 KiB activations + 1.0 KiB params/inputs'
         """
@@ -109,9 +110,11 @@ class Graph:
         n_freed = sum(1 for n in self.nodes for s in n.saved if s.freed)
         freed = f" ({n_freed} freed)" if n_freed else ""
         split = memory.split_bytes(self.nodes, memory.alias_kinds(self))
+
         return (
-            f"{len(self.nodes)} nodes ({', '.join(parts) or 'none'}), {len(self.edges)} edges, "
-            f"{n_saved} saved tensors{freed} holding {split}"
+            f"{plural(len(self.nodes), 'node')} ({', '.join(parts) or 'none'}), "
+            f"{plural(len(self.edges), 'edge')}, {plural(n_saved, 'saved tensor')}{freed} "
+            f"holding {split}"
         )
 
     # ------------------------------------------------------------------ JSON
@@ -218,6 +221,6 @@ class Graph:
     def _repr_svg_(self) -> str | None:
         """The Graphviz picture, for graphs of at most ``SVG_NODES`` nodes (a bigger one costs
         seconds and megabytes on every display: the page shows it instead)."""
-        if len(self.nodes) > SVG_NODES or not formats.renderer("graphviz_available")():
+        if len(self.nodes) > SVG_NODES or not formats.get_format("svg").available():
             return None
         return self.render("svg").decode("utf-8")

@@ -272,6 +272,16 @@ def format_split(activation: int, leaf: int = 0, output: int = 0) -> str:
     return " + ".join(parts) or "0 B"
 
 
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """``n`` and the noun in the number it takes: ``1 node``, ``2 nodes``, ``1 box``.
+
+    Example:
+        >>> plural(1, "saved tensor"), plural(3, "node"), plural(2, "box", "boxes")
+        ('1 saved tensor', '3 nodes', '2 boxes')
+    """
+    return f"{n} {noun if n == 1 else (many or noun + 's')}"
+
+
 def format_bytes(n: float) -> str:
     """Human-readable bytes: ``512 B``, ``1.5 KiB``, ``3.2 MiB``."""
     if n < 1024:

@@ -55,13 +55,13 @@ def levels(path: str) -> list[str]:
 @functools.lru_cache(maxsize=65536)
 def _levels(path: str) -> tuple[str, ...]:
     """``levels`` as a tuple, cached: a big graph asks for the same few paths many times."""
-    out: list[str] = []
+    out: list[list[str]] = []  # parts of each level, joined once at the end (linear)
     for part in path.split(".") if path else []:
-        if out and _NUMERIC.match(part) and not out[-1].startswith("<"):
-            out[-1] = f"{out[-1]}.{part}"
+        if out and _NUMERIC.match(part) and not out[-1][0].startswith("<"):
+            out[-1].append(part)
         else:
-            out.append(part)
-    return tuple(out)
+            out.append([part])
+    return tuple(".".join(parts) for parts in out)
 
 
 def node_paths(graph: GraphLike) -> dict[str, str | None]:
@@ -101,3 +101,68 @@ def inside(module: str | None, path: str) -> bool:
     if module is None:
         return False
     return not path or module == path or module.startswith(path + ".")
+
+
+class ModuleTrie:
+    """Module paths as a trie of their levels: each distinct prefix (``encoder``,
+    ``encoder.layers.3``) is an integer, so code that visits every prefix of a path costs the
+    path's length, not its length squared (a path 100,000 levels deep is no special case).
+    Index 0 is the model itself (the empty path).
+
+    Example:
+        >>> t = ModuleTrie()
+        >>> ids = t.prefixes("enc.layers.3.attn")
+        >>> [t.level[i] for i in ids], t.path(ids[-1]), t.depth[ids[-1]]
+        (['enc', 'layers.3', 'attn'], 'enc.layers.3.attn', 3)
+    """
+
+    def __init__(self) -> None:
+        self.parent: list[int] = [-1]
+        self.level: list[str] = [""]
+        self.depth: list[int] = [0]
+        self.children: list[list[int]] = [[]]
+        self._index: dict[tuple[int, str], int] = {}
+
+    def child(self, parent: int, level: str) -> int:
+        """The index of level ``level`` below ``parent``, added when new."""
+        i = self._index.get((parent, level))
+        if i is None:
+            i = self._index[(parent, level)] = len(self.parent)
+            self.parent.append(parent)
+            self.level.append(level)
+            self.depth.append(self.depth[parent] + 1)
+            self.children.append([])
+            self.children[parent].append(i)
+        return i
+
+    def prefixes(self, path: str | None) -> list[int]:
+        """The indices of every prefix of ``path``, shallowest first ([] for None or "")."""
+        out: list[int] = []
+        i = 0
+        for level in levels(path) if path else ():
+            i = self.child(i, level)
+            out.append(i)
+        return out
+
+    def add(self, path: str | None) -> int:
+        """The index of ``path`` (0 for the model itself)."""
+        ids = self.prefixes(path)
+        return ids[-1] if ids else 0
+
+    def find(self, path: str) -> int | None:
+        """The index of ``path`` if it was added, else None."""
+        i = 0
+        for level in levels(path) if path else ():
+            found = self._index.get((i, level))
+            if found is None:
+                return None
+            i = found
+        return i
+
+    def path(self, i: int) -> str:
+        """The dotted path of prefix ``i``."""
+        parts = []
+        while i > 0:
+            parts.append(self.level[i])
+            i = self.parent[i]
+        return ".".join(reversed(parts))

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, Literal, overload
 
 from ..errors import SchemaError
@@ -57,9 +58,13 @@ from .nodes import KINDS, Box, Edge, GraphLike, Node, Region, SavedTensor, Tenso
 SCHEMA_VERSION = 3
 #: Versions ``graph_from_dict`` reads.
 READABLE_VERSIONS = (1, 2, 3)
-#: The deepest nesting a valid document has is 5 (a saved tensor's shape); anything much
-#: deeper is refused before it is parsed further.
-MAX_DEPTH = 32
+#: The deepest nesting a valid document has is 5 (a saved tensor's shape). A much deeper one
+#: is refused by the JSON parser itself (its recursion guard), not by a scan of the text first.
+MAX_DEPTH = 5
+#: What a node id may be: letters, digits, ``_``, ``-`` and ``.``, at most 200 characters
+#: (``n0``, ``m3``, ``more``), so an id is a name in every output, never syntax of it.
+NODE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}\Z")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 EDGE_KINDS = ("grad", "view", "saved")
 NONFINITE_KINDS = ("nan", "inf")
 ALIAS_KINDS = ("leaf", "output")
@@ -90,16 +95,28 @@ def graph_to_json(g: GraphLike) -> str:
         lines.append(f' "{key}": [')
         body = [f"  {dumps(item, ensure_ascii=False, allow_nan=False)}" for item in items]
         lines.append(",\n".join(body) + "]" + end)
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    # A lone surrogate (a name decoded with surrogateescape...) cannot be written as UTF-8:
+    # it is written as its JSON escape, which reads back as the same string.
+    if not text.isascii() and _SURROGATE.search(text):
+        text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return text
 
 
-def _float_to_json(x: float) -> float | str:
-    """Strict JSON has no NaN/Infinity: write them as the strings "nan", "inf", "-inf"."""
+def float_to_json(x: float, digits: int | None = None) -> float | str:
+    """``x`` for strict JSON, which has no NaN/Infinity: those become the strings "nan", "inf",
+    "-inf" (the schema's and the HTML page's spelling); with ``digits``, a finite ``x`` is
+    rounded to that many significant digits.
+
+    Example:
+        >>> float_to_json(float("nan")), float_to_json(-math.inf), float_to_json(0.123456, 4)
+        ('nan', '-inf', 0.1235)
+    """
     if x != x:
         return "nan"
     if x in (math.inf, -math.inf):
         return "inf" if x > 0 else "-inf"
-    return x
+    return x if digits is None else float(f"{x:.{digits}g}")
 
 
 def _saved_to_dict(s: SavedTensor) -> dict[str, Any]:
@@ -178,7 +195,7 @@ def _edge_to_dict(e: Edge) -> dict[str, Any]:
     if e.kind != "grad":
         d["kind"] = e.kind
     if e.grad_norm is not None:
-        d["grad_norm"] = _float_to_json(e.grad_norm)
+        d["grad_norm"] = float_to_json(e.grad_norm)
     if e.count != 1:
         d["count"] = e.count
     return d
@@ -202,46 +219,27 @@ def read_json(s: str | bytes) -> Parts:
             raise SchemaError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if not isinstance(s, str):
         raise SchemaError(f"expected JSON text (str or bytes), got {type(s).__name__}")
-    if _nesting(s) > MAX_DEPTH:
-        raise SchemaError(
-            f"the JSON nests deeper than {MAX_DEPTH} levels; a gradscope graph nests at most 5 "
-            "(expected the output of Graph.to_json())"
-        )
     try:
         data = json.loads(s)
     except json.JSONDecodeError as exc:
         raise SchemaError(
             f"not valid JSON ({exc}); expected the output of Graph.to_json()"
         ) from None
-    except (RecursionError, ValueError, OverflowError) as exc:
+    except RecursionError:
+        raise SchemaError(
+            f"the JSON nests too deeply to read; a gradscope graph nests at most {MAX_DEPTH} "
+            "levels (expected the output of Graph.to_json())"
+        ) from None
+    except (ValueError, OverflowError) as exc:
         raise SchemaError(f"not valid JSON ({type(exc).__name__}: {exc})") from None
-    return read_dict(data)
+    return read_dict(data, _consume=True)
 
 
-def _nesting(s: str) -> int:
-    """The deepest bracket nesting in ``s`` (strings skipped): cheap, and never recursive."""
-    depth = deepest = 0
-    in_str = escaped = False
-    for ch in s:
-        if in_str:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
-
-
-def read_dict(d: Any) -> Parts:
+def read_dict(d: Any, *, _consume: bool = False) -> Parts:
     """The nodes, edges and roots in the dict of any readable schema version, validated.
+
+    ``_consume`` (``read_json``, which owns the parsed document) drops each record of ``d`` once
+    read, so the parsed dicts and the built records are not all alive at once.
 
     Raises:
         SchemaError: the first problem found, with its JSON path.
@@ -260,7 +258,16 @@ def read_dict(d: Any) -> Parts:
         )
     r = _Reader(version)
     nodes_raw = r.list_of(d, "nodes", "")
-    nodes = [r.node(n, f"nodes[{i}]") for i, n in enumerate(nodes_raw)]
+    fast = version != 1
+    nodes: list[Node] = []
+    append = nodes.append
+    for i, raw in enumerate(nodes_raw):
+        # the common record is checked inline (no JSON path built); anything unusual, or
+        # wrong, goes the careful way, which names the path of the first problem
+        node = _fast_node(raw) if fast else None
+        append(node if node is not None else r.node(raw, f"nodes[{i}]"))
+        if _consume:
+            nodes_raw[i] = None
     ids: dict[str, int] = {}
     for i, n in enumerate(nodes):
         if n.id in ids:
@@ -271,7 +278,13 @@ def read_dict(d: Any) -> Parts:
         if n.region is not None and n.region not in ids:
             raise SchemaError(f"nodes[{i}].region: {json.dumps(n.region)} names no node")
     edges_raw = r.list_of(d, "edges", "")
-    edges = [r.edge(e, f"edges[{i}]", ids) for i, e in enumerate(edges_raw)]
+    edges: list[Edge] = []
+    add_edge = edges.append
+    for i, raw in enumerate(edges_raw):
+        edge = _fast_edge(raw, ids)
+        add_edge(edge if edge is not None else r.edge(raw, f"edges[{i}]", ids))
+        if _consume:
+            edges_raw[i] = None
     roots_raw = r.list_of(d, "roots", "")
     roots = []
     for i, root in enumerate(roots_raw):
@@ -281,6 +294,107 @@ def read_dict(d: Any) -> Parts:
             raise SchemaError(f"{at}: {json.dumps(root)} names no node")
         roots.append(root)
     return nodes, edges, roots
+
+
+_FAST_NODE_KEYS = frozenset(
+    {"id", "name", "kind", "module", "attrs", "saved", "tensor", "order", "module_classes",
+     "created_at"}
+)
+_FAST_SAVED_KEYS = frozenset(
+    {"name", "shape", "dtype", "device", "nbytes", "storage", "freed", "storage_nbytes"}
+)
+_SAVED_REQUIRED = _FAST_SAVED_KEYS - {"storage_nbytes"}
+_FAST_TENSOR_KEYS = frozenset({"name", "shape", "dtype", "device", "storage"})
+_TENSOR_REQUIRED = _FAST_TENSOR_KEYS - {"storage"}
+_FAST_EDGE_KEYS = frozenset({"src", "dst", "input_nr", "kind", "count"})
+
+
+def _fast_shape(v: Any) -> bool:
+    """A list of integers >= 0 (or null)."""
+    if type(v) is not list:
+        return False
+    for x in v:
+        if x is not None and (type(x) is not int or x < 0):
+            return False
+    return True
+
+
+def _opt_str(v: Any) -> bool:
+    return v is None or type(v) is str
+
+
+def _fast_node(d: Any) -> Node | None:
+    """A node of version 2 or 3 as ``Graph.to_json`` writes most of them, checked inline; None
+    for anything else (the careful reader then takes it, and names what is wrong)."""
+    if type(d) is not dict or not d.keys() <= _FAST_NODE_KEYS:
+        return None
+    nid, name, kind = d.get("id"), d.get("name"), d.get("kind")
+    if (type(nid) is not str or type(name) is not str or type(kind) is not str
+            or kind not in KINDS or not NODE_ID.match(nid)):
+        return None
+    module = d.get("module")
+    attrs = d.get("attrs", {})
+    if not _opt_str(module) or type(attrs) is not dict:
+        return None
+    for v in attrs.values():
+        if type(v) is not str:
+            return None
+    saved_raw = d.get("saved", [])
+    if type(saved_raw) is not list:
+        return None
+    saved = []
+    for sd in saved_raw:
+        if (type(sd) is not dict or not sd.keys() <= _FAST_SAVED_KEYS
+                or not _SAVED_REQUIRED <= sd.keys()):
+            return None
+        shape, nbytes, freed = sd["shape"], sd["nbytes"], sd["freed"]
+        size = sd.get("storage_nbytes")
+        sname = sd["name"]
+        if (type(sname) is not str or (shape is not None and not _fast_shape(shape))
+                or not _opt_str(sd["dtype"]) or not _opt_str(sd["device"])
+                or type(nbytes) is not int or nbytes < 0 or not _opt_str(sd["storage"])
+                or type(freed) is not bool
+                or (size is not None and (type(size) is not int or size < 0))):
+            return None
+        saved.append(SavedTensor(sname, shape, sd["dtype"], sd["device"], nbytes, sd["storage"],
+                                 freed, size))
+    t = d.get("tensor")
+    tensor = None
+    if t is not None:
+        if (type(t) is not dict or not t.keys() <= _FAST_TENSOR_KEYS
+                or not _TENSOR_REQUIRED <= t.keys()):
+            return None
+        tname, shape, dtype, device = t.get("name"), t.get("shape"), t.get("dtype"), t.get("device")
+        storage = t.get("storage")
+        if (not _opt_str(tname) or not _fast_shape(shape) or type(dtype) is not str
+                or type(device) is not str or not _opt_str(storage)):
+            return None
+        tensor = TensorInfo(tname, shape, dtype, device, storage)  # type: ignore[arg-type]
+    order = d.get("order")
+    if order is not None and (type(order) is not int or order < 0):
+        return None
+    classes = d.get("module_classes")
+    if classes is not None:
+        if type(classes) is not list or any(type(c) is not str for c in classes):
+            return None
+        classes = tuple(classes)
+    created = d.get("created_at")
+    if not _opt_str(created):
+        return None
+    return Node(nid, name, kind, module, dict(attrs), saved, tensor, order, classes, created)
+
+
+def _fast_edge(d: Any, ids: dict[str, int]) -> Edge | None:
+    """An edge as ``Graph.to_json`` writes most of them, checked inline; else None."""
+    if type(d) is not dict or not d.keys() <= _FAST_EDGE_KEYS:
+        return None
+    src, dst, nr = d.get("src"), d.get("dst"), d.get("input_nr", 0)
+    kind, count = d.get("kind", "grad"), d.get("count", 1)
+    if (type(src) is not str or type(dst) is not str or src not in ids or dst not in ids
+            or type(nr) is not int or nr < 0 or type(kind) is not str or kind not in EDGE_KINDS
+            or type(count) is not int or count < 1):
+        return None
+    return Edge(src, dst, nr, kind, None, count)
 
 
 def _show(v: Any) -> str:
@@ -436,8 +550,13 @@ class _Reader:
             raise self.fail(f"{at}.saved", "a list", saved_raw)
         attrs = self.attrs(d.get("attrs", {}), f"{at}.attrs")
         order = d.get("order")
+        nid = self.expect_str(self.field(d, "id", at), f"{at}.id")
+        if not NODE_ID.match(nid):
+            raise self.fail(
+                f"{at}.id", 'an id of letters, digits, "_", "-" and "." (at most 200 characters, '
+                "as Graph.to_json writes them: n0, n1...)", nid)
         node = Node(
-            id=self.expect_str(self.field(d, "id", at), f"{at}.id"),
+            id=nid,
             name=self.expect_str(self.field(d, "name", at), f"{at}.name"),
             kind=kind,
             module=self.opt_str(d.get("module"), f"{at}.module"),

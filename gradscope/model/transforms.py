@@ -24,8 +24,8 @@ from typing import Protocol, TypeVar
 
 from ..errors import ViewError
 from .memory import alias_kinds, split_bytes
-from .nodes import Box, Edge, GraphLike, Node, SavedTensor, storage_sizes
-from .paths import inside, levels, module_class, node_paths
+from .nodes import Box, Edge, GraphLike, Node, SavedTensor, plural, storage_sizes
+from .paths import ModuleTrie, inside, levels, module_class, node_paths
 
 
 class _GraphClass(GraphLike, Protocol):
@@ -37,8 +37,8 @@ class _GraphClass(GraphLike, Protocol):
 #: A graph type: the views return graphs of the class they were given (``Graph``).
 G = TypeVar("G", bound=_GraphClass)
 
-_INDEXED = re.compile(r"^(?:(.*)\.)?(\d+)(#\d+)?$")
-_REPEAT = re.compile(r"^(.*?)(?:#(\d+))?$")
+_INDEXED = re.compile(r"(?:(.*)\.)?(\d+)(#\d+)?\Z", re.S)
+_REPEAT = re.compile(r"(.*?)(?:#(\d+))?\Z", re.S)
 _KIND_INDEX = {"leaf": 1, "output": 2}
 
 
@@ -210,10 +210,31 @@ def auto_depth(graph: GraphLike, max_nodes: int = 1500) -> int | None:
     """
     if len(graph.nodes) <= max_nodes:
         return None
-    paths = node_paths(graph)
-    deepest = max((len(levels(p)) for p in paths.values() if p is not None), default=0)
+    # collapse(d) keeps every node shallower than d and makes one box per distinct prefix of
+    # depth d: both counted per depth in one pass over the module trie, not per depth tried.
+    trie = ModuleTrie()
+    shallow: list[int] = [0]  # shallow[d]: nodes whose path has exactly d levels (None: 0)
+    for path in node_paths(graph).values():
+        d = trie.depth[trie.add(path)] if path is not None else 0
+        if path is None:
+            shallow[0] += 1  # never collapsed: count it at every depth below
+            continue
+        while len(shallow) <= d + 1:
+            shallow.append(0)
+        shallow[d + 1] += 1  # kept by collapse(depth) for every depth > d
+    deepest = max(trie.depth)
+    prefixes = [0] * (deepest + 1)
+    for d in trie.depth[1:]:
+        prefixes[d] += 1
+    prefixes[0] = 1 if len(trie.depth) > 1 or any(
+        p is not None for p in node_paths(graph).values()) else 0
+    kept = 0
+    sizes = []
+    for depth in range(deepest + 1):
+        kept += shallow[depth] if depth < len(shallow) else 0
+        sizes.append(kept + prefixes[depth])
     for depth in range(deepest, -1, -1):
-        if collapsed_size(graph, depth, paths) <= max_nodes:
+        if sizes[depth] <= max_nodes:
             return depth
     return 0
 
@@ -245,37 +266,6 @@ def _signature(key: str, group: list[Node], edges: list[Edge]) -> object:
     )
 
 
-def _inner_edges(
-    graph: GraphLike, paths: dict[str, str | None], children: dict[str, set[str]]
-) -> Callable[[str], list[Edge]]:
-    """``inner(key)``: the edges with both ends inside module ``key``. Each edge is filed once
-    under the deepest module holding both ends, so the lookups of all modules cost the sum of
-    their subtrees, not one pass over every edge per module (which made folding a
-    28,000-module Sequential quadratic)."""
-    key_levels = {nid: levels(p) for nid, p in paths.items() if p is not None}
-    by_lca: dict[str, list[Edge]] = {}
-    for e in graph.edges:
-        a, b = key_levels.get(e.src), key_levels.get(e.dst)
-        if not a or not b:
-            continue
-        d = 0
-        while d < len(a) and d < len(b) and a[d] == b[d]:
-            d += 1
-        if d:
-            by_lca.setdefault(".".join(a[:d]), []).append(e)
-
-    def inner(key: str) -> list[Edge]:
-        out: list[Edge] = []
-        todo = [key]
-        while todo:
-            k = todo.pop()
-            out.extend(by_lca.get(k, ()))
-            todo.extend(children.get(k, ()))
-        return out
-
-    return inner
-
-
 def _sibling_key(level: str) -> tuple[tuple[str, str], int]:
     """``layers.3`` -> ((``layers``, ""), 3); ``block#2`` -> ((``block``, "#"), 2)."""
     m = _INDEXED.match(level)
@@ -286,18 +276,22 @@ def _sibling_key(level: str) -> tuple[tuple[str, str], int]:
     return (r.group(1), "#"), int(r.group(2) or 0)
 
 
-def _runs(children: list[str], sigs: dict[str, object]) -> list[list[str]]:
-    """Maximal runs (2 or more) of siblings with consecutive indices and equal signatures."""
-    by_stem: dict[tuple[str, str], list[tuple[int, str]]] = {}
-    for child in children:
-        stem, idx = _sibling_key(levels(child)[-1])
+def _runs(children: list[tuple[str, int]], alike: Callable[[int, int], bool]) -> list[list[int]]:
+    """Maximal runs (2 or more) of siblings ``(level, id)`` with consecutive indices where each
+    member is ``alike`` the one before it (asked of such neighbours only: a signature is
+    costly)."""
+    by_stem: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for level, child in children:
+        stem, idx = _sibling_key(level)
         by_stem.setdefault(stem, []).append((idx, child))
-    runs: list[list[str]] = []
+    runs: list[list[int]] = []
     for items in by_stem.values():
+        if len(items) < 2:
+            continue
         items.sort()
         run = [items[0]]
         for item in items[1:]:
-            if item[0] == run[-1][0] + 1 and sigs[item[1]] == sigs[run[-1][1]]:
+            if item[0] == run[-1][0] + 1 and alike(run[-1][1], item[1]):
                 run.append(item)
                 continue
             if len(run) > 1:
@@ -365,37 +359,167 @@ def fold_runs(graph: GraphLike, *, inside: str = "none") -> list[Run]:
     """
     if inside not in ("none", "first", "all"):
         raise ViewError(f"inside must be 'none', 'first' or 'all', got {inside!r}")
-    paths = node_paths(graph)
-    groups: dict[str, list[Node]] = {}  # module key -> every node in its subtree
-    children: dict[str, set[str]] = {}
-    for n in graph.nodes:
-        path = paths[n.id]
-        if path is None:
-            continue
-        lv = levels(path)
-        for d in range(1, len(lv) + 1):
-            key = ".".join(lv[:d])
-            groups.setdefault(key, []).append(n)
-            children.setdefault(".".join(lv[: d - 1]), set()).add(key)
-    inner = _inner_edges(graph, paths, children)
-    runs: list[Run] = []
-    todo = [""]
+    return _Folder(graph).runs(inside)
+
+
+class _Folder:
+    """The module tree of a graph as a ``ModuleTrie`` (every prefix an integer, so any depth
+    costs the paths' length), with what ``fold_runs`` asks of it."""
+
+    def __init__(self, graph: GraphLike) -> None:
+        self.graph = graph
+        self.paths = node_paths(graph)
+        self.trie = trie = ModuleTrie()
+        self.direct: dict[int, list[int]] = {}  # trie index -> indices of its own nodes
+        self.mod: dict[str, int] = {}  # node id -> trie index of its path
+        for i, n in enumerate(graph.nodes):
+            path = self.paths[n.id]
+            if path is None:
+                continue
+            m = trie.add(path)
+            self.mod[n.id] = m
+            self.direct.setdefault(m, []).append(i)
+        self._keys: dict[int, str] = {0: ""}
+        self._by_lca: dict[int, list[Edge]] | None = None
+        self._sigs: dict[int, object] = {}
+        self._index: dict[str, int] | None = None
+
+    def key(self, m: int) -> str:
+        k = self._keys.get(m)
+        if k is None:
+            k = self._keys[m] = self.trie.path(m)
+        return k
+
+    def subtree(self, m: int) -> list[Node]:
+        """Every node inside module ``m``, in graph order."""
+        found: list[int] = []
+        todo = [m]
+        while todo:
+            k = todo.pop()
+            found.extend(self.direct.get(k, ()))
+            todo.extend(self.trie.children[k])
+        found.sort()
+        return [self.graph.nodes[i] for i in found]
+
+    def _lca(self, a: int, b: int) -> int:
+        depth, parent = self.trie.depth, self.trie.parent
+        while depth[a] > depth[b]:
+            a = parent[a]
+        while depth[b] > depth[a]:
+            b = parent[b]
+        while a != b:
+            a, b = parent[a], parent[b]
+        return a
+
+    def inner(self, m: int) -> list[Edge]:
+        """The edges with both ends inside module ``m``: each edge is filed once under the
+        deepest module holding both ends, so the lookups of all modules cost the sum of their
+        subtrees, not one pass over every edge per module (which made folding a
+        28,000-module Sequential quadratic)."""
+        if self._by_lca is None:
+            self._by_lca = {}
+            for e in self.graph.edges:
+                a, b = self.mod.get(e.src), self.mod.get(e.dst)
+                if a is not None and b is not None:
+                    self._by_lca.setdefault(self._lca(a, b), []).append(e)
+        out: list[Edge] = []
+        todo = [m]
+        while todo:
+            k = todo.pop()
+            out.extend(self._by_lca.get(k, ()))
+            todo.extend(self.trie.children[k])
+        return out
+
+    def signature(self, m: int) -> object:
+        sig = self._sigs.get(m)
+        if sig is None:
+            sig = self._sigs[m] = _signature(self.key(m), self.subtree(m), self.inner(m))
+        return sig
+
+    def runs(self, inside: str) -> list[Run]:
+        trie = self.trie
+        runs: list[Run] = []
+        todo = [0]
+        while todo:
+            parent = todo.pop()
+            # siblings share their parent's path: ordered by their own level, as by their path
+            kids = sorted(trie.children[parent], key=lambda k: trie.level[k])
+            succ: list[dict[int, set[int]]] = []  # the parent's item graph, built when asked
+
+            def alike(a: int, b: int, parent: int = parent,
+                      succ: list[dict[int, set[int]]] = succ) -> bool:
+                if self.signature(a) != self.signature(b):
+                    return False
+                if not succ:
+                    succ.append(self.items(parent))
+                return _consecutive(succ[0], a, b)
+
+            folded: set[int] = set()
+            for run in _runs([(trie.level[k], k) for k in kids], alike):
+                keys = [self.key(k) for k in run]
+                name, path = _fold_label(keys)
+                members = [n for k in run for n in self.subtree(k)]
+                runs.append(Run(path, name, tuple(keys), module_class(keys[0], members)))
+                folded.update(run)
+                if inside == "first":
+                    todo.append(run[0])
+                elif inside == "all":
+                    todo.extend(run)
+            todo.extend(k for k in kids if k not in folded)
+        return runs
+
+    def items(self, parent: int) -> dict[int, set[int]]:
+        """The forward graph between the direct items of module ``parent``: its child modules
+        (trie indices) and its own nodes (``-1 - node index``); an edge goes from an input's
+        item to its user's."""
+        trie = self.trie
+        if self._index is None:
+            self._index = {n.id: i for i, n in enumerate(self.graph.nodes)}
+        index = self._index
+        depth = trie.depth[parent]
+        item: dict[str, int | None] = {}
+
+        def item_of(nid: str) -> int | None:
+            m = self.mod.get(nid)
+            if m is None:  # no module: the model's own (an input, an output)
+                return -1 - index[nid] if parent == 0 and nid in index else None
+            if trie.depth[m] <= depth:
+                return -1 - index[nid] if m == parent else None
+            while trie.depth[m] > depth + 1:
+                m = trie.parent[m]
+            return m if trie.parent[m] == parent else None
+
+        succ: dict[int, set[int]] = {}
+        for e in self.graph.edges if parent == 0 else self.inner(parent):
+            for nid in (e.src, e.dst):
+                if nid not in item:
+                    item[nid] = item_of(nid)
+            x, y = item[e.dst], item[e.src]
+            if x is not None and y is not None and x != y:
+                succ.setdefault(x, set()).add(y)
+        return succ
+
+
+def _consecutive(succ: dict[int, set[int]], a: int, b: int) -> bool:
+    """Whether the calls of sibling modules ``a`` and ``b`` (``b`` called later) follow one
+    another: no other module of their parent lies on a forward path from ``a`` to ``b``
+    (``succ``: ``_Folder.items``). A ResNet block's ``relu`` before and after
+    ``conv2``/``bn2``, or T5's ``dropout`` on the embeddings and after the last layer, are two
+    calls of one module that do not."""
+    seen: set[tuple[int, bool]] = set()
+    todo = [(x, x >= 0 and x != b) for x in succ.get(a, ())]
     while todo:
-        parent = todo.pop()
-        kids = sorted(children.get(parent, ()))
-        sigs = {k: _signature(k, groups[k], inner(k)) for k in kids}
-        folded: set[str] = set()
-        for run in _runs(kids, sigs):
-            name, path = _fold_label(run)
-            members = [n for k in run for n in groups[k]]
-            runs.append(Run(path, name, tuple(run), module_class(run[0], members)))
-            folded.update(run)
-            if inside == "first":
-                todo.append(run[0])
-            elif inside == "all":
-                todo.extend(run)
-        todo.extend(k for k in kids if k not in folded)
-    return runs
+        x, through = todo.pop()
+        if x == b:
+            if through:
+                return False
+            continue
+        if x == a or (x, through) in seen:
+            continue
+        seen.add((x, through))
+        for nxt in succ.get(x, ()):
+            todo.append((nxt, through or (nxt >= 0 and nxt != b)))
+    return True
 
 
 def fold(graph: G, *, keep_first: bool = False) -> G:
@@ -421,23 +545,25 @@ def fold(graph: G, *, keep_first: bool = False) -> G:
         >>> [n.name for n in fold(g).nodes]
         ['output', '0-7 x8']
     """
-    paths = node_paths(graph)
-    runs = {r.path: r for r in fold_runs(graph, inside="first" if keep_first else "none")}
-    member_of: dict[str, str] = {}  # module key -> the run path its nodes fold into
+    folder = _Folder(graph)
+    runs = {r.path: r for r in folder.runs("first" if keep_first else "none")}
+    trie = folder.trie
+    member_of: dict[int, str] = {}  # module trie index -> the run path its nodes fold into
     for run in runs.values():
         for k in run.members[1:] if keep_first else run.members:
-            member_of[k] = run.path
+            m = trie.find(k)
+            if m is not None:
+                member_of[m] = run.path
     key_of: dict[str, str] = {}
-    for n in graph.nodes:
-        path = paths[n.id]
-        if path is None:
-            continue
-        lv = levels(path)
-        for d in range(1, len(lv) + 1):
-            run_path = member_of.get(".".join(lv[:d]))
-            if run_path is not None:
-                key_of[n.id] = run_path
-                break
+    if member_of:
+        for n in graph.nodes:
+            m = folder.mod.get(n.id)
+            found = None
+            while m is not None and m > 0:  # the outermost run the node lies in
+                found = member_of.get(m, found)
+                m = trie.parent[m]
+            if found is not None:
+                key_of[n.id] = found
 
     kinds = alias_kinds(graph)
 
@@ -490,7 +616,8 @@ def nearest(graph: G, max_nodes: int) -> tuple[G, int]:
     kinds = alias_kinds(graph)
     split = split_bytes(rest, kinds)
     more = Node(
-        "more", f"… {len(rest)} more nodes", "module", saved=[s for n in rest for s in n.saved],
+        "more", f"… {plural(len(rest), 'more node')}", "module",
+        saved=[s for n in rest for s in n.saved],
         box=Box("", sum(n.count for n in rest), split.total, leaf_bytes=split.leaf,
                 output_bytes=split.output,
                 aliases={sid: kinds[sid] for sid in storage_sizes(rest) if sid in kinds}),

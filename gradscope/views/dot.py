@@ -20,10 +20,10 @@ import re
 import textwrap
 from dataclasses import dataclass, field
 
-from ..model.formats import OutputFormat, register_format
+from ..model.formats import FormatKind, OutputFormat, register_format
 from ..model.graph import Edge, Graph, Node, SavedTensor, format_bytes
-from ..model.nodes import format_split
-from ..model.transforms import levels, module_class, node_paths
+from ..model.nodes import format_split, plural
+from ..model.transforms import levels, node_paths
 from .style import (
     BAD_COLOR,
     BASE_COLOR,
@@ -36,6 +36,7 @@ from .style import (
     NORM_BANDS,
     OUTPUT_COLOR,
     SAVED_COLOR,
+    clean_text,
     format_norm,
     norm_color,
     size_to_str,
@@ -50,11 +51,59 @@ NODE_ATTR = (
 )
 
 
+#: The longest string written in DOT, in characters: Graphviz's reader stops at 16,384 bytes, and
+#: a character takes at most 4 (a backslash 2, escaped).
+MAX_QUOTED = 3800
+_DOT_SPECIAL = re.compile('[\\\\"\n]')
+
+
 def quote(s: str) -> str:
-    """A DOT double-quoted string."""
-    if "\\" in s or '"' in s or "\n" in s:
+    """A DOT double-quoted string that Graphviz reads as text only: ``\\`` and ``"`` escaped
+    (so no ``\\N``-style label escape and no end of the string), a newline written as DOT's
+    line break, and control characters, bidirectional marks and lone surrogates as visible
+    escapes (``clean_text``): Graphviz stops at NUL, and a surrogate cannot be written as
+    UTF-8."""
+    s = clean_text(s, newlines=True)
+    if len(s) > MAX_QUOTED:  # Graphviz refuses a string longer than 16 KiB: keep the start
+        s = s[:MAX_QUOTED] + f"… ({len(s) - MAX_QUOTED} more characters)"
+    if _DOT_SPECIAL.search(s):
         s = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return '"' + s + '"'
+
+
+#: An id DOT reads as one token without quotes; DOT's keywords (any case) are not.
+_BARE_ID = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_DOT_KEYWORDS = frozenset({"node", "edge", "graph", "digraph", "subgraph", "strict"})
+
+
+class _Ids:
+    """The DOT id of every node and saved-tensor box: the node's own id when DOT reads it as
+    one token (``n0``: what every captured graph has), else that id quoted, its unsafe
+    characters made visible; one that would name an id already taken (two ids alike once
+    cleaned, or a node called ``n0_s0`` beside the saved box of ``n0``) gets a ``~k`` suffix,
+    so every node is its own box whatever the ids say."""
+
+    def __init__(self, nodes: list[Node]) -> None:
+        self.used: set[str] = set()
+        self.tok: dict[str, str] = {}
+        for n in nodes:
+            if n.id not in self.tok:
+                self.tok[n.id] = self.new(n.id)
+
+    def new(self, want: str) -> str:
+        text = clean_text(want)
+        key, k = text, 1
+        while key in self.used:
+            key = f"{text}~{k}"
+            k += 1
+        self.used.add(key)
+        return key if _BARE_ID.match(key) and key.lower() not in _DOT_KEYWORDS else quote(key)
+
+    def of(self, nid: str) -> str:
+        tok = self.tok.get(nid)
+        if tok is None:  # an edge to a node the graph does not hold
+            tok = self.tok[nid] = self.new(nid)
+        return tok
 
 
 def attr_entries(node: Node) -> dict[str, str]:
@@ -184,11 +233,12 @@ def _base_style(node: Node, attrs: bool, max_attr_chars: int) -> tuple[str, dict
     if node.kind == "module":  # a collapsed group (Graph.collapse) or folded run (Graph.fold)
         box = node.box
         cls, count = (box.cls, box.nodes) if box is not None else ("", "?")
-        label = f"{node.name}\n{cls} · {count} nodes\nsaved {_box_bytes(node)}"
+        nodes = plural(count, "node") if isinstance(count, int) else f"{count} nodes"
+        label = f"{node.name}\n{cls} · {nodes}\nsaved {_box_bytes(node)}"
         if box is not None and box.shown and node.module:  # fold(keep_first=True)
             rest = _others_label(node.module, box.repeat or 0)
             like = levels(box.shown)[-1]
-            label = f"{rest}\nlike {like} · {count} nodes\nsaved {_box_bytes(node)}"
+            label = f"{rest}\nlike {like} · {nodes}\nsaved {_box_bytes(node)}"
         extra["fillcolor"] = FOLDED_COLOR if box is not None and box.repeat else MODULE_COLOR
         extra["shape"] = "box3d"
         extra["tooltip"] = f"{node.module}: expand with --depth or --no-fold"
@@ -254,6 +304,7 @@ class _Options:
     notes: dict[str, str] | None  # node id -> an extra label line (e.g. memory held)
     root: str | os.PathLike[str] | None = None  # forward lines are shown relative to it
     compact: bool = False  # saved tensors and parameter chains on their node's rank
+    ids: _Ids = field(default_factory=lambda: _Ids([]), compare=False)
     # Attribute lists of plain backward nodes, by everything they depend on: a deep model
     # repeats the same few (1,000 identical AddmmBackward0 labels), so each is built once.
     memo: dict[tuple[object, ...], str] = field(default_factory=dict, compare=False)
@@ -283,85 +334,132 @@ def _node_lines(node: Node, opt: _Options, indent: str) -> list[str]:
         attr_list = _attr_list(label, extra)
         if key is not None:
             opt.memo[key] = attr_list
-    lines = [f"{indent}{node.id} [{attr_list}]"]
+    ids = opt.ids
+    nid = ids.of(node.id)
+    lines = [f"{indent}{nid} [{attr_list}]"]
     if opt.saved and node.kind != "module":
-        nid = node.id
+        sids = []
         for i, s in enumerate(node.saved):
-            sid = f"{nid}_s{i}"
+            sid = ids.new(f"{node.id}_s{i}")
+            sids.append(sid)
             if s.freed:
                 slabel, sextra = saved_style(s)
                 lines.append(f"{indent}{sid} [{_attr_list(slabel, sextra)}]")
-            else:  # the common case, written directly: nothing in it needs escaping but the name
+            else:  # the common case, written directly
                 tip = f"{s.dtype} on {s.device}, {format_bytes(s.nbytes)}, storage {s.storage}"
                 label = quote(var_label(s.name, s.shape))
                 lines.append(
-                    f'{indent}{sid} [label={label} fillcolor="{SAVED_COLOR}" tooltip="{tip}"]'
+                    f'{indent}{sid} [label={label} fillcolor="{SAVED_COLOR}" tooltip={quote(tip)}]'
                 )
             lines.append(f"{indent}{nid} -> {sid} [dir=none]")
-        if opt.compact and node.saved:  # beside their node, not on a rank of their own
-            ids = "; ".join([nid] + [f"{nid}_s{i}" for i in range(len(node.saved))])
-            lines.append(f"{indent}{{rank=same; {ids}}}")
+        if opt.compact and sids:  # beside their node, not on a rank of their own
+            lines.append(f"{indent}{{rank=same; {'; '.join([nid, *sids])}}}")
     return lines
+
+
+#: Deeper clusters are written with this many tabs: indentation stays linear in the input.
+MAX_INDENT = 32
+#: A cluster's tooltip names its module path; a longer one keeps its end (a path thousands of
+#: levels deep would otherwise make the DOT text grow with the square of its depth).
+MAX_TOOLTIP = 200
+
+
+@dataclass
+class _Cluster:
+    """One drawn cluster: its parent's index, its level (``layers.3``), the module it shows
+    (a module trie index; -1 for a fold), the fold box it stands for, if any, and its depth in
+    real module levels."""
+
+    parent: int
+    level: str
+    module: int
+    fold: Node | None
+    depth: int
 
 
 @dataclass
 class _Clusters:
-    """Where each node is drawn: ``keys`` (node id -> cluster levels, [] for the top level), and
-    the folds that keep their first member drawn: ``folds`` (cluster path of the fold -> its
-    box), ``real`` (cluster path -> the module path it shows, for class names)."""
+    """Where each node is drawn: ``of`` (node id -> cluster index; 0 is the top level), the
+    clusters as a trie of interned prefixes (so a path thousands of levels deep costs its
+    length, not its length squared), and the modules they show (trie indices)."""
 
-    keys: dict[str, list[str]]
-    folds: dict[str, Node]
-    real: dict[str, str]
+    of: dict[str, int]
+    clusters: list[_Cluster]
+    box_module: dict[str, int]  # a module box's node id -> its module's trie index
+
+    module_tail: list[str]  # module trie index -> its path's last MAX_TOOLTIP characters
+    module_size: list[int]  # ... and its full length
+
+    def module_path(self, m: int) -> str:
+        """The dotted path of module ``m``; a longer one than ``MAX_TOOLTIP`` keeps its end."""
+        tail = self.module_tail[m]
+        return tail if self.module_size[m] <= MAX_TOOLTIP else "…" + tail[1:]
 
 
 def _cluster_keys(graph: Graph) -> _Clusters:
-    """Node id -> the module levels of the cluster it is drawn in ([] for the top level). A fold
-    box with ``shown`` (``fold(keep_first=True)``) gets a cluster of its own around itself and
-    the member it keeps: ``layers.0-63 x64`` holds ``layers.0`` and the ``layers.1-63`` box."""
-    shown: dict[str, Node] = {}  # the member a fold keeps drawn -> the fold's box
+    """The cluster each node is drawn in. A fold box with ``shown`` (``fold(keep_first=True)``)
+    gets a cluster of its own around itself and the member it keeps: ``layers.0-63 x64`` holds
+    ``layers.0`` and the ``layers.1-63`` box."""
+    module_tail, module_size = [""], [0]
+    mtrie: dict[tuple[int, str], int] = {}
+    clusters = [_Cluster(-1, "", 0, None, 0)]
+    ctrie: dict[tuple[int, str], int] = {}
+
+    def module(parent: int, level: str) -> int:
+        m = mtrie.get((parent, level))
+        if m is None:
+            m = mtrie[(parent, level)] = len(module_tail)
+            up = module_tail[parent]
+            module_tail.append((f"{up}.{level}" if parent else level)[-MAX_TOOLTIP:])
+            module_size.append(module_size[parent] + (1 if parent else 0) + len(level))
+        return m
+
+    def cluster(parent: int, level: str, m: int, depth: int) -> int:
+        c = ctrie.get((parent, level))
+        if c is None:
+            c = ctrie[(parent, level)] = len(clusters)
+            clusters.append(_Cluster(parent, level, m, None, depth))
+        return c
+
+    def mwalk(lv: list[str]) -> int:
+        m = 0
+        for part in lv:
+            m = module(m, part)
+        return m
+
+    def walk(lv: list[str]) -> int:
+        """The cluster of levels ``lv``, with the level of each fold whose kept member they
+        lie in inserted."""
+        c = m = 0
+        for depth, part in enumerate(lv, 1):
+            m = module(m, part)
+            box = folds.get(m)
+            if box is not None:
+                c = cluster(c, levels(box.module or "")[-1], -1, depth - 1)
+                clusters[c].fold, clusters[c].module = box, -1
+            c = cluster(c, part, m, depth)
+        return c
+
+    folds: dict[int, Node] = {}  # module trie index of the member a fold keeps -> the fold box
     for n in graph.nodes:
         if n.kind == "module" and n.box is not None and n.box.shown and n.module:
-            shown[n.box.shown] = n
-    keys: dict[str, list[str]] = {}
-    folds: dict[str, Node] = {}
-    real: dict[str, str] = {}
+            folds[mwalk(levels(n.box.shown))] = n
+    of: dict[str, int] = {}
+    box_module: dict[str, int] = {}
     for nid, path in node_paths(graph).items():
         lv = levels(path) if path else []
         node = graph.node(nid)
-        box = node.kind == "module"
-        if box and node.box is not None and node.box.shown and node.module:
-            lv = levels(node.module)  # the box of the others sits in its fold's cluster
-        elif lv and box:
-            lv = lv[:-1]  # a box stands for its module: drawn inside the module's parent
-        if shown:
-            lv = _insert_folds(lv, shown)
-        keys[nid] = lv
-    for path, fold_box in shown.items():
-        outer = _insert_folds(levels(path)[:-1], shown) + [levels(fold_box.module or "")[-1]]
-        folds[".".join(outer)] = fold_box
-    if shown:
-        for lv in keys.values():
-            for d in range(1, len(lv) + 1):
-                key = ".".join(lv[:d])
-                if key not in real and key not in folds:
-                    real[key] = ".".join(x for i, x in enumerate(lv[:d])
-                                         if ".".join(lv[: i + 1]) not in folds)
-    return _Clusters(keys, folds, real)
+        if node.kind == "module" and node.module is not None:
+            box_module[nid] = mwalk(levels(node.module))
+            # the box of a fold's others sits in its fold's cluster (its path's last level);
+            # any other box stands for its module: drawn inside the module's parent
+            if not (node.box is not None and node.box.shown) and lv:
+                lv = lv[:-1]
+        of[nid] = walk(lv)
+    return _Clusters(of, clusters, box_module, module_tail, module_size)
 
 
-def _insert_folds(lv: list[str], shown: dict[str, Node]) -> list[str]:
-    """Module levels with the level of each fold whose kept member they lie in inserted."""
-    out: list[str] = []
-    for d, part in enumerate(lv):
-        box = shown.get(".".join(lv[: d + 1]))
-        if box is not None:
-            out.append(levels(box.module or "")[-1])
-        out.append(part)
-    return out
-
-
-def _param_chains(graph: Graph, keys: dict[str, list[str]]) -> dict[str, str]:
+def _param_chains(graph: Graph, of: dict[str, int], ids: _Ids) -> dict[str, str]:
     """AccumulateGrad id -> ``{rank=same; leaf; AccumulateGrad; consumer}`` for a parameter
     drawn on the rank of the op that uses it (both in one cluster): a module's parameters then
     add no rank above it, and consecutive modules stack instead of spreading sideways."""
@@ -375,73 +473,88 @@ def _param_chains(graph: Graph, keys: dict[str, list[str]]) -> dict[str, str]:
             users.setdefault(e.dst, []).append(e.src)
     out = {}
     for acc, lf in leaf.items():
-        ids = [lf, acc]
+        chain = [lf, acc]
         use = users.get(acc, [])
-        if len(use) == 1 and keys.get(use[0]) == keys.get(acc):
-            ids.append(use[0])
-        out[acc] = "{rank=same; " + "; ".join(ids) + "}"
+        if len(use) == 1 and of.get(use[0]) == of.get(acc):
+            chain.append(use[0])
+        out[acc] = "{rank=same; " + "; ".join(ids.of(x) for x in chain) + "}"
     return out
 
 
 def _cluster_lines(graph: Graph, cl: _Clusters, opt: _Options) -> list[str]:
     """Nodes nested in ``subgraph cluster_*`` blocks by module path, in first-seen order."""
-    keys = cl.keys
-    tree: dict[str, list[str]] = {}  # cluster path -> child cluster paths, in first-seen order
-    members: dict[str, list[Node]] = {}
-    knows: dict[str, Node] = {}  # cluster path -> a node inside it that knows its class
+    of = cl.of
+    kids: dict[int, list[int]] = {}  # cluster -> child clusters, in first-seen order
+    listed: set[int] = {0}
+    members: dict[int, list[Node]] = {}
+    knows: dict[int, Node] = {}  # cluster -> a node inside it that knows its class
+    parent_of = [c.parent for c in cl.clusters]
     for node in graph.nodes:
-        lv = keys[node.id]
-        path = ".".join(lv)
-        members.setdefault(path, []).append(node)
+        c = of[node.id]
+        members.setdefault(c, []).append(node)
         if node.kind == "module" or node.module_classes:
-            for d in range(1, len(lv) + 1):
-                knows.setdefault(".".join(lv[:d]), node)
-        for d in range(len(lv), 0, -1):
-            child, parent = ".".join(lv[:d]), ".".join(lv[: d - 1])
-            kids = tree.setdefault(parent, [])
-            if child in kids:
-                break
-            kids.append(child)
-    chains = _param_chains(graph, keys) if opt.compact else {}
+            k = c
+            while k > 0 and k not in knows:
+                knows[k] = node
+                k = parent_of[k]
+        k = c
+        while k not in listed:
+            listed.add(k)
+            kids.setdefault(parent_of[k], []).append(k)
+            k = parent_of[k]
+    chains = _param_chains(graph, of, opt.ids) if opt.compact else {}
     out: list[str] = []
     counter = 0
-    # (cluster path, depth, opening?): iterative, so deep module trees meet no recursion limit
-    stack: list[tuple[str, int, bool]] = [("", 0, True)]
+    # (cluster, depth, opening?): iterative, so deep module trees meet no recursion limit
+    stack: list[tuple[int, int, bool]] = [(0, 0, True)]
     while stack:
-        path, depth, opening = stack.pop()
-        indent = "\t" * depth
+        c, depth, opening = stack.pop()
+        indent = "\t" * min(depth, MAX_INDENT)
         if not opening:
             out.append(f"{indent}}}")
             continue
-        group = members.get(path, [])
         if depth:
             out.append(f"{indent}subgraph cluster_{counter} {{")
-            label, tip = _cluster_label(path, cl, knows)
+            label, tip = _cluster_label(c, cl, knows)
             head = f"label={quote(label)} tooltip={quote(tip)}"
             out.append(f"{indent}\tgraph [{head} {CLUSTER_ATTR}]")
             counter += 1
-            stack.append((path, depth, False))
-        for node in group:
+            stack.append((c, depth, False))
+        for node in members.get(c, ()):
             out.extend(_node_lines(node, opt, indent + "\t"))
             if node.id in chains:
                 out.append(f"{indent}\t{chains[node.id]}")
-        stack.extend((child, depth + 1, True) for child in reversed(tree.get(path, [])))
+        stack.extend((child, depth + 1, True) for child in reversed(kids.get(c, [])))
     return out
 
 
-def _cluster_label(path: str, cl: _Clusters, knows: dict[str, Node]) -> tuple[str, str]:
+def _cluster_label(c: int, cl: _Clusters, knows: dict[int, Node]) -> tuple[str, str]:
     """(label, tooltip) of a cluster: ``name: Class``; a fold's says what it folds."""
-    box = cl.folds.get(path)
+    cluster = cl.clusters[c]
+    box = cluster.fold
     if box is not None:
         assert box.box is not None and box.box.shown is not None
         cls = box.box.cls
         first = levels(box.box.shown)[-1]
-        name = f"{levels(box.module or '')[-1]} x{box.box.repeat}"
+        name = f"{cluster.level} x{box.box.repeat}"
         label = f"{name}: {cls}".rstrip(": ") + f" ({first} drawn, the others alike)"
-        return label, f"{box.module}: draw every repeat with --no-fold"
-    module = cl.real.get(path, path)
-    sample = [knows[path]] if path in knows else []
-    return f"{levels(module)[-1]}: {module_class(module, sample)}".rstrip(": "), module
+        return label, f"{_tail(box.module or '')}: draw every repeat with --no-fold"
+    cls = ""
+    sample = knows.get(c)
+    if sample is not None and sample.module is not None:  # as paths.module_class, but O(1)
+        depth = cluster.depth
+        if (sample.box is not None and sample.box.cls
+                and cl.box_module.get(sample.id) == cluster.module):
+            cls = sample.box.cls
+        else:
+            chain = sample.module_classes
+            if chain and len(chain) > depth and chain[depth]:
+                cls = chain[depth]
+    return f"{cluster.level}: {cls}".rstrip(": "), cl.module_path(cluster.module)
+
+
+def _tail(path: str, limit: int = MAX_TOOLTIP) -> str:
+    return path if len(path) <= limit else "…" + path[-limit:]
 
 
 def to_dot(
@@ -479,8 +592,9 @@ def to_dot(
     """
     # A cheap test first: graphs traced without scopes have no module and skip the grouping.
     cl = _cluster_keys(graph) if clusters and any(n.module for n in graph.nodes) else None
-    clustered = cl is not None and any(cl.keys.values())
-    opt = _Options(saved, attrs, max_attr_chars, notes, root, compact=clustered)
+    clustered = cl is not None and any(cl.of.values())
+    ids = _Ids(graph.nodes)
+    opt = _Options(saved, attrs, max_attr_chars, notes, root, compact=clustered, ids=ids)
     # clustered pictures are tighter than torchviz's defaults: clusters add their own margins
     head = "\tgraph [rankdir=TB nodesep=0.12 ranksep=0.2]" if clustered else "\tgraph [rankdir=TB]"
     out = ["digraph {", f"\tnode [{NODE_ATTR}]", head]
@@ -489,13 +603,14 @@ def to_dot(
     else:
         for node in graph.nodes:
             out.extend(_node_lines(node, opt, "\t"))
+    tok = ids.of
     for e in graph.edges:
         if e.kind in ("view", "saved"):
-            out.append(f"\t{e.dst} -> {e.src} [style=dotted]")
+            out.append(f"\t{tok(e.dst)} -> {tok(e.src)} [style=dotted]")
         elif e.grad_norm is not None or e.count != 1:
-            out.append(f"\t{e.dst} -> {e.src} [{_edge_attrs(e)}]")
+            out.append(f"\t{tok(e.dst)} -> {tok(e.src)} [{_edge_attrs(e)}]")
         else:
-            out.append(f"\t{e.dst} -> {e.src}")
+            out.append(f"\t{tok(e.dst)} -> {tok(e.src)}")
     if legend:
         out.append(legend_line(graph, saved=saved, clustered=clustered))
     out.append("}")
@@ -585,4 +700,7 @@ def _render_dot(graph: Graph, **options: object) -> bytes:
     return to_dot(graph, **options).encode("utf-8")  # type: ignore[arg-type]
 
 
-register_format(OutputFormat("dot", _render_dot, DOT_OPTIONS, "DOT text (no Graphviz needed)"))
+register_format(
+    OutputFormat("dot", _render_dot, DOT_OPTIONS, "DOT text (no Graphviz needed)",
+                 kind=FormatKind.PICTURE)  # a picture's source: the same bounded view
+)

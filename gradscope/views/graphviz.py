@@ -11,7 +11,7 @@ import subprocess
 from typing import Any
 
 from ..errors import GraphvizNotFoundError, LayoutError
-from ..model.formats import OutputFormat, register_format, register_renderer
+from ..model.formats import FormatKind, OutputFormat, register_format
 from ..model.graph import Graph
 from .dot import DOT_OPTIONS, to_dot
 
@@ -22,6 +22,11 @@ DEFAULT_TIMEOUT = 120.0
 def dot_binary() -> str | None:
     """Path of the Graphviz ``dot`` binary, or None when it is not installed."""
     return shutil.which("dot")
+
+
+def graphviz_available() -> bool:
+    """Whether the Graphviz binary is there (the availability of SVG, PNG and PDF)."""
+    return dot_binary() is not None
 
 
 def run_dot(dot_source: str, fmt: str, timeout: float | None = DEFAULT_TIMEOUT) -> bytes:
@@ -67,7 +72,7 @@ for _fmt, _what, _binary in (
     ("pdf", "PDF document (needs the Graphviz binary)", True),
 ):
     register_format(
-        OutputFormat(_fmt, _image(_fmt), DOT_OPTIONS | {"timeout"}, _what, binary=_binary)
+        OutputFormat(_fmt, _image(_fmt), DOT_OPTIONS | {"timeout"}, _what, binary=_binary,
+                     kind=FormatKind.PICTURE, available=graphviz_available,
+                     unavailable=GraphvizNotFoundError)
     )
-
-register_renderer("graphviz_available", lambda: dot_binary() is not None)

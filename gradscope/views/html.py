@@ -28,11 +28,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ..model.formats import OutputFormat, register_format, register_renderer
+from ..model.formats import FormatKind, OutputFormat, register_format, register_renderer
 from ..model.graph import Graph, Node, SavedTensor, format_bytes
 from ..model.nodes import KINDS, saved_bytes_of, storage_sizes
 from ..model.paths import levels, module_class, node_paths
-from ..model.schema import EDGE_KINDS
+from ..model.schema import EDGE_KINDS, float_to_json
 from ..model.transforms import Run, fold_runs
 from .dot import BAD_OTHER_COLOR, OP_COLOR, attr_entries, short_location
 from .style import (
@@ -47,6 +47,7 @@ from .style import (
     NORM_BANDS,
     OUTPUT_COLOR,
     SAVED_COLOR,
+    clean_text,
 )
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -57,6 +58,9 @@ CHUNK = 150
 PART = 5_000
 #: Items drawn in the first view when neither ``depth`` nor ``full`` is given.
 BUDGET = 600
+#: Module levels the page nests containers to: a node deeper sits in the container at this
+#: depth, its own path in its details (a path 100,000 levels deep costs its length, no more).
+MAX_LEVELS = 64
 
 #: The page's data contract: every row of the page is a list whose positions are named here
 #: (the page reads the names from ``fields`` in its data, never a position of its own), and trailing
@@ -183,21 +187,29 @@ class _Builder:
 
     # -------------------------------------------------------------- module tree
     def _container(self, lv: list[str]) -> int:
-        """Index of the container of module levels ``lv``, creating it (and folds) as needed."""
-        path = ".".join(lv)
-        found = self.by_path.get(path)
-        if found is not None:
-            return found
-        parent = self._container(lv[:-1])
-        run = self.run_of.get(path)
-        if run is not None:
-            parent = self._fold(run, parent)
-        c = _Container(path, lv[-1], "", "module", parent, len(lv))
-        idx = self._add(c)
-        if run is not None:
-            self.containers[parent].members.append(idx)
-        self.by_path[path] = idx
-        return idx
+        """Index of the container of module levels ``lv``, creating it (and its parents and
+        folds) as needed; iterative, so no path is too deep for it."""
+        lv = lv[:MAX_LEVELS]
+        paths = []
+        for depth in range(len(lv), 0, -1):  # the deepest container that exists already
+            path = ".".join(lv[:depth])
+            found = self.by_path.get(path)
+            if found is not None:
+                break
+            paths.append(path)
+        else:
+            found, depth = 0, 0
+        for path, d in zip(reversed(paths), range(depth + 1, len(lv) + 1), strict=True):
+            parent = found
+            run = self.run_of.get(path)
+            if run is not None:
+                parent = self._fold(run, parent)
+            c = _Container(path, lv[d - 1], "", "module", parent, d)
+            found = self._add(c)
+            if run is not None:
+                self.containers[parent].members.append(found)
+            self.by_path[path] = found
+        return found
 
     def _fold(self, run: Run, parent: int) -> int:
         found = self.by_path.get("\x00fold:" + run.path)
@@ -427,14 +439,6 @@ class _Builder:
 
 
 # ---------------------------------------------------------------------- the page's data
-def _json_float(x: float) -> float | str:
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return float(f"{x:.4g}")
-
-
 def _saved(s: SavedTensor) -> list[Any]:
     return _row("saved", {"name": s.name, "shape": s.shape, "dtype": s.dtype, "nbytes": s.nbytes,
                           "storage": s.storage, "freed": 1 if s.freed else 0})
@@ -578,7 +582,7 @@ def graph_data(
         edges.append(_row("edges", {
             "src": index[e.src], "dst": index[e.dst], "input_nr": e.input_nr,
             "kind": EDGE_KINDS.index(e.kind) if e.kind in EDGE_KINDS else 1, "count": e.count,
-            "grad_norm": None if e.grad_norm is None else _json_float(e.grad_norm),
+            "grad_norm": None if e.grad_norm is None else float_to_json(e.grad_norm, 4),
         }))
     containers: list[list[Any]] = []
     for c in b.containers:
@@ -612,7 +616,7 @@ def graph_data(
         "edge_kinds": list(EDGE_KINDS),
         "diff": None if diff is None else {
             "summary": diff.summary,
-            "ratios": sorted([k, _json_float(r)] for k, r in diff.ratios.items()),
+            "ratios": sorted([k, float_to_json(r, 4)] for k, r in diff.ratios.items()),
             "edges": sorted([k, m] for k, m in diff.edges.items())},
     }
 
@@ -667,20 +671,32 @@ def to_html(
             block = _json(rows[start:start + PART])
             parts.append(f'<script type="application/json" class="gs-part" data-kind="{kind}">'
                          f"{block}</script>")
-    page = _asset("viewer.html")
-    return (
-        page.replace("{{TITLE}}", html.escape(title))
-        .replace("/*{{DAGRE}}*/", _asset("dagre.min.js"))
-        .replace("/*{{LAYOUT}}*/", _asset("layout.js"))
-        .replace("/*{{VIEWER}}*/", _asset("viewer.js"))
-        .replace("{{DATA}}", _json(data))
-        .replace("<!--{{PARTS}}-->", "\n".join(parts))
-    )
+    fill = {
+        "{{TITLE}}": html.escape(clean_text(title)),
+        "/*{{DAGRE}}*/": _asset("dagre.min.js"),
+        "/*{{LAYOUT}}*/": _asset("layout.js"),
+        "/*{{VIEWER}}*/": _asset("viewer.js"),
+        "{{DATA}}": _json(data),
+        "<!--{{PARTS}}-->": "\n".join(parts),
+    }
+    # One pass over the template: what is filled in (a title, the graph's names) is never
+    # searched for placeholders again, so "{{DATA}}" in a title stays those eight characters.
+    return _PLACEHOLDER.sub(lambda m: fill[m.group()], _asset("viewer.html"))
+
+
+_PLACEHOLDER = re.compile(r"\{\{TITLE\}\}|/\*\{\{(?:DAGRE|LAYOUT|VIEWER)\}\}\*/|\{\{DATA\}\}"
+                          r"|<!--\{\{PARTS\}\}-->")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _json(value: Any) -> str:
+    """JSON for a ``<script type="application/json">`` block: ``<`` written ``\\u003c`` (no
+    ``</script>`` or ``<!--`` can end or change the block), lone surrogates as their escapes
+    (the page reads back the same string; UTF-8 cannot hold them)."""
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    return text.replace("<", "\\u003c")  # no "</script>" can end a data block early
+    if not text.isascii() and _SURROGATE.search(text):
+        text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return text.replace("<", "\\u003c")
 
 
 def to_notebook_html(graph: Graph, *, height: int | None = None, **options: Any) -> str:
@@ -742,6 +758,7 @@ def _render_html(graph: Graph, **options: Any) -> bytes:
 HTML_OPTIONS = frozenset({"title", "depth", "full", "fold", "saved", "notes", "root", "max_nodes"})
 
 register_format(
-    OutputFormat("html", _render_html, HTML_OPTIONS, "interactive page, self-contained and offline")
+    OutputFormat("html", _render_html, HTML_OPTIONS, "interactive page, self-contained and offline",
+                 kind=FormatKind.PAGE)
 )
 register_renderer("notebook_html", to_notebook_html)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..model.formats import OutputFormat, register_format
+from ..model.formats import FormatKind, OutputFormat, register_format
 from ..model.graph import Graph
 
 
@@ -10,4 +10,6 @@ def _render_json(graph: Graph) -> bytes:
     return graph.to_json().encode("utf-8")
 
 
-register_format(OutputFormat("json", _render_json, frozenset(), "the graph as JSON data"))
+register_format(
+    OutputFormat("json", _render_json, frozenset(), "the graph as JSON data", kind=FormatKind.DATA)
+)

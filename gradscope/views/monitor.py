@@ -19,11 +19,20 @@ from rich.text import Text
 from ..errors import MissingExtraError
 from ..model.files import atomic_path, write_atomic, write_with
 from ..model.formats import register_renderer
-from ..model.monitor import ALERT_KINDS, MonitorLog, ParamStats
+from ..model.monitor import (
+    ALERT_KINDS,
+    STAT_FIELDS,
+    Alert,
+    MonitorLog,
+    log_header,
+    nonfinite_kind,
+    step_record,
+)
+from .style import clean_rich, clean_text
 
 _BARS = "▁▂▃▄▅▆▇█"
 _MAX_ALERT_LINES = 5
-_FIELDS = ("norm", "max_abs", "mean_abs", "nan", "inf", "zero_frac", "update_ratio")
+_FIELDS = STAT_FIELDS
 
 
 def sparkline(values: list[float], width: int) -> str:
@@ -53,6 +62,26 @@ def _statuses(log: MonitorLog) -> dict[str, str]:
     return out
 
 
+def _mark_nonfinite(log: MonitorLog, statuses: dict[str, str]) -> None:
+    """Mark "nan" / "inf" every parameter whose gradient held one at some logged step (kept or
+    dropped), not only those an alert named (NaN and Inf alert once for the whole model, when
+    they start)."""
+    seen: dict[str, str] = {}
+    for kind, names in (("nan", log.dropped.nan), ("inf", log.dropped.inf)):
+        for name in names:
+            seen.setdefault(name, kind)
+    for st in log.steps:
+        if st.skipped:
+            continue
+        for name, ps in st.params.items():
+            found = nonfinite_kind(ps)
+            if found is not None and (name not in seen or found == "nan"):
+                seen[name] = found
+    for name, kind in seen.items():
+        if _severity(kind) < _severity(statuses.get(name, "ok")):
+            statuses[name] = kind
+
+
 def _severity(kind: str) -> int:
     return ALERT_KINDS.index(kind) if kind in ALERT_KINDS else len(ALERT_KINDS)
 
@@ -75,12 +104,14 @@ def render_report(log: MonitorLog, *, width: int = 24) -> Group:
         lines.append(Text(f"distributed: {log.distributed}"))
     first = next((a for a in log.alerts if a.kind in ("nan", "inf", "forward_nonfinite")), None)
     if first is not None:
-        lines.append(Text(f"first non-finite: {first.name} at step {first.step}", style="bold red"))
+        lines.append(Text(f"first non-finite: {clean_text(first.name)} at step {first.step}",
+                          style="bold red"))
     shown = log.alerts[:_MAX_ALERT_LINES]
-    lines.extend(Text(f"  {a.kind}: {a.message}") for a in shown)
+    lines.extend(Text(f"  {a.kind}: {clean_text(a.message)}") for a in shown)
     if len(log.alerts) > len(shown):
         lines.append(Text(f"  ... {len(log.alerts) - len(shown)} more alerts in .alerts / --json"))
-    return Group(_ReportTable(log, width), *lines)
+    # names are text (Text never reads markup), their control characters made visible
+    return Group(_ReportTable(log, width), *(clean_rich(line) for line in lines))
 
 
 def wrap_dotted(name: str, width: int) -> str:
@@ -127,16 +158,17 @@ class _ReportTable:
     def rows(self) -> list[tuple[str, str, list[float], str, str, str, str]]:
         log = self.log
         statuses = _statuses(log)
+        _mark_nonfinite(log, statuses)
         out: list[tuple[str, str, list[float], str, str, str, str]] = []
         for name in log.names:
             seen = [st.params[name] for st in log.steps if name in st.params]
             if not seen:
-                out.append((name, "-", [], "-", "0", "0", "no grad"))
+                out.append((clean_text(name), "-", [], "-", "0", "0", "no grad"))
                 continue
             last = seen[-1]
             max_abs = next((s.max_abs for s in reversed(seen) if s.max_abs is not None), None)
             out.append((
-                name,
+                clean_text(name),  # what is shown, and measured for width
                 f"{last.norm:.3g}",
                 [s.norm for s in seen],
                 "-" if max_abs is None else f"{max_abs:.3g}",
@@ -163,8 +195,9 @@ class _ReportTable:
         for col, just in zip(heads[1:], ("right", "left", "right", "right", "right", "left")):
             table.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
         for name, norm, norms, max_abs, nan, inf, status in rows:
-            table.add_row(
-                wrap_dotted(name, name_width), norm, sparkline(norms, spark), max_abs, nan, inf,
+            table.add_row(  # a str cell would be read as markup: the name is a Text
+                Text(wrap_dotted(clean_text(name), name_width)), norm, sparkline(norms, spark),
+                max_abs, nan, inf,
                 Text(status, style="" if status == "ok" else "bold red"),
             )
         yield table
@@ -196,44 +229,19 @@ def summary(log: MonitorLog) -> str:
     )
 
 
-def _finite_or_none(v: float | None) -> float | None:
-    return v if v is None or math.isfinite(v) else None
-
-
-def _stats_dict(ps: ParamStats) -> dict[str, Any]:
-    return {
-        f: _finite_or_none(getattr(ps, f)) if f not in ("nan", "inf") else getattr(ps, f)
-        for f in _FIELDS
-    }
-
-
 def write_jsonl(log: MonitorLog, path: Path) -> Path:
     """One JSON object per logged step: step, total_norm, full, skipped, scope, measured_at,
-    params, modules, alerts (each with the names it concerns)."""
-    by_step: dict[int, list[dict[str, Any]]] = {}
+    forward_nonfinite, params, modules, alerts (each with the names it concerns); the first
+    line also carries ``"log"`` (names, element counts, thresholds...: what ``read_jsonl``
+    needs to read it back and replay the alert rules)."""
+    by_step: dict[int, list[Alert]] = {}
     for a in log.alerts:
-        by_step.setdefault(a.step, []).append(
-            {
-                "kind": a.kind,
-                "name": a.name,
-                "message": a.message,
-                "count": a.count,
-                "names": list(a.names),
-            }
-        )
+        by_step.setdefault(a.step, []).append(a)
     lines = []
-    for st in log.steps:
-        obj = {
-            "step": st.step,
-            "total_norm": _finite_or_none(st.total_norm),
-            "full": st.full,
-            "skipped": st.skipped,
-            "scope": st.scope,
-            "measured_at": st.measured_at,
-            "params": {n: _stats_dict(ps) for n, ps in st.params.items()},
-            "modules": {n: _stats_dict(ps) for n, ps in st.modules.items()},
-            "alerts": by_step.get(st.step, []),
-        }
+    for k, st in enumerate(log.steps):
+        obj = step_record(st, by_step.get(st.step, []))
+        if k == 0:
+            obj["log"] = log_header(log)
         lines.append(json.dumps(obj, allow_nan=False) + "\n")
     return write_atomic(path, "".join(lines))
 

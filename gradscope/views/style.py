@@ -9,8 +9,11 @@ large, exploding; a non-finite norm is its own band (red, and drawn thicker).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from rich.text import Span, Text
 
 # torchviz's legend, so its users feel at home.
 LEAF_COLOR = "lightblue"
@@ -98,3 +101,57 @@ def size_to_str(shape: Sequence[int | None] | None) -> str:
 def var_label(name: str | None, shape: Sequence[int | None] | None) -> str:
     """torchviz's tensor label: name, newline, space, size."""
     return f"{name or ''}\n {size_to_str(shape)}"
+
+
+# ---------------------------------------------------------------------- text from data
+#: Characters no view writes as they are: C0 and C1 control characters and DEL (a terminal acts
+#: on ESC sequences, Graphviz stops at NUL), the bidirectional controls that reorder what a
+#: reader sees (Trojan Source), line/paragraph separators, and lone surrogates (no encoding
+#: can write them: ``"\ud800".encode("utf-8")`` raises).
+UNSAFE_CHARS = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+_UNSAFE_NO_NL = re.compile(
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+    "\ud800-\udfff]"
+)
+
+
+def _visible(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def clean_text(s: str, *, newlines: bool = False) -> str:
+    """``s`` with every character of ``UNSAFE_CHARS`` written as a visible escape (``\\x1b``,
+    ``\\u202e``, ``\\ud800``), so a name from a model or a file can neither act on a terminal
+    nor fail to encode; ``newlines`` keeps ``\\n`` as it is (a label line break).
+
+    Example:
+        >>> clean_text("a\\x1b[31mb\\ud800"), clean_text("x\\ny", newlines=True)
+        ('a\\\\x1b[31mb\\\\ud800', 'x\\ny')
+    """
+    pattern = _UNSAFE_NO_NL if newlines else UNSAFE_CHARS
+    return pattern.sub(_visible, s) if pattern.search(s) else s
+
+
+def clean_rich(text: Text) -> Text:
+    """A ``rich`` ``Text`` with the unsafe characters of its plain text written as visible
+    escapes (``clean_text``), styles kept. ``Text`` itself never reads markup, so ``[b]`` and
+    ``[/]`` in a name stay text."""
+    plain = text.plain
+    if not UNSAFE_CHARS.search(plain):
+        return text
+    cuts: list[int] = []
+    for m in UNSAFE_CHARS.finditer(plain):
+        cuts += [m.start(), m.end()]
+    out = Text(style=text.style, justify=text.justify, overflow=text.overflow,
+               no_wrap=text.no_wrap, end=text.end)
+    for piece in text.divide(cuts):
+        p = piece.plain
+        if len(p) == 1 and UNSAFE_CHARS.match(p):
+            esc = _visible(UNSAFE_CHARS.match(p))  # type: ignore[arg-type]
+            piece = Text(esc, style=piece.style,
+                         spans=[Span(0, len(esc), sp.style) for sp in piece.spans])
+        out.append_text(piece)
+    return out

@@ -12,13 +12,19 @@ first), the norm of the gradient that flowed into each line's node along the edg
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Group
 from rich.text import Text
 
 from ..model.formats import register_renderer
 from ..model.graph import Edge, Graph, Node, format_bytes
-from ..model.nodes import format_split
-from .style import format_norm, norm_style, size_to_str
+from ..model.nodes import format_split, plural
+from .style import clean_rich, clean_text, format_norm, norm_style, size_to_str
+
+#: Every string from the graph goes through this before it becomes ``Text`` (which would drop
+#: BEL, BS, VT, FF and CR silently): control characters come out as visible escapes.
+_c = clean_text
 
 STYLES = {
     "output": "bold green",
@@ -44,12 +50,12 @@ def _grad_text(edge: Edge | None) -> Text:
 def _module_text(node: Node) -> Text:
     """A collapsed module box (``Graph.collapse``): path, class, node count, saved bytes
     (activations apart from parameter/input aliases)."""
-    text = Text(node.name or node.module or "", STYLES["module"])
+    text = Text(_c(node.name or node.module or ""), STYLES["module"])
     box = node.box
     cls = box.cls if box is not None else ""
     if cls:
-        text.append(f" ({cls})", "yellow")
-    text.append(f" · {box.nodes if box is not None else '?'} nodes", "dim")
+        text.append(f" ({_c(cls)})", "yellow")
+    text.append(f" · {plural(box.nodes, 'node') if box is not None else '? nodes'}", "dim")
     if box is not None and box.saved_bytes:  # activations apart from parameter aliases
         text.append(
             f"  saved {format_split(box.activation_bytes, box.leaf_bytes, box.output_bytes)}",
@@ -84,11 +90,11 @@ def _tensor_text(t_name: str | None, node: Node) -> Text:
     t = node.tensor
     text = Text()
     if t_name:
-        text.append(t_name, STYLES[node.kind])
+        text.append(_c(t_name), STYLES[node.kind])
         text.append(" ")
     if t is not None:
         text.append(size_to_str(t.shape))
-        text.append(f" {t.dtype}", "dim")
+        text.append(f" {_c(t.dtype)}", "dim")
     return text
 
 
@@ -106,13 +112,13 @@ def _label(node: Node, leaf: Node | None, ref: bool, edge: Edge | None = None) -
         text.append(f"{kind} ", STYLES[node.kind])
         text.append_text(_tensor_text(node.name if node.name not in ("", "output") else None, node))
     else:
-        text.append(node.name, BAD if bad else STYLES.get(node.kind, ""))
+        text.append(_c(node.name), BAD if bad else STYLES.get(node.kind, ""))
         if node.kind == "custom":
             text.append(" (custom Function)", "magenta")
         if leaf is not None:
             text.append(" ← ")
             text.append_text(_tensor_text(leaf.name or "(unnamed leaf)", leaf))
-    text.append(f"  {node.id}", "dim")
+    text.append(f"  {_c(node.id)}", "dim")
     text.append_text(_grad_text(edge))
     if ref:
         text.append(" (shown above)", "dim")
@@ -125,14 +131,15 @@ def _label(node: Node, leaf: Node | None, ref: bool, edge: Edge | None = None) -
     if node.kind == "module":
         return text
     if node.module:
-        text.append(f"  [{node.module}]", "blue")
+        text.append(f"  [{_c(node.module)}]", "blue")
     if node.saved:
         text.append("  saved ", "dim")
         parts = []
         for s in node.saved:
             shape = size_to_str(s.shape) if s.shape is not None else ""
             parts.append(
-                f"{s.name} {shape} freed".replace("  ", " ") if s.freed else f"{s.name} {shape}"
+                f"{_c(s.name)} {shape} freed".replace("  ", " ") if s.freed
+                else f"{_c(s.name)} {shape}"
             )
         text.append(", ".join(parts), "yellow")
         text.append(f"  {format_bytes(node.saved_bytes)}", "dim")
@@ -140,7 +147,14 @@ def _label(node: Node, leaf: Node | None, ref: bool, edge: Edge | None = None) -
 
 
 def tree_lines(graph: Graph, *, max_lines: int | None = None) -> list[Text]:
-    """The tree as a list of ``rich.text.Text`` lines (see module docstring)."""
+    """The tree as a list of ``rich.text.Text`` lines (see module docstring). Every string from
+    the graph is text, never markup (``[b]`` stays ``[b]``), with control characters,
+    bidirectional marks and lone surrogates written as visible escapes (``\\x1b``)."""
+    return [line for line, _ in _tree_lines(graph, max_lines=max_lines)]
+
+
+def _tree_lines(graph: Graph, *, max_lines: int | None = None) -> list[tuple[Text, str]]:
+    """The tree's lines, each with the guides a wrapped continuation of it starts with."""
     kids: dict[str, list[str]] = {n.id: [] for n in graph.nodes}
     kid_edges: dict[str, list[Edge]] = {n.id: [] for n in graph.nodes}
     leaf_of: dict[str, Node] = {}
@@ -152,7 +166,7 @@ def tree_lines(graph: Graph, *, max_lines: int | None = None) -> list[Text]:
         kids[e.src].append(e.dst)
         kid_edges[e.src].append(e)
     height = _heights(graph, kids)
-    lines: list[Text] = []
+    lines: list[tuple[Text, str]] = []
     shown: set[str] = set()
     merged_leaves = {leaf.id for leaf in leaf_of.values()}
     total = sum(1 for n in graph.nodes if n.id not in merged_leaves)
@@ -165,20 +179,22 @@ def tree_lines(graph: Graph, *, max_lines: int | None = None) -> list[Text]:
         if max_lines is not None and len(lines) >= max_lines:
             hidden = total - len(shown)
             if hidden > 0:
-                lines.append(Text(f"… {hidden} more nodes not shown (raise --max-lines)", "dim"))
+                more = f"… {plural(hidden, 'more node')} not shown (raise --max-lines)"
+                lines.append((Text(more, "dim"), ""))
             break
         nid, prefix, conn, col, edge = stack.pop()
         node = graph.node(nid)
         ref = nid in shown
         line = Text(prefix + conn, "dim")
         line.append_text(_label(node, leaf_of.get(nid), ref, edge))
-        lines.append(line)
+        lines.append((clean_rich(line), col + "  "))
         if ref:
             continue
         shown.add(nid)
         if node.first_nonfinite and node.created_at:
-            where = node.created_at
-            lines.append(Text.assemble((col + "  ↳ created at ", "dim"), (where, BAD)))
+            where = _c(node.created_at)
+            created = Text.assemble((col + "  ↳ created at ", "dim"), (where, BAD))
+            lines.append((clean_rich(created), col + "    "))
         children = kid_edges[nid]
         fresh = [e.dst for e in children if e.dst not in shown]
         main = max(fresh, key=lambda c: height[c], default=None)
@@ -206,22 +222,26 @@ def _backward_header(graph: Graph) -> Text | None:
     origin = next((n for n in graph.nodes if n.forward_nonfinite), None)
     if origin is not None:
         text.append("\nthe forward already produced ", BAD)
-        where = f" in {origin.module}" if origin.module else ""
-        text.append(f"{origin.forward_nonfinite} at {origin.name} ({origin.id}){where}", BAD)
+        where = f" in {_c(origin.module)}" if origin.module else ""
+        text.append(f"{origin.forward_nonfinite} at {_c(origin.name)} ({_c(origin.id)}){where}",
+                    BAD)
         if origin.created_at:
-            text.append(f", created at {origin.created_at}", BAD)
+            text.append(f", created at {_c(origin.created_at)}", BAD)
     first = next((n for n in graph.nodes if n.first_nonfinite), None)
     if first is not None:
         downstream = ", downstream of it" if origin is not None else ""
         text.append(f"\nfirst non-finite gradient{downstream}: ", BAD)
-        text.append(f"{first.nonfinite or 'nan'} from {first.name} ({first.id})", BAD)
-        if first.created_at:
-            text.append(f", created at {first.created_at}", BAD)
+        text.append(f"{first.nonfinite or 'nan'} from {_c(first.name)} ({_c(first.id)})", BAD)
+        where = _c(first.created_at or "")
+        if where:
+            text.append(f", created at {where}", BAD)
     return text
 
 
 def render_tree(graph: Graph, *, max_lines: int | None = None) -> Group:
-    """A rich renderable: a summary line, then the tree (see module docstring).
+    """A rich renderable: a summary line, then the tree (see module docstring). On a terminal a
+    line wider than it wraps at spaces onto lines that keep the tree's guides (numbers are
+    never cut); printed to a file or a pipe, lines stay whole.
 
     Example:
         >>> from rich.console import Console
@@ -244,8 +264,43 @@ def render_tree(graph: Graph, *, max_lines: int | None = None) -> Group:
     """
     header = Text(graph.summary(), "dim")
     extra = _backward_header(graph)
-    head = [header] if extra is None else [header, extra]
-    return Group(*head, *tree_lines(graph, max_lines=max_lines))
+    head = [(header, "")]
+    if extra is not None:
+        head += [(clean_rich(line), "") for line in extra.split("\n")]
+    return Group(_Wrapped([*head, *_tree_lines(graph, max_lines=max_lines)]))
+
+
+class _Wrapped:
+    """Lines that fit the terminal: one wider than it is cut at spaces (``Text.wrap``) and its
+    continuations start with the guides of its tree column, whatever the console's soft
+    wrapping; on a file or a pipe each line is printed whole."""
+
+    def __init__(self, lines: list[tuple[Text, str]]) -> None:
+        self.lines = lines
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        width = options.max_width
+        wrap = console.is_terminal
+        for line, cont in self.lines:
+            if not wrap or line.cell_len <= width:
+                yield line
+                continue
+            yield from _wrap_line(console, line, cont, width)
+
+
+def _wrap_line(console: Any, line: Text, cont: str, width: int) -> list[Text]:
+    start = len(line.plain) - len(line.plain.lstrip(" │├└─"))  # the guides of this line
+    if width - len(cont) < 24:  # too narrow to indent: wrap at the full width
+        start, cont = 0, ""
+    head, body = line[:start], line[start:]
+    parts = body.wrap(console, width - max(start, len(cont)), overflow="fold")
+    out = []
+    for i, part in enumerate(parts):
+        lead = head.copy() if i == 0 else Text(cont, "dim")
+        lead.append_text(part)
+        lead.end = "\n"
+        out.append(lead)
+    return out
 
 
 register_renderer("tree", render_tree)

@@ -1,4 +1,4 @@
-"""The compiled walk (gradscope/_cwalk.c) against the pure-Python walker, its reference.
+"""The compiled walk (gradscope/capture/_cwalk.c) against the pure-Python walker, its reference.
 
 Both must give equal graphs (nodes, edges, saved tensors, attrs, ids) and the same grad_fn -> id
 map on every graph; the C code must not leak references or hide errors.
@@ -49,7 +49,7 @@ def test_compiled_walk_is_built_when_required():
     """CI sets GRADSCOPE_REQUIRE_CWALK=1 (scripts/test.sh): a build that silently fell back to
     the Python walker must fail there, not just run slower."""
     if os.environ.get("GRADSCOPE_REQUIRE_CWALK") == "1":
-        assert _capture.CWALK is not None, "gradscope._cwalk did not build or import"
+        assert _capture.CWALK is not None, "gradscope.capture._cwalk did not build or import"
     else:
         pytest.skip("GRADSCOPE_REQUIRE_CWALK is not set")
 
@@ -139,17 +139,17 @@ def test_errors_in_python_callbacks_propagate():
         raise ValueError("visit failed")
 
     w = _capture._Walker({}, False, True)  # reads module paths through a Python method
-    w.visit_modules = boom
+    w.visit_modules = boom  # the walk is given the walker's methods when it starts
     with pytest.raises(ValueError, match="visit failed"):
-        _capture.CWALK.walk(out.grad_fn, w)
+        w.walk(out.grad_fn)
     out.backward()
     w = _capture._Walker({}, True, False)
     w.read_saved = boom  # freed tensors go to Python
     with pytest.raises(ValueError, match="visit failed"):
-        _capture.CWALK.walk(out.grad_fn, w)
-    with pytest.raises(TypeError, match="walker.nodes must be a list"):
+        w.walk(out.grad_fn)
+    with pytest.raises(TypeError, match=r"walk\(\) argument 2 must be list"):  # nodes
         w.nodes = ()
-        _capture.CWALK.walk(out.grad_fn, w)
+        w.walk(out.grad_fn)
     with pytest.raises(TypeError, match="make_edges"):
         _capture.CWALK.make_edges([object()], {})
     with pytest.raises(KeyError, match="never walked"):
@@ -205,7 +205,7 @@ def test_layout_check_rejects_a_changed_dataclass():
             if cls is node_cls:
                 layouts.append(_capture._node_defaults() if cls is gs.Node else ())
         _cwalk.configure(
-            *layouts, _capture._class_info, _capture._DTYPE_NAMES, _capture._dtype_name,
+            *layouts, _capture._class_entry, _capture._DTYPE_NAMES, _capture._dtype_name,
             torch.Tensor, _capture._storage_key,
         )
 

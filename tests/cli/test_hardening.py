@@ -55,7 +55,7 @@ def test_render_of_a_60000_op_chain_is_bounded_and_does_not_crash(tmp_path):
     proc = run_cli("render", str(chain), "-o", str(out))
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-500:])
     assert "nodes nearest the outputs" in proc.stderr and "-o graph.html" in proc.stderr
-    assert "drew 1500 of 60003 nodes and 1 boxes" in proc.stderr
+    assert "drew 1500 of 60003 nodes and 1 box;" in proc.stderr  # issue 20: the singular
     assert out.read_text().count("MulBackward0") <= 1500
 
 

@@ -1,5 +1,6 @@
 """The CLI's last-resort handlers, reached in-process: an exception that no earlier clause
-takes (a bug of ours) is still one line with exit 2, and typer's Abort is an interruption."""
+takes (a bug of ours) is still one line with exit 3 (issue 18), and typer's Abort is an
+interruption."""
 
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ def _run_raising(monkeypatch, capsys, exc: BaseException) -> tuple[int, str]:
     return info.value.code, capsys.readouterr().err
 
 
-def test_a_bug_of_ours_is_one_line_with_exit_2(monkeypatch, capsys) -> None:
+def test_a_bug_of_ours_is_one_line_with_exit_3(monkeypatch, capsys) -> None:
     code, err = _run_raising(monkeypatch, capsys, RuntimeError("broken invariant"))
-    assert code == 2
+    assert code == 3
     assert err.strip().splitlines() == [
         "gradscope: internal error: RuntimeError: broken invariant "
-        "(set GRADSCOPE_DEBUG=1 for the traceback, and please report it)"
+        "(GRADSCOPE_DEBUG=1 shows the traceback)"
     ]
 
 

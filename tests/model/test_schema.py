@@ -172,10 +172,17 @@ def test_non_documents_are_refused_cleanly(text):
 
 
 def test_nesting_bound():
-    deep = '{"gradscope": 2, "roots": [], "nodes": [], "edges": [], "x": ' + "[" * (
-        MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1) + "}"
-    with pytest.raises(gs.SchemaError, match="nests deeper"):
-        gs.Graph.from_json(deep)
+    """Nesting is bounded by the JSON parser's own recursion guard (no scan of the text first):
+    a document nested far deeper than a graph ever is gets one SchemaError, and nesting in a
+    key the reader does not know is ignored like the key."""
+    for deep in ("[" * 100_000 + "]" * 100_000,
+                 '{"gradscope": 3, "roots": [], "nodes": [], "edges": [], "x": '
+                 + "[" * 50_000 + "]" * 50_000 + "}"):
+        with pytest.raises(gs.SchemaError, match="nests too deeply"):
+            gs.Graph.from_json(deep)
+    shallow = '{"gradscope": 3, "roots": [], "nodes": [], "edges": [], "x": ' + "[" * (
+        MAX_DEPTH + 5) + "]" * (MAX_DEPTH + 5) + "}"
+    assert gs.Graph.from_json(shallow) == gs.Graph()
 
 
 _HOSTILE = [None, True, False, 0, -1, 2**70, 1.5, float("nan"), "", "n0", "false", [], {},
@@ -223,3 +230,38 @@ def test_fuzz_hostile_documents_only_raise_schema_errors():
         g.to_dot()
         g.summary()
     assert refused > 1000 and loaded > 100
+
+
+def test_fast_reader_agrees_with_the_careful_one():
+    """``from_json`` checks the common records inline and hands anything else to the careful
+    reader: on thousands of mutated records, the inline check accepts exactly what the careful
+    reader accepts, and builds the same record (else the careful reader's error is what the
+    user sees)."""
+    from gradscope.errors import SchemaError
+    from gradscope.model.schema import _fast_edge, _fast_node, _Reader
+
+    rng = random.Random(20)
+    docs = [json.loads(gs.trace(*ALL[name]()).to_json()) for name in sorted(ALL)]
+    node_recs = [n for d in docs for n in d["nodes"]]
+    edge_recs = [e for d in docs for e in d["edges"]]
+    ids = {n["id"]: i for i, n in enumerate(node_recs)}
+    reader = _Reader(3)
+    fast_taken = 0
+    for _ in range(4000):
+        is_node = rng.random() < 0.6
+        rec = copy.deepcopy(rng.choice(node_recs if is_node else edge_recs))
+        for _ in range(rng.choice((0, 1, 1, 2))):
+            container, key = rng.choice(_paths(rec) or [(rec, "id")])
+            if isinstance(container, dict) and rng.random() < 0.25:
+                container.pop(key, None)
+            else:
+                container[key] = copy.deepcopy(rng.choice(_HOSTILE + ["n0.x", "a b", "\x1b"]))
+        try:
+            want = reader.node(rec, "x") if is_node else reader.edge(rec, "x", ids)
+        except SchemaError:
+            want = None
+        got = _fast_node(rec) if is_node else _fast_edge(rec, ids)
+        if got is not None:
+            fast_taken += 1
+            assert got == want, rec
+    assert fast_taken > 500

@@ -6,8 +6,10 @@ optimizer inside a wrapper, the GradScaler. Everything here runs once, in
 from __future__ import annotations
 
 import fnmatch
+import os
 from collections.abc import Iterable
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import torch
 
@@ -143,10 +145,31 @@ def check_scaler(scaler: Any) -> Any:
     return scaler if scaler.is_enabled() else None
 
 
-def check_options(replicated: Any, update_sample: Any) -> None:
+def check_options(replicated: Any, update_sample: Any, history: Any) -> None:
     if replicated not in (None, True, False):
         raise MonitorError(f"replicated={replicated!r} must be None (detect), True or False")
     if isinstance(update_sample, bool) or not isinstance(update_sample, int) or (
         update_sample < 1
     ):
         raise MonitorError(f"update_sample={update_sample!r} must be a positive integer")
+    if history is not None and (
+        isinstance(history, bool) or not isinstance(history, int) or history < 1
+    ):
+        raise MonitorError(
+            f"history={history!r} must be a positive integer (the logged steps kept) or None "
+            "(keep all; jsonl=PATH writes every step to a file instead)"
+        )
+
+
+def open_stream(path: Any) -> IO[str]:
+    """The JSON Lines file of ``jsonl=``, opened for writing now (a path that cannot be
+    written is said here, before training starts)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise MonitorError(f"jsonl={path!r} must be a file path")
+    target = Path(path)
+    if target.exists() and not target.is_file():
+        raise MonitorError(f"jsonl={str(target)!r} exists and is not a regular file")
+    try:
+        return open(target, "w", encoding="utf-8")  # noqa: SIM115 - closed by remove()
+    except OSError as exc:
+        raise MonitorError(f"jsonl={str(target)!r} cannot be written: {exc.strerror}") from None

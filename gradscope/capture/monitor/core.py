@@ -9,6 +9,8 @@ processes), ``records`` (host rows to ``ParamStats``); the alert rules are plain
 
 from __future__ import annotations
 
+import fnmatch
+import json
 import math
 import warnings
 import zlib
@@ -19,10 +21,18 @@ from typing import Any
 
 import torch
 
-from ...errors import GradscopeError, MonitorWarning, UnsupportedSetupError
-from ...model.alerts import AlertRules, Thresholds
+from ...errors import GradscopeError, MonitorError, MonitorWarning, UnsupportedSetupError
+from ...model.alerts import AlertRules
 from ...model.formats import renderer
-from ...model.monitor import Alert, MonitorLog, StepStats
+from ...model.monitor import (
+    Alert,
+    DroppedSummary,
+    MonitorLog,
+    StepStats,
+    Thresholds,
+    log_header,
+    step_record,
+)
 from .. import compiled
 from ..handles import HookHandle
 from ..nest import iter_tensors
@@ -30,6 +40,9 @@ from .checks import (
     check_args,
     check_options,
     check_scaler,
+    check_tensor_type,
+    is_dtensor,
+    open_stream,
     select_modules,
     select_params,
     unwrap_optimizer,
@@ -59,6 +72,8 @@ from .stats import (
     sample_size,
 )
 
+#: logged steps kept in ``GradMonitor.history`` by default (older ones are summed up)
+HISTORY = 1000
 #: full statistics (max/mean abs, zero fraction, update ratios) on one logged step in this many
 FULL_EVERY = 50
 
@@ -67,6 +82,7 @@ _engine_callback = torch.autograd.Variable._execution_engine.queue_callback
 _graph_task_id = torch._C._current_graph_task_id
 # the C++ guard behind torch.inference_mode(), without its Python wrapper
 _InferenceMode = torch._C._InferenceMode
+_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 class GradMonitor:
@@ -101,6 +117,10 @@ class GradMonitor:
         leaks: also watch for autograd graphs of earlier steps still alive at the next step
             (a loss kept without ``.detach()``), with ``gs.leak_check``; each leak is an
             ``Alert`` of kind ``leak``.
+        history: keep the last ``history`` logged steps in ``.history`` (default 1000; None:
+            all of them); what the older ones held is summed up in ``.log.dropped``.
+        jsonl: also write every logged step to this JSON Lines file as it is recorded (one
+            line per step, flushed; ``gs.read_jsonl`` reads it back), whatever ``history``.
 
     Raises:
         MonitorError: arguments it cannot use; ``UnsupportedSetupError`` for a set-up it cannot
@@ -133,10 +153,12 @@ class GradMonitor:
         vanish_ratio: float = 1e-4,
         explode: float = 1e3,
         leaks: bool = False,
+        history: int | None = HISTORY,
+        jsonl: str | Path | None = None,
     ) -> None:
         check_args(model, every, norm_type, full_every, measure)
         model = compiled.unwrap(model) or model  # a torch.compile wrapper: its module's names
-        check_options(replicated, update_sample)
+        check_options(replicated, update_sample, history)
         self.every = every
         self.full_every = full_every
         self.norm_type = float(norm_type)
@@ -150,6 +172,9 @@ class GradMonitor:
         self._scaler = check_scaler(scaler)
         self._model = model
         chosen = select_params(model, params)
+        self._patterns = None if params is None else (
+            [params] if isinstance(params, str) else list(params)
+        )
         self.names = [n for n, _ in chosen]
         self._params = [p for _, p in chosen]
         self._numels = [p.numel() for p in self._params]
@@ -163,7 +188,7 @@ class GradMonitor:
         # one-off: are hand-all-reduced gradients identical only at optimizer.step()?
         self._dp_probe = self.optimizer is not None and measure == "backward"
         # the same lattice on every run and rank (str hash() is salted per process)
-        self._seeds = [zlib.crc32(n.encode()) for n in self.names]
+        self._seeds = [zlib.crc32(n.encode("utf-8", "surrogatepass")) for n in self.names]
         self._modules = select_modules(model, modules)
         self._module_names = [n for n, _ in self._modules]
         self._module_calls: list[list[torch.Tensor]] = [[] for _ in self._modules]
@@ -175,6 +200,10 @@ class GradMonitor:
         self._logged_steps = 0
         self.history: list[StepStats] = []
         self.alerts: list[Alert] = []
+        self._cap = history
+        self._dropped = DroppedSummary()
+        self._stream = open_stream(jsonl) if jsonl is not None else None
+        self._streamed = 0  # alerts already written to the stream
         self._handles = HookHandle()
         self._queued = -1
         self._pending: Measure | None = None
@@ -182,9 +211,8 @@ class GradMonitor:
         self._sample: UpdateSample | None = None
         self._stepped = False
         self._checked_params = False
-        self._rules = AlertRules(
-            self.thresholds, self.norm_type, dict(zip(self.names, self._numels, strict=True))
-        )
+        self._numel_of = dict(zip(self.names, self._numels, strict=True))
+        self._rules = AlertRules(self.thresholds, self.norm_type, self._numel_of)
         self._leak_check: Any = None
         self._leak_alerted: set[int] = set()
         self.distributed: str | None = None
@@ -256,6 +284,8 @@ class GradMonitor:
         self._act_flags.clear()
         for calls in self._module_calls:
             calls.clear()
+        if self._stream is not None:
+            self._stream.close()
 
     def __enter__(self) -> GradMonitor:
         return self
@@ -274,6 +304,9 @@ class GradMonitor:
             steps=self.history,
             alerts=self.alerts,
             distributed=self.distributed,
+            numels=self._numel_of,
+            thresholds=self.thresholds,
+            dropped=self._dropped,
         )
 
     def _guard(self, fn: Any, *args: Any) -> Any:
@@ -309,6 +342,8 @@ class GradMonitor:
             self._logged_steps += 1
         self.step += 1
         self._pending = self._probe = self._sample = None
+        if self._logged() and self._checked_params:
+            self._refresh()
         if self._leak_check is None:
             return
         for leak in self._leak_check.step().leaks:
@@ -316,11 +351,86 @@ class GradMonitor:
                 self._leak_alerted.add(leak.step)
                 self.alerts.append(Alert("leak", step, f"step {leak.step}", str(leak)))
 
+    def _refresh(self) -> None:
+        """Before a logged step: watch the parameters the model has now (replaced or added
+        since the monitor started; a warning names them)."""
+        model, wanted = self._model, self._wanted
+        current = [
+            (n, p) for n, p in model.named_parameters() if p.requires_grad and wanted(n)
+        ]
+        params = self._params
+        if len(current) == len(params) and all(
+            p is q for (_, p), q in zip(current, params, strict=True)
+        ):
+            return
+        self._rewatch(current)
+
+    def _wanted(self, name: str) -> bool:
+        patterns = self._patterns
+        return patterns is None or any(fnmatch.fnmatchcase(name, pat) for pat in patterns)
+
+    def _rewatch(self, current: list[tuple[str, torch.nn.Parameter]]) -> None:
+        before = dict(zip(self.names, self._params, strict=True))
+        now = dict(current)
+        replaced = [n for n, p in current if n in before and before[n] is not p]
+        added = [n for n, _ in current if n not in before]
+        removed = [n for n in self.names if n not in now]
+        what = "; ".join(
+            f"{label}: {', '.join(names)}"
+            for label, names in (("replaced", replaced), ("added", added), ("removed", removed))
+            if names
+        )
+        device = self._params[0].device
+        problem = None
+        if self._sharding is not None or any(is_dtensor(p) for _, p in current):
+            problem = "sharded (DTensor) parameters are not re-read while training"
+        elif any(p.device != device for _, p in current):
+            problem = f"some are not on {device}"
+        else:
+            try:
+                for name, p in current:
+                    if name in replaced or name in added:
+                        check_tensor_type(name, p)
+            except MonitorError as exc:
+                problem = str(exc)
+        if problem is not None:
+            warnings.warn(
+                f"GradMonitor: the model's parameters changed after it started ({what}); "
+                f"they are NOT watched ({problem}): build a new GradMonitor",
+                MonitorWarning,
+                stacklevel=4,
+            )
+            self._wanted = lambda name: name in before  # type: ignore[method-assign]
+            return
+        warnings.warn(
+            f"GradMonitor: the model's parameters changed after it started ({what}); "
+            f"watching the model's current ones from step {self.step} on",
+            MonitorWarning,
+            stacklevel=4,
+        )
+        self.names = [n for n, _ in current]
+        self._params = [p for _, p in current]
+        self._numels = [p.numel() for p in self._params]
+        self._numel_of.clear()
+        self._numel_of.update(zip(self.names, self._numels, strict=True))
+        self._seeds = [zlib.crc32(n.encode()) for n in self.names]
+        self._sample_k = sample_size(self._numels, self.update_sample)
+        if self._point == "backward":
+            for name, p in current:
+                if name in replaced or name in added:
+                    self._handles.add(p.register_post_accumulate_grad_hook(self._on_accumulate))
+
     def _first_forward(self, module: torch.nn.Module, args: Any) -> None:
         if self._checked_params:
             return
-        self._checked_params = True
         current = dict(self._model.named_parameters())
+        for name, p in zip(self.names, self._params, strict=True):
+            now = current.get(name)
+            if now is not p and now is not None and not isinstance(now, torch.nn.Parameter):
+                # a tensor swapped in for one call (torch.func.functional_call: EMA weights,
+                # MAML): not a change of the model; look again at the next forward
+                return
+        self._checked_params = True
         for name, p in zip(self.names, self._params, strict=True):
             if current.get(name) is not p:
                 raise UnsupportedSetupError(
@@ -434,6 +544,8 @@ class GradMonitor:
     def _check_outputs(self, index: int, output: Any) -> None:
         with torch.no_grad():
             for _, t in iter_tensors(output):
+                if _wrapped(t):  # inside torch.func.vmap / grad: a batched view, not checkable
+                    continue
                 if t.is_floating_point() or t.is_complex():
                     self._act_flags.append((index, ~torch.isfinite(t.detach()).all()))
 
@@ -549,10 +661,22 @@ class GradMonitor:
         return "global" if same else f"rank {this_rank()}"
 
     def _record(self, st: StepStats) -> None:
-        self.history.append(st)
+        history = self.history
+        history.append(st)
         alerts = self._rules.update(st)
         if alerts:
             self.alerts.extend(alerts)
+        if self._cap is not None and len(history) > self._cap:
+            for old in history[: len(history) - self._cap]:
+                self._dropped.add(old)
+            del history[: len(history) - self._cap]
+        if self._stream is not None and not self._stream.closed:
+            obj = step_record(st, self.alerts[self._streamed :])
+            self._streamed = len(self.alerts)
+            if self._logged_steps == 1:
+                obj["log"] = log_header(self.log)
+            self._stream.write(json.dumps(obj, allow_nan=False) + "\n")
+            self._stream.flush()
 
     # ------------------------------------------------------------------ views
     def report(self, *, width: int = 24) -> Any:

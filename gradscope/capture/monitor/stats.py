@@ -21,7 +21,7 @@ The cost model (what a logged step pays, by setting):
   whole; ``k`` (default 4096) is lowered when needed so that buffer stays under 0.4% of the
   parameters' elements (``sample_size``). With Gaussian-like weights and updates the relative
   error of the estimate is about ``1 / sqrt(k)`` (1.6% at ``k = 4096``, 3% at 1024;
-  ``tests/test_monitor.py`` checks it against the exact ratio).
+  ``tests/capture/test_monitor.py`` checks it against the exact ratio).
 
 Everything here queues device work and returns device tensors; nothing synchronises with the
 device. The caller moves one packed vector to the host per logged step. The statistics are
@@ -133,12 +133,12 @@ def _abs_sums(ordered: Sequence[torch.Tensor]) -> torch.Tensor:
     pieces: list[int] = []
     for t in ordered:
         parts = t.view(-1).split(_SUM_CHUNK) if t.is_contiguous() and t.numel() else (t,)
-        acc = _F64 if t.dtype == _F64 else torch.float32
+        acc = _F64 if t.dtype in (_F64, torch.complex128) else torch.float32
         if run and run[-1].dtype != acc:
             runs.append(torch.stack(run).to(_F64))
             run = []
         for part in parts:
-            if part.is_contiguous() and 0 < part.numel() <= _SUM_CHUNK:
+            if part.is_contiguous() and 0 < part.numel() <= _SUM_CHUNK and not t.is_complex():
                 buf = scratch.get(t.dtype)
                 if buf is None or buf.numel() < part.numel():  # grows to _SUM_CHUNK at most
                     buf = scratch[t.dtype] = torch.empty_like(part.view(-1))
@@ -168,11 +168,19 @@ def full_rows(tensors: Sequence[torch.Tensor], order: Sequence[int]) -> torch.Te
             maxima.append(zero)
             nonzero.append(zero)
             continue
-        lo, hi = torch.aminmax(t.reshape(-1))
-        maxima.append(torch.maximum(hi.abs(), lo.abs()).to(_F64))
+        maxima.append(_max_abs(t.reshape(-1)))
         nonzero.append(torch.count_nonzero(t))
     counts = torch.stack(nonzero).to(_F64)
     return torch.stack([torch.stack(maxima), _abs_sums(ordered), counts])
+
+
+def _max_abs(flat: torch.Tensor) -> torch.Tensor:
+    """max |t| (float64 scalar): one ``aminmax`` of a real tensor (no |t| buffer); a complex
+    tensor's moduli, through one temporary."""
+    if flat.is_complex():
+        return flat.abs().amax().to(_F64)
+    lo, hi = torch.aminmax(flat)
+    return torch.maximum(hi.abs(), lo.abs()).to(_F64)
 
 
 def sparse_stats(grad: torch.Tensor, norm_type: float) -> torch.Tensor:
@@ -194,6 +202,10 @@ def sparse_stats(grad: torch.Tensor, norm_type: float) -> torch.Tensor:
     )
 
 
+def _wide(t: torch.Tensor) -> torch.dtype:
+    return torch.complex128 if t.is_complex() else _F64
+
+
 def nonfinite_counts(tensors: Sequence[torch.Tensor], norm_type: float) -> torch.Tensor:
     """``[3, n]`` float64: NaN count, Inf count and the norm computed in float64 (finite when
     a float32 norm only overflowed), for the few tensors of a step whose norm is not finite."""
@@ -205,7 +217,7 @@ def nonfinite_counts(tensors: Sequence[torch.Tensor], norm_type: float) -> torch
                 [
                     torch.isnan(v).sum().to(_F64),
                     torch.isinf(v).sum().to(_F64),
-                    torch.linalg.vector_norm(v, norm_type, dtype=_F64),
+                    torch.linalg.vector_norm(v, norm_type, dtype=_wide(v)).to(_F64),
                 ]
             )
         )
@@ -291,11 +303,10 @@ def module_row(grad: torch.Tensor, norm_type: float) -> torch.Tensor:
     g = grad.detach()
     acc = torch.float32 if g.dtype in _HALF else None
     flat = g.reshape(-1)
-    lo, hi = torch.aminmax(flat)
     return torch.stack(
         [
             torch.linalg.vector_norm(flat, norm_type, dtype=acc).to(_F64),
-            torch.maximum(hi.abs(), lo.abs()).to(_F64),
+            _max_abs(flat),
             flat.abs().sum(dtype=acc).to(_F64),
             torch.count_nonzero(flat).to(_F64),
             torch.isnan(flat).sum().to(_F64),
