@@ -223,6 +223,16 @@ def summary(log: MonitorLog) -> str:
     skipped = sum(1 for st in log.steps if st.skipped)
     if skipped:
         extra += f"; {skipped} skipped by the GradScaler"
+    dropped = log.dropped
+    if dropped.steps:
+        extra += (
+            f"; {dropped.steps} earlier logged steps not kept (steps {dropped.first_step}-"
+            f"{dropped.last_step}"
+            + (f", max total norm {dropped.max_total_norm:.3g}"
+               if dropped.max_total_norm is not None else "")
+            + (f", {dropped.nonfinite_steps} non-finite" if dropped.nonfinite_steps else "")
+            + ")"
+        )
     return (
         f"{len(log.steps)} logged steps (every {log.every}), total norm {latest}"
         f"{span}{extra}; alerts: {alerts}"

@@ -454,8 +454,9 @@ def test_compiled_fallbacks_leak_nothing_and_propagate_errors():
     def boom(*args):
         raise ValueError("callback failed")
 
+    assert _walk.CWALK is _ORIGINAL  # the walker's walk below is the compiled one
     for method, root in (("read_saved_seq", y), ("shape_of", z)):
         w = _walk._Walker({}, True, False)
-        setattr(w, method, boom)
+        setattr(w, method, boom)  # the compiled walk is given the walker's methods
         with pytest.raises(ValueError, match="callback failed"):
-            _ORIGINAL.walk(root.grad_fn, w)
+            w.walk(root.grad_fn)

@@ -153,6 +153,11 @@ def test_history_keeps_the_last_n_and_sums_up_the_rest() -> None:
     assert dropped.max_norm["2"] == pytest.approx(3 * math.sqrt(3))
     # the report still marks the parameter whose gradient was NaN in a dropped step
     assert any(r[0] == "1" and r[-1] == "nan" for r in _rows(mon.log))
+    from gradscope.views.monitor import summary
+
+    assert "5 logged steps" in summary(mon.log)
+    assert "7 earlier logged steps not kept (steps 0-6" in summary(mon.log)
+    assert "1 non-finite" in summary(mon.log)
     mon.remove()
     unbounded = gs.GradMonitor(model, optimizer=opt, history=None)
     for _ in range(1001):  # one more than the default cap

@@ -83,6 +83,8 @@ _graph_task_id = torch._C._current_graph_task_id
 # the C++ guard behind torch.inference_mode(), without its Python wrapper
 _InferenceMode = torch._C._InferenceMode
 _wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_on_parameter_registered = torch.nn.modules.module.register_module_parameter_registration_hook
+_on_module_registered = torch.nn.modules.module.register_module_module_registration_hook
 
 
 class GradMonitor:
@@ -244,6 +246,14 @@ class GradMonitor:
         )
         self._global_hooks = compiled.ModuleHooks(self._forward_pre, self._forward_done)
         add(self._global_hooks.install())
+        # a parameter or submodule registered anywhere (a re-assigned weight, an added layer)
+        # marks the model as possibly changed: it is re-read before the next logged step
+        self._changed = False
+        add(_on_parameter_registered(self._mark_changed))
+        add(_on_module_registered(self._mark_changed))
+
+    def _mark_changed(self, *args: Any) -> None:
+        self._changed = True
 
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
         if not self._checked_params and (compiled.unwrap(module) or module) is self._model:
@@ -342,7 +352,8 @@ class GradMonitor:
             self._logged_steps += 1
         self.step += 1
         self._pending = self._probe = self._sample = None
-        if self._logged() and self._checked_params:
+        if self._changed and self._checked_params and self._logged():
+            self._changed = False
             self._refresh()
         if self._leak_check is None:
             return
@@ -352,8 +363,9 @@ class GradMonitor:
                 self.alerts.append(Alert("leak", step, f"step {leak.step}", str(leak)))
 
     def _refresh(self) -> None:
-        """Before a logged step: watch the parameters the model has now (replaced or added
-        since the monitor started; a warning names them)."""
+        """Before a logged step, after a parameter or module was registered somewhere: watch
+        the parameters the model has now (replaced or added since the monitor started; a
+        warning names them)."""
         model, wanted = self._model, self._wanted
         current = [
             (n, p) for n, p in model.named_parameters() if p.requires_grad and wanted(n)
