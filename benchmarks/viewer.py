@@ -9,9 +9,10 @@
 For each it prints: time to ready (navigation start to ``gradscope.ready``), expand-one latency
 (``gradscope.expand(path)`` of one module, closed first, until drawn), expand-all time, the
 longest main-thread stall (the largest gap of a 10 ms ``setInterval`` heartbeat, during load and
-during the expansions) and the HTML bytes per node. Targets (design.md): ready <= 2 s at 4k
-nodes and <= 5 s at 100k, expand one <= 300 ms, expand all of the encoder <= 10 s, no stall
-over 200 ms.
+during the expansions), the HTML bytes per node, the text height of the first view and after
+expand all (11 px times the zoom), and the notebook display's size and time. Targets
+(design.md): ready <= 2 s at 4k nodes and <= 5 s at 100k, expand one <= 300 ms, expand all of
+the encoder <= 10 s, no stall over 200 ms, text >= 9 px; the notebook display <= 1.5 MB, 1 s.
 
     .venv/bin/python benchmarks/viewer.py [--repeat N] [--skip-big-expand-all]
 """
@@ -102,6 +103,7 @@ class Viewer:
         stats = self.page.evaluate("gradscope.stats()")
         self.ready_s = stats["readyMs"] / 1000
         self.load_gap_ms = self.page.evaluate("window.__gap")
+        self.text_px = self.page.evaluate("11 * gradscope.view().k")  # text height, first view
 
     def expand_one(self, path: str) -> float:
         return float(self.page.evaluate(EXPAND_ONE, path))
@@ -138,6 +140,15 @@ def main() -> None:
         sys.exit("playwright is not installed: bash scripts/setup-browser.sh")
 
     encoder = encoder_graph()
+    t0 = time.perf_counter()
+    bundle = encoder._repr_mimebundle_()
+    t_bundle = time.perf_counter() - t0
+    size = sum(len(v.encode("utf-8")) for v in bundle.values())
+    report("notebook display of the encoder (_repr_mimebundle_)", {
+        "size": f"{size / 1e6:.2f} MB, {', '.join(sorted(bundle))} ({verdict(size, 1.5e6)}: "
+                "<= 1.5 MB)",
+        "time": f"{t_bundle:.2f} s ({verdict(t_bundle, 1)}: <= 1 s)",
+    })
     big = in_big_stack(big_graph)
     print(f"graphs: encoder {len(encoder.nodes)} nodes, big {len(big.nodes)} nodes")
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
@@ -165,6 +176,7 @@ def main() -> None:
             "longest stall while loading": f"{load_gap:.0f} ms ({verdict(load_gap, 200)}: <= 200)",
             "HTML bytes per node": f"{full.stat().st_size / len(encoder.nodes):.0f}",
             "Python to_html": f"{t_full_py:.2f} s",
+            "text in the first view": f"{v.text_px:.1f} px ({verdict(9, v.text_px)}: >= 9 px)",
         })
 
         # 2. the default page, then expand all
@@ -179,6 +191,7 @@ def main() -> None:
         t_all = statistics.median(t for t, _ in timed)
         gap_all = max(g for _, g in timed)
         shown = alls[-1].page.evaluate("gradscope.visible()")
+        text_all = alls[-1].page.evaluate("11 * gradscope.view().k")
         one = statistics.median(alls[-1].expand_one("encoder.layers.37") for _ in range(3))
         for r in runs + alls:
             r.close()
@@ -188,6 +201,7 @@ def main() -> None:
             "first expand of encoder.layers.37": f"{first:.0f} ms ({verdict(first, 300)}: "
                                                   "<= 300 ms; unfolds the 64 layers too)",
             "expand all": f"{t_all:.2f} s, {shown} boxes drawn ({verdict(t_all, 10)}: <= 10 s)",
+            "text after expand all": f"{text_all:.1f} px ({verdict(9, text_all)}: >= 9 px)",
             "longest stall during expand all": f"{gap_all:.0f} ms ({verdict(gap_all, 200)}: "
                                                "<= 200 ms)",
             "expand one after expand all": f"{one:.0f} ms ({verdict(one, 300)}: <= 300 ms)",

@@ -169,6 +169,8 @@ _LAZY = {
     "ModuleRow": ".model.memplan",
     "Verification": ".model.memplan",
     "parse_size": ".model.memplan",
+    "diff": ".model.diff",
+    "GraphDiff": ".model.diff",
 }
 
 
@@ -208,6 +210,7 @@ __all__ = [
     "GradStat",
     "GradscopeError",
     "Graph",
+    "GraphDiff",
     "GraphLeakWarning",
     "GraphvizNotFoundError",
     "Incident",
@@ -248,6 +251,7 @@ __all__ = [
     "auto_depth",
     "check",
     "collapse",
+    "diff",
     "dot_binary",
     "explain",
     "fold",

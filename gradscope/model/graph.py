@@ -30,6 +30,8 @@ from .nodes import (
 
 #: How ``Graph.summary`` counts an ``output`` node that is a view's base (``Node.view_base``).
 VIEW_BASE = "view base"
+#: Notebooks get the Graphviz picture (``_repr_svg_``) only for graphs up to this many nodes.
+SVG_NODES = 300
 
 __all__ = [
     "KINDS", "Box", "Edge", "Graph", "GraphLike", "Node", "Region", "SavedTensor", "TensorInfo",
@@ -188,6 +190,27 @@ class Graph:
         """The graph rendered as bytes in ``format`` (see ``gs.FORMATS``)."""
         return formats.render_graph(self, format, **options)
 
+    def __repr__(self) -> str:
+        """One line, whatever the size: ``Graph(4365 nodes, 4728 edges, 1 root, 2.0 MiB saved)``
+        (``summary()`` says more; the dataclass repr of every node would be megabytes)."""
+        roots = len(self.roots)
+        return (f"Graph({len(self.nodes)} nodes, {len(self.edges)} edges, {roots} "
+                f"root{'' if roots == 1 else 's'}, {format_bytes(self.saved_bytes())} saved)")
+
+    def _repr_mimebundle_(
+        self, include: Any = None, exclude: Any = None, **kwargs: Any
+    ) -> dict[str, str]:
+        """What a notebook stores for a displayed graph: one line of text, the interactive page
+        (in a sandboxed frame sized to the graph) and, for graphs small enough to draw cheaply
+        (``SVG_NODES``), the Graphviz picture for front-ends without JavaScript."""
+        from .formats import renderer
+
+        bundle = {"text/plain": repr(self), "text/html": str(renderer("notebook_html")(self))}
+        svg = self._repr_svg_()
+        if svg is not None:
+            bundle["image/svg+xml"] = svg
+        return bundle
+
     def _repr_html_(self) -> str:
         """The interactive viewer for notebooks: the self-contained page in a sandboxed
         ``<iframe srcdoc>`` (front-ends without JavaScript show ``_repr_svg_``)."""
@@ -196,6 +219,8 @@ class Graph:
         return str(renderer("notebook_html")(self))
 
     def _repr_svg_(self) -> str | None:
-        if not formats.get_format("svg").available():
+        """The Graphviz picture, for graphs of at most ``SVG_NODES`` nodes (a bigger one costs
+        seconds and megabytes on every display: the page shows it instead)."""
+        if len(self.nodes) > SVG_NODES or not formats.get_format("svg").available():
             return None
         return self.render("svg").decode("utf-8")

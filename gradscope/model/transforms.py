@@ -653,7 +653,7 @@ def readable_view(
     Example:
         >>> from gradscope.model.graph import Graph
         >>> readable_view(Graph(), max_nodes=10)
-        (Graph(nodes=[], edges=[], roots=[]), None)
+        (Graph(0 nodes, 0 edges, 0 roots, 0 B saved), None)
     """
     if full:
         return graph, None

@@ -22,6 +22,7 @@ import html
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -29,9 +30,9 @@ from typing import Any
 
 from ..model.formats import FormatKind, OutputFormat, register_format, register_renderer
 from ..model.graph import Graph, Node, SavedTensor, format_bytes
-from ..model.nodes import saved_bytes_of, storage_sizes
+from ..model.nodes import KINDS, saved_bytes_of, storage_sizes
 from ..model.paths import levels, module_class, node_paths
-from ..model.schema import float_to_json
+from ..model.schema import EDGE_KINDS, float_to_json
 from ..model.transforms import Run, fold_runs
 from .dot import BAD_OTHER_COLOR, OP_COLOR, attr_entries, short_location
 from .style import (
@@ -61,7 +62,40 @@ BUDGET = 600
 #: depth, its own path in its details (a path 100,000 levels deep costs its length, no more).
 MAX_LEVELS = 64
 
-_KINDS = ("op", "custom", "accumulate", "leaf", "output", "module")
+#: The page's data contract: every row of the page is a list whose positions are named here
+#: (the page reads the names from ``fields`` in its data, never a position of its own), and trailing
+#: fields at their default are left out. Node and edge kinds are written as indices into the
+#: model's own tables (``model.nodes.KINDS``, ``model.schema.EDGE_KINDS``), sent with the data.
+#: A new field is a name here and a value where the rows are written.
+FIELDS: dict[str, tuple[str, ...]] = {
+    "nodes": ("id", "name", "kind", "container", "info"),
+    "edges": ("src", "dst", "input_nr", "kind", "count", "grad_norm"),
+    "containers": ("path", "label", "cls", "kind", "parent", "depth", "count", "saved_bytes",
+                   "members", "sum_count", "sum_bytes", "range"),
+    # lists inside a node's info: its saved tensors (s), tensor (t), module box, compiled region
+    "saved": ("name", "shape", "dtype", "nbytes", "storage", "freed"),
+    "tensor": ("name", "shape", "dtype", "device"),
+    "box": ("cls", "nodes", "saved_bytes", "repeat"),
+    "region": ("ops", "note"),
+}
+#: Defaults of the optional (trailing) fields, left out of a row when every later one is too.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "nodes": {"info": None},
+    "edges": {"input_nr": 0, "kind": 0, "count": 1, "grad_norm": None},
+    "containers": {"members": None, "sum_count": 0, "sum_bytes": 0, "range": None},
+    "saved": {}, "tensor": {}, "box": {}, "region": {},
+}
+
+
+def _row(table: str, values: dict[str, Any]) -> list[Any]:
+    """One compact row of ``table``: the values in ``FIELDS`` order, trailing defaults dropped."""
+    names = FIELDS[table]
+    defaults = DEFAULTS[table]
+    row = [values.get(name, defaults.get(name)) for name in names]
+    while row and names[len(row) - 1] in defaults and row[-1] == defaults[names[len(row) - 1]]:
+        row.pop()
+    return row
+
 
 #: The X11 colours of the DOT views as CSS hex: the page draws with the same palette.
 GRAPHVIZ_HEX = {
@@ -89,11 +123,6 @@ def _norm_scale() -> list[list[Any]]:
     return bands + [[NONFINITE_BAND.name, None, _css(NONFINITE_BAND.color)]]
 #: A container row's kind: the root, a module, a fold of repeated layers, a chunk of a long run.
 _KIND_CODE = {"root": "r", "module": "m", "fold": "f", "chunk": "k"}
-#: An edge's kind in the page: 0 a gradient edge; else drawn dotted (1 a view's link to its
-#: base, 2 a compiled region's saved-activation link).
-_EDGE_KIND = {"grad": 0, "view": 1, "saved": 2}
-#: An edge row is [src, dst, input_nr, kind, count, norm]; trailing defaults are left out.
-_EDGE_DEFAULTS = (0, 0, 1, None)
 
 
 @cache
@@ -104,6 +133,18 @@ def _asset(name: str) -> str:
     text = "\n".join(lines)
     # Inlined scripts must not contain their own end tag.
     return text.replace("</script", "<\\/script") if name.endswith(".js") else text
+
+
+@dataclass
+class DiffMarks:
+    """What a diff page colours: node id -> ``added``/``removed``/``changed``, edge index ->
+    gradient-norm ratio b/a, the diff's one-line summary, and edge index -> ``added`` or
+    ``removed``."""
+
+    marks: dict[str, str]
+    ratios: dict[int, float]
+    summary: str
+    edges: dict[int, str] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------- containers
@@ -134,6 +175,7 @@ class _Builder:
         self.containers: list[_Container] = [_Container("", "(model)", "", "root", -1, 0)]
         self.by_path: dict[str, int] = {"": 0}
         self.node_container = [0] * len(graph.nodes)
+        self.ranges: dict[int, str] = {}  # a chunk's first and last node id
         runs = fold_runs(graph, inside="all") if fold else []
         self.run_of: dict[str, Run] = {}  # member path -> its run
         for run in runs:
@@ -264,11 +306,23 @@ class _Builder:
             self.containers[value].parent = parent
         else:
             first, last = self._ends(value)
-            label = f"{first} … {last}"
-            chunk = _Container(p.path, label, "", "chunk", parent, p.depth)
+            chunk = _Container(p.path, "", "", "chunk", parent, p.depth)
             cidx = self._add(chunk)
+            self.ranges[cidx] = f"{first} … {last}"
             for k, v in value:
                 self._attach(cidx, k, v)
+            chunk.label = self._ops_label(cidx)
+
+    def _ops_label(self, idx: int) -> str:
+        """A chunk's label: the ops it holds, most frequent first (at most three named), and
+        how many nodes: ``MulBackward0, AddBackward0, TanhBackward0 ×47``."""
+        inside = [self.graph.nodes[i] for i in self._all_nodes(idx)]
+        ops = [n for n in inside if n.kind in ("op", "custom", "module")] or inside
+        names = Counter(n.name for n in ops)
+        top = [name for name, _ in names.most_common(3)]
+        more = f" +{len(names) - 3} more" if len(names) > 3 else ""
+        total = len(inside)
+        return f"{', '.join(top)}{more} ×{total}"
 
     def _ends(self, group: list[tuple[str, Any]]) -> tuple[str, str]:
         def first(item: tuple[str, Any], last: bool) -> str:
@@ -386,7 +440,8 @@ class _Builder:
 
 # ---------------------------------------------------------------------- the page's data
 def _saved(s: SavedTensor) -> list[Any]:
-    return [s.name, s.shape, s.dtype, s.nbytes, s.storage, 1 if s.freed else 0]
+    return _row("saved", {"name": s.name, "shape": s.shape, "dtype": s.dtype, "nbytes": s.nbytes,
+                          "storage": s.storage, "freed": 1 if s.freed else 0})
 
 
 #: The forward arguments behind ``next_functions`` slots of a few common ops, from their ATen
@@ -452,7 +507,8 @@ def _node_info(
         info["s"] = [_saved(s) for s in node.saved]
     t = node.tensor
     if t is not None:
-        info["t"] = [t.name, t.shape, t.dtype, t.device]
+        info["t"] = _row("tensor", {"name": t.name, "shape": t.shape, "dtype": t.dtype,
+                                    "device": t.device})
     attrs = attr_entries(node) if node.kind in ("op", "accumulate") else {}
     if node.kind == "custom":
         attrs = dict(node.attrs)
@@ -461,8 +517,10 @@ def _node_info(
         info["a"] = attrs
     if node.kind == "module":
         box = node.box
-        info["box"] = ([box.cls, box.nodes, box.saved_bytes, box.repeat or 0] if box is not None
-                       else ["", 1, node.saved_bytes, 0])
+        info["box"] = _row("box", {"cls": box.cls, "nodes": box.nodes,
+                                   "saved_bytes": box.saved_bytes, "repeat": box.repeat or 0}
+                           if box is not None else
+                           {"cls": "", "nodes": 1, "saved_bytes": node.saved_bytes, "repeat": 0})
     if node.order is not None:
         info["o"] = node.order
     bad = node.nonfinite
@@ -473,7 +531,7 @@ def _node_info(
     if node.forward_nonfinite:
         info["fwd"] = node.forward_nonfinite
     if node.compiled is not None:
-        info["region"] = [node.compiled.ops, node.compiled.note]
+        info["region"] = _row("region", {"ops": node.compiled.ops, "note": node.compiled.note})
     where = node.created_at
     if where:
         info["at"] = short_location(where, root)
@@ -498,8 +556,11 @@ def graph_data(
     notes: dict[str, str] | None = None,
     root: str | Path | None = None,
     budget: int = BUDGET,
+    diff: DiffMarks | None = None,
 ) -> dict[str, Any]:
-    """The JSON the page embeds (version 2: compact arrays, see ``viewer.js``)."""
+    """The JSON the page embeds (version 2: compact rows named by ``FIELDS``, see
+    ``viewer.js``); ``diff`` colours a diff of two graphs (``views.diff``)."""
+    marks = diff.marks if diff is not None else None
     b = _Builder(graph, fold)
     root_dir = None if root is None else str(root)
     shapes = _output_shapes(graph, b.index)
@@ -510,27 +571,31 @@ def graph_data(
         cpath = b.containers[cidx].path
         info = _node_info(n, b.paths[n.id], cpath, shapes[i],
                           notes.get(n.id) if notes else None, root_dir)
-        row: list[Any] = [n.id, n.name, _KINDS.index(n.kind) if n.kind in _KINDS else 0, cidx]
-        if info:
-            row.append(info)
-        nodes.append(row)
+        if marks and n.id in marks:
+            info["diff"] = marks[n.id]
+        nodes.append(_row("nodes", {
+            "id": n.id, "name": n.name, "kind": KINDS.index(n.kind) if n.kind in KINDS else 0,
+            "container": cidx, "info": info or None,
+        }))
     edges = []
     for e in graph.edges:
-        row = [index[e.src], index[e.dst]]
-        tail = [e.input_nr, _EDGE_KIND.get(e.kind, 1), e.count,
-                None if e.grad_norm is None else float_to_json(e.grad_norm, 4)]
-        while tail and tail[-1] == _EDGE_DEFAULTS[len(tail) - 1]:
-            tail.pop()
-        edges.append(row + tail)
-    containers = []
+        edges.append(_row("edges", {
+            "src": index[e.src], "dst": index[e.dst], "input_nr": e.input_nr,
+            "kind": EDGE_KINDS.index(e.kind) if e.kind in EDGE_KINDS else 1, "count": e.count,
+            "grad_norm": None if e.grad_norm is None else float_to_json(e.grad_norm, 4),
+        }))
+    containers: list[list[Any]] = []
     for c in b.containers:
-        row = [c.path, c.label, c.cls, _KIND_CODE[c.kind], c.parent, c.depth,
-               c.count, c.saved_bytes]
+        values: dict[str, Any] = {
+            "path": c.path, "label": c.label, "cls": c.cls, "kind": _KIND_CODE[c.kind],
+            "parent": c.parent, "depth": c.depth, "count": c.count, "saved_bytes": c.saved_bytes,
+            "range": b.ranges.get(len(containers)),
+        }
         if c.kind == "fold":
             rest = [k for m in c.members[1:] for k in b.subtree_nodes(m)]
-            row += [c.members, sum(graph.nodes[i].count for i in rest),
-                    saved_bytes_of([graph.nodes[i] for i in rest])]
-        containers.append(row)
+            values |= {"members": c.members, "sum_count": sum(graph.nodes[i].count for i in rest),
+                       "sum_bytes": saved_bytes_of([graph.nodes[i] for i in rest])}
+        containers.append(_row("containers", values))
     first = next((index[n.id] for n in graph.nodes if n.first_nonfinite), -1)
     return {
         "v": 2,
@@ -546,6 +611,13 @@ def graph_data(
                     "chunk": CHUNK, "memory": bool(notes),
                     "backward": any(n.order is not None for n in graph.nodes)},
         "style": {"colors": {k: _css(v) for k, v in PAGE_COLORS.items()}, "norm": _norm_scale()},
+        "fields": {k: list(v) for k, v in FIELDS.items()},
+        "kinds": list(KINDS),
+        "edge_kinds": list(EDGE_KINDS),
+        "diff": None if diff is None else {
+            "summary": diff.summary,
+            "ratios": sorted([k, float_to_json(r, 4)] for k, r in diff.ratios.items()),
+            "edges": sorted([k, m] for k, m in diff.edges.items())},
     }
 
 
@@ -560,6 +632,7 @@ def to_html(
     notes: dict[str, str] | None = None,
     root: str | Path | None = None,
     max_nodes: int = BUDGET,
+    diff: DiffMarks | None = None,
 ) -> str:
     """One self-contained HTML page showing ``graph`` interactively (works offline).
 
@@ -575,6 +648,7 @@ def to_html(
         root: the model file's folder: forward-line locations are shown relative to it.
         max_nodes: without ``depth`` or ``full``, open modules breadth-first while the first
             view has at most this many boxes.
+        diff: a diff page's marks and norm ratios (``views.diff.diff_page`` fills it).
 
     Returns:
         The page as a string; write it to a ``.html`` file (``Graph.save("g.html")``).
@@ -586,7 +660,7 @@ def to_html(
         True
     """
     data = graph_data(graph, depth=depth, full=full, fold=fold, saved=saved, notes=notes,
-                      root=root, budget=max_nodes)
+                      root=root, budget=max_nodes, diff=diff)
     # Nodes and edges go in blocks of PART rows, each parsed in its own task by the page, so
     # no single JSON.parse of a 100,000-node graph holds the main thread.
     parts = []
@@ -625,15 +699,55 @@ def _json(value: Any) -> str:
     return text.replace("<", "\\u003c")
 
 
-def to_notebook_html(graph: Graph, *, height: int = 600, **options: Any) -> str:
+def to_notebook_html(graph: Graph, *, height: int | None = None, **options: Any) -> str:
     """The page in a sandboxed ``<iframe srcdoc>`` for notebooks (``Graph._repr_html_``): its
-    scripts run in their own document and it stays self-contained."""
+    scripts run in their own document and it stays self-contained. The frame is as tall as the
+    graph's first view needs (``notebook_height``) unless ``height`` is given; inside a frame the
+    page starts with its side panel folded (a click on a node opens it, narrow)."""
     page = to_html(graph, **options)
+    tall = notebook_height(graph) if height is None else int(height)
+    # single quotes around srcdoc: the page's JSON is full of double quotes, which would each
+    # become a 6-byte &quot; (a third of the page again); it has few single quotes
+    srcdoc = page.replace("&", "&amp;").replace("'", "&#39;")
     return (
-        f'<iframe sandbox="allow-scripts allow-downloads" srcdoc="{html.escape(page, quote=True)}"'
-        f' style="width:100%;height:{int(height)}px;border:1px solid #ccc"'
+        f"<iframe sandbox=\"allow-scripts allow-downloads\" srcdoc='{srcdoc}'"
+        f' style="width:100%;height:{tall}px;border:1px solid #ccc"'
         ' title="gradscope graph"></iframe>'
     )
+
+
+#: A notebook frame's height: header and footer, then about this many pixels per rank of boxes
+#: at a legible scale, between the two bounds.
+_FRAME_CHROME, _FRAME_RANK, _FRAME_MIN, _FRAME_MAX = 110, 52, 260, 640
+
+
+def notebook_height(graph: Graph) -> int:
+    """Pixels a notebook frame needs to show ``graph`` at a legible scale: its longest path
+    (ranks of boxes, top to bottom) times the height of a rank, within 260-640 px (a taller
+    graph opens at its top, the minimap shows the rest)."""
+    index = {n.id: i for i, n in enumerate(graph.nodes)}
+    ranks = [1] * len(graph.nodes)
+    indeg = [0] * len(graph.nodes)
+    succ: list[list[int]] = [[] for _ in graph.nodes]
+    for e in graph.edges:
+        a, b = index.get(e.src), index.get(e.dst)
+        if a is None or b is None or a == b:
+            continue
+        succ[a].append(b)
+        indeg[b] += 1
+    todo = [i for i, d in enumerate(indeg) if d == 0]
+    longest = 1
+    while todo:
+        i = todo.pop()
+        longest = max(longest, ranks[i])
+        if longest * _FRAME_RANK + _FRAME_CHROME >= _FRAME_MAX:
+            return _FRAME_MAX
+        for j in succ[i]:
+            ranks[j] = max(ranks[j], ranks[i] + 1)
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                todo.append(j)
+    return max(_FRAME_MIN, min(_FRAME_MAX, _FRAME_CHROME + _FRAME_RANK * longest))
 
 
 def _render_html(graph: Graph, **options: Any) -> bytes:

@@ -199,11 +199,38 @@ def test_save_html(transformer, tmp_path: Path) -> None:
 def test_notebook_repr_is_a_sandboxed_frame(transformer) -> None:
     graph, _ = transformer
     frame = graph._repr_html_()
-    m = re.fullmatch(r'<iframe sandbox="allow-scripts allow-downloads" srcdoc="([^"]*)"[^>]*>'
-                     r"</iframe>", frame)
+    m = re.fullmatch(r"<iframe sandbox=\"allow-scripts allow-downloads\" srcdoc='([^']*)'"
+                     r' style="width:100%;height:(\d+)px;[^"]*"[^>]*></iframe>', frame)
     assert m, frame[:200]
     assert html_lib.unescape(m.group(1)) == graph.to_html()
+    assert 260 <= int(m.group(2)) <= 640
     assert graph._repr_svg_() is None or graph._repr_svg_().lstrip().startswith("<?xml")
+
+
+def test_repr_is_one_line(deep: gs.Graph) -> None:
+    text = repr(deep)
+    assert text == (f"Graph({len(deep.nodes)} nodes, {len(deep.edges)} edges, 1 root, "
+                    f"{gs.format_bytes(deep.saved_bytes())} saved)")
+    assert "\n" not in text and len(text) < 100
+
+
+def test_notebook_bundle_is_light(deep: gs.Graph) -> None:
+    """What a notebook stores for the 4.4k-node encoder: the page once, no Graphviz picture
+    (seconds and megabytes on every display), one line of text: under 1.5 MB and 1 s."""
+    import time
+
+    start = time.perf_counter()
+    bundle = deep._repr_mimebundle_()
+    took = time.perf_counter() - start
+    size = sum(len(v.encode("utf-8")) for v in bundle.values())
+    assert set(bundle) == {"text/plain", "text/html"}, set(bundle)
+    assert size < 1_500_000 and took < 1.0, (size, took)
+    assert bundle["text/plain"] == repr(deep)
+    assert deep._repr_svg_() is None  # IPython asks for it apart from the bundle
+    # a small graph also carries its picture (where Graphviz is installed)
+    small = traced("mlp.py")[0]
+    if small._repr_svg_() is not None:
+        assert small._repr_mimebundle_()["image/svg+xml"].lstrip().startswith("<?xml")
 
 
 # ---------------------------------------------------------------------- in Chromium
@@ -419,3 +446,227 @@ def test_notebook_frame_runs_sandboxed(browser, transformer, tmp_path: Path) -> 
     assert frame.evaluate("gradscope.stats().worker")  # blob workers run in the sandbox too
     assert errors == []
     page.close()
+
+
+# ---------------------------------------------------------------------- readable at every moment
+#: Text is drawn 11 px tall times the zoom: 9 px or more is readable (the page's READ_K).
+READ_K = 9 / 11 - 1e-6
+
+
+def legible(p: Page, what: str) -> None:
+    k = p.js("gradscope.view().k")
+    assert k >= READ_K, f"{what}: zoom {k:.3f}, text {11 * k:.1f} px"
+
+
+def nothing_over_the_graph(p: Page) -> None:
+    """The legend and the side panel sit beside the graph's canvas, never on it."""
+    canvas = p.page.locator("#canvas").bounding_box()
+    for sel in ("#legend", "#side"):
+        if not p.page.is_visible(sel):
+            continue
+        b = p.page.locator(sel).bounding_box()
+        apart = (b["x"] >= canvas["x"] + canvas["width"] - 0.5 or b["x"] + b["width"] <= canvas["x"]
+                 or b["y"] >= canvas["y"] + canvas["height"] or b["y"] + b["height"] <= canvas["y"])
+        assert apart, f"{sel} {b} overlaps the graph {canvas}"
+
+
+@pytest.mark.parametrize("size", [(1400, 900), (860, 560)])
+def test_every_view_the_page_opens_is_legible(browser, deep: gs.Graph, transformer, size,
+                                              tmp_path: Path) -> None:
+    """The first view, after opening a module, after Expand all and after Collapse all: text
+    at 9 px or more (the encoder's Expand all used to be a 1-3 px strip), and the note says
+    how to reach what is not shown."""
+    cnn = traced("cnn.py")[0]
+    for name, graph, opts in (("cnn", cnn, {}), ("transformer", transformer[0], {"depth": 1}),
+                              ("encoder", deep, {}), ("encoder-full", deep, {"full": True})):
+        p = Page(browser, graph.save(tmp_path / f"{name}.html", **opts), *size)
+        legible(p, f"{name} first view")
+        nothing_over_the_graph(p)
+        if name == "transformer":
+            p.js("gradscope.expand('encoder')")
+            legible(p, "transformer after expanding encoder")
+        if name == "encoder":
+            p.js("gradscope.collapse('encoder.layers.0')")
+            p.js("gradscope.expand('encoder.layers.0')")
+            legible(p, "encoder after expanding a layer")
+        p.js("gradscope.expandAll()")
+        assert p.js("gradscope.visible()") == len(graph.nodes)
+        legible(p, f"{name} after Expand all")
+        if p.js("gradscope.geometry().boxes.length") > 40:
+            assert "readable size" in p.page.inner_text("#note")  # not whole: says how to move
+        p.js("gradscope.collapseAll()")
+        legible(p, f"{name} after Collapse all")
+        p.close()
+
+
+def test_torchvision_pages_are_legible(browser, tmp_path: Path) -> None:
+    tv = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    resnet = tv.models.resnet50(weights=None).eval()
+    with gs.scopes(resnet):
+        y = resnet(torch.randn(1, 3, 224, 224))
+    rcnn = tv.models.detection.fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None).train()
+    target = [{"boxes": torch.tensor([[10.0, 20.0, 100.0, 200.0]]), "labels": torch.tensor([1])}]
+    with gs.scopes(rcnn):
+        losses = rcnn([torch.rand(3, 320, 320)], target)
+    for name, graph in (("resnet50", gs.trace(y, model=resnet)),
+                        ("fasterrcnn", gs.trace(losses, model=rcnn))):
+        p = Page(browser, graph.save(tmp_path / f"{name}.html"))
+        legible(p, f"{name} first view")  # was 0.50 and 0.19: no text drawn at all
+        nothing_over_the_graph(p)
+        p.js("gradscope.expandAll()")
+        legible(p, f"{name} after Expand all")
+        p.close()
+
+
+def test_state_follows_the_view(browser, transformer, tmp_path: Path) -> None:
+    """collapseAll(); select('box:head'); expandAll(): the head box is now an open frame, so
+    nothing is selected, nothing dimmed, Path to output off and disabled."""
+    graph, _ = transformer
+    p = Page(browser, graph.save(tmp_path / "s.html"))
+    p.js("gradscope.collapseAll()")
+    p.js("gradscope.select('box:head')")
+    assert p.js("gradscope.selected()") == "box:head"
+    assert p.page.is_enabled("#path-only")
+    p.js("gradscope.toggle('pathOnly')")
+    assert p.js("gradscope.state()") | {"note": ""} == {
+        "selected": "box:head", "dimmed": True, "pathOnly": True, "note": ""}
+    p.js("gradscope.expandAll()")
+    assert p.js("gradscope.selected()") is None
+    assert p.page.get_attribute("#path-only", "aria-pressed") == "false"
+    assert not p.page.is_enabled("#path-only")
+    assert p.js("gradscope.state()")["dimmed"] is False  # nothing dimmed, nothing hidden
+    assert p.js("gradscope.state()")["pathOnly"] is False
+    assert "head" in p.js("gradscope.details()")  # its details stay: it is the open frame
+    # a selected node hidden by closing its module: the selection goes, the details say why
+    node = next(n for n in graph.nodes if n.module == "encoder.layers.1.linear2")
+    p.js("(id) => gradscope.select(id)", node.id)
+    p.js("gradscope.collapse('encoder')")
+    assert p.js("gradscope.selected()") is None
+    assert "no longer drawn" in p.js("gradscope.details()")
+    # a bad regex says so, instead of "no node matches"
+    assert p.js("gradscope.search('/[/')") == []
+    assert "invalid regex" in p.js("gradscope.searchError()")
+    assert "invalid regex" in p.page.inner_text("#results")
+    p.close()
+
+
+def test_fold_banner_says_what_is_drawn(browser, deep: gs.Graph, tmp_path: Path) -> None:
+    p = Page(browser, deep.save(tmp_path / "full.html", full=True))
+    p.js("gradscope.expandAll()")
+    assert p.js("gradscope.visible()") == len(deep.nodes)
+    p.js("gradscope.select('box:encoder.layers.0-63')")
+    titles = p.js("gradscope.exportSvg()")
+    assert "all 64 drawn" in titles and "alike summarised" not in titles
+    p.close()
+
+
+def test_a_chains_first_view_names_its_ops(browser, tmp_path: Path) -> None:
+    x = torch.randn(4, requires_grad=True)
+    y = x
+    for _ in range(3000):
+        y = (y * 1.0001 + 0.5).tanh()
+    graph = gs.trace(y, params={"x": x})
+    data = graph_data(graph)
+    chunks = [r for r in data["containers"] if r[3] == "k"]
+    assert chunks and all(r[1].split(" ×")[0].split(", ")[0] in
+                          {"MulBackward0", "AddBackward0", "TanhBackward0"} for r in chunks)
+    p = Page(browser, graph.save(tmp_path / "chain.html"))
+    svg = p.js("gradscope.exportSvg()")
+    # the first view's parts of the chain (open frames' titles, closed boxes) name their ops
+    first = re.search(r"((?:MulBackward0|AddBackward0|TanhBackward0)(?:, \w+)+ ×\d+)", svg)
+    assert first, svg[:2000]
+    names = first.group(1).split(" ×")[0].split(", ")
+    assert set(names) == {"MulBackward0", "AddBackward0", "TanhBackward0"}
+    legible(p, "chain first view")
+    p.close()
+
+
+def test_expand_all_on_a_huge_graph_asks_first(browser, tmp_path: Path) -> None:
+    graph = chain(31_000)
+    p = Page(browser, graph.save(tmp_path / "huge.html"))
+    shown = p.js("gradscope.visible()")
+    p.page.click("#expand-all")
+    ask = p.page.locator("#ask")
+    assert "31,000 nodes" in ask.inner_text() and " s of layout" in ask.inner_text()
+    ask.locator("button", has_text="Cancel").click()
+    assert p.page.locator("#ask").count() == 0 and p.js("gradscope.visible()") == shown
+    p.close()
+
+
+def test_notebook_frame_is_light_and_folded(browser, transformer, tmp_path: Path) -> None:
+    """In a notebook's frame: the side panel starts folded (the graph gets the width), opens
+    narrow on a click on a node; text legible."""
+    graph, _ = transformer
+    host = tmp_path / "nb.html"
+    host.write_text("<!DOCTYPE html><html><body style='width:900px'>" + graph._repr_html_()
+                    + "</body></html>", encoding="utf-8")
+    page = browser.new_page(viewport={"width": 1000, "height": 900})
+    page.goto(host.resolve().as_uri())
+    frame = page.frames[1]
+    frame.wait_for_function("() => window.gradscope !== undefined")
+    frame.evaluate("gradscope.ready")
+    assert not frame.is_visible("#side")
+    assert frame.evaluate("gradscope.view().k") >= READ_K
+    assert frame.evaluate("gradscope.view().width") > 850  # the whole frame's width
+    node = next(n for n in graph.nodes if n.name == "AddmmBackward0" and n.module == "head")
+    frame.evaluate("(id) => gradscope.select(id)", node.id)
+    assert frame.is_visible("#side")
+    assert frame.locator("#side").bounding_box()["width"] <= 260
+    page.close()
+
+
+def test_diff_page_colours_the_union(browser, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    small = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
+    big = torch.nn.Sequential(*small, torch.nn.Tanh(), torch.nn.Linear(8, 8))
+    x = torch.randn(5, 3)
+    graphs = []
+    for m in (small, big):
+        with gs.scopes(m):
+            y = m(x)
+        graphs.append(gs.trace(y.sum(), model=m))
+    d = gs.diff(*graphs)
+    p = Page(browser, d.save(tmp_path / "diff.html"))
+    assert p.js("gradscope.visible()") == len(graphs[1].nodes)
+    svg = p.js("gradscope.exportSvg()")
+    added = svg.count('fill="#8ce99a"')
+    # TanhBackward0, the Linear's AddmmBackward0 and TBackward0, 2 AccumulateGrad, 2 parameters
+    assert added == len(d.added) == 7
+    assert "nodes added" in p.page.inner_text("#note")
+    p.close()
+
+
+#: Overlaps in what is drawn: edges passing through a box that is not one of their ends (a
+#: sample every tenth of each segment), labels over labels, labels over boxes.
+OVERLAPS = """() => { const g = gradscope.geometry(); let through = 0, ll = 0, lb = 0;
+  const boxes = g.boxes;
+  const inside = (x, y, b) => x > b[1] + 1 && x < b[1] + b[3] - 1
+    && y > b[2] + 1 && y < b[2] + b[4] - 1;
+  for (const e of g.edges) { const hit = new Set(); const p = e.pts;
+    for (let q = 0; q + 3 < p.length; q += 2) for (let t = 0.1; t < 1; t += 0.1) {
+      const x = p[q] + (p[q + 2] - p[q]) * t, y = p[q + 1] + (p[q + 3] - p[q + 1]) * t;
+      boxes.forEach((b, i) => { if (inside(x, y, b)) hit.add(i); }); }
+    through += hit.size; }
+  const labels = g.edges.map((e) => e.label).filter((l) => l);
+  const ov = (a, b) => a.x < b.x + b.w && b.x < a.x + a.w && a.y < b.y + b.h && b.y < a.y + a.h;
+  labels.forEach((a, i) => { for (let j = i + 1; j < labels.length; j++) if (ov(a, labels[j])) ll++;
+    for (const b of boxes) if (ov(a, { x: b[1], y: b[2], w: b[3], h: b[4] })) lb++; });
+  return { through, labels: labels.length, label_label: ll, label_box: lb }; }"""
+
+
+def test_edges_and_labels_keep_clear_of_boxes(browser, tmp_path: Path) -> None:
+    """The cnn sample's edges pass through no box (13 did: routes left a module from a port
+    in the middle of it); on a --backward page no norm label covers a box or another label."""
+    p = Page(browser, traced("cnn.py")[0].save(tmp_path / "cnn.html"))
+    assert p.js(OVERLAPS)["through"] == 0
+    p.close()
+    fwd = gs.load_model_file(SAMPLES / "transformer.py").forward()
+    loss = fwd.outputs.pow(2).mean()
+    with gs.record_backward(loss, model=fwd.model) as rec:
+        loss.backward()
+    p = Page(browser, rec.graph.save(tmp_path / "bw.html", full=True))
+    got = p.js(OVERLAPS)
+    assert got["labels"] >= len(rec.graph.edges) - 5, got  # every edge carries its norm
+    assert got["label_label"] == 0 and got["label_box"] == 0, got
+    p.close()

@@ -10,7 +10,12 @@
   const COLORS = D.style.colors;
   const NORM = D.style.norm;
   const OPT = D.options;
-  const KINDS = ["op", "custom", "accumulate", "leaf", "output", "module"];
+  const KINDS = D.kinds; // the model's node kinds (nodes.KINDS): a row's kind is an index
+  // The data contract (html.py FIELDS): each row is a list whose positions D.fields names.
+  const fieldsOf = (table) => Object.fromEntries(D.fields[table].map((name, i) => [name, i]));
+  const NF = fieldsOf("nodes"), EF = fieldsOf("edges"), CF = fieldsOf("containers");
+  const SF = fieldsOf("saved"), TF = fieldsOf("tensor"), BF = fieldsOf("box"), RF = fieldsOf("region");
+  const PLAIN_EDGE = D.edge_kinds.indexOf("grad"); // other edge kinds are drawn dotted
   const $ = (id) => document.getElementById(id);
   const canvas = $("graph"), ctx = canvas.getContext("2d");
   const detailsEl = $("details"), resultsEl = $("results"), searchEl = $("search");
@@ -25,6 +30,13 @@
   const idIndex = new Map();
   const eSrc = new Int32Array(E), eDst = new Int32Array(E), eNr = new Int32Array(E);
   const eView = new Uint8Array(E), eCount = new Int32Array(E), eNorm = new Array(E);
+  // a diff page (views/diff.py): node marks in their info, gradient-norm ratios b/a by edge
+  const DIFF = D.diff || null;
+  let hasSavedEdges = false; // a compiled region's saved-activation links: in the legend
+  const eRatio = new Map(DIFF ? DIFF.ratios : []);
+  const eDiff = new Map(DIFF ? DIFF.edges : []); // edge index -> "added" / "removed"
+  const DIFF_COLORS = { added: "#8ce99a", removed: "#ff8787", changed: "#ffd43b" };
+  const DIFF_EDGES = { added: "#2b8a3e", removed: "#e03131" };
   const tick = () => new Promise((r) => setTimeout(r, 0)); // lets timers, input and paint run
   async function loadParts() {
     // the blocks follow this script: the HTML parser reads them in its own slices of time
@@ -37,20 +49,24 @@
       const rows = JSON.parse(el.textContent);
       if (el.dataset.kind === "nodes") {
         for (const r of rows) {
-          nodeId[i] = r[0]; nodeName[i] = r[1]; nodeKind[i] = r[2]; nodeC[i] = r[3];
-          nodeInfo[i] = r[4] || null;
-          idIndex.set(r[0], i);
+          nodeId[i] = r[NF.id]; nodeName[i] = r[NF.name]; nodeKind[i] = r[NF.kind];
+          nodeC[i] = r[NF.container]; nodeInfo[i] = r[NF.info] || null;
+          idIndex.set(nodeId[i], i);
           i++;
         }
       } else {
         for (const r of rows) {
-          eSrc[k] = r[0]; eDst[k] = r[1]; eNr[k] = r[2] || 0; eView[k] = r[3] || 0;
-          eCount[k] = r[4] === undefined ? 1 : r[4];
-          eNorm[k] = r[5] === undefined ? null : r[5];
+          eSrc[k] = r[EF.src]; eDst[k] = r[EF.dst]; eNr[k] = r[EF.input_nr] || 0;
+          eView[k] = (r[EF.kind] || 0) === PLAIN_EDGE ? 0 : r[EF.kind];
+          eCount[k] = r[EF.count] === undefined ? 1 : r[EF.count];
+          eNorm[k] = r[EF.grad_norm] === undefined ? null : r[EF.grad_norm];
           k++;
         }
       }
     }
+    const savedKind = D.edge_kinds.indexOf("saved");
+    for (let q = 0; q < E && !hasSavedEdges; q++) hasSavedEdges = eView[q] === savedKind;
+    if (hasSavedEdges) buildLegend();
     if (i !== N || k !== E) throw new Error("the page's data is incomplete: " + i + " of " + N + " nodes, " + k + " of " + E + " edges");
     for (let n = 0; n < N; n++) C[nodeC[n]].nodes.push(n);
   }
@@ -61,8 +77,10 @@
   function buildContainers() {
     D.containers.forEach((r, j) => {
       C[j] = {
-        j, path: r[0], label: r[1], cls: r[2], kind: r[3], parent: r[4], depth: r[5],
-        count: r[6], bytes: r[7], members: r[8] || null, sumCount: r[9] || 0, sumBytes: r[10] || 0,
+        j, path: r[CF.path], label: r[CF.label], cls: r[CF.cls], kind: r[CF.kind],
+        parent: r[CF.parent], depth: r[CF.depth], count: r[CF.count], bytes: r[CF.saved_bytes],
+        members: r[CF.members] || null, sumCount: r[CF.sum_count] || 0,
+        sumBytes: r[CF.sum_bytes] || 0, range: r[CF.range] || "",
         kids: [], nodes: [], fold: -1, level: 0,
       };
     });
@@ -82,7 +100,17 @@
   const expanded = new Uint8Array(M); // open containers (the root is always open)
   const unfolded = new Uint8Array(M); // folds drawn member by member
   expanded[0] = 1;
-  const toggles = { saved: !!OPT.saved, shapes: false, legend: true, minimap: true, pathOnly: false };
+  // Inside a frame (a notebook) the side panel starts folded and opens, narrow, on a click;
+  // folding the panel or the legend is remembered (where the page may store anything).
+  const embedded = (() => { try { return window.top !== window.self; } catch (err) { return true; } })();
+  function pref(name) { try { const v = localStorage.getItem("gradscope." + name); return v === null ? null : v === "1"; } catch (err) { return null; } }
+  function keepPref(name, on) { try { localStorage.setItem("gradscope." + name, on ? "1" : "0"); } catch (err) { /* sandboxed */ } }
+  const panelPref = pref("panel");
+  let panelChosen = panelPref !== null;
+  const toggles = { saved: !!OPT.saved, shapes: false, legend: pref("legend") !== false, minimap: true,
+                    pathOnly: false, panel: panelPref === null ? !embedded : panelPref };
+  // Text is drawn at 11 px times the zoom: no view the page opens by itself goes below 9 px.
+  const READ_K = 9 / 11;
   let selected = -1; // a visible item key (see below)
   let userMoved = false; // until the user pans or zooms, a resize shows the first view again
   let matches = new Set();
@@ -160,13 +188,14 @@
   function nodeLines(i) {
     const kind = KINDS[nodeKind[i]], info = nodeInfo[i] || {};
     if (kind === "leaf" || kind === "output") {
-      const lines = [leafLabel(i), info.t ? shapeText(info.t[1]) : ""];
+      const lines = [leafLabel(i)];
+      if (info.t) lines.push(shapeText(info.t[TF.shape]));
       if (info.mem) lines.push(info.mem);
       return lines;
     }
     if (kind === "module") {
-      const b = info.box || ["", 0, 0, 0];
-      return [nodeName[i], (b[0] ? b[0] + " · " : "") + b[1] + " nodes", "saved " + fmtBytes(b[2])];
+      const b = info.box || [];
+      return [nodeName[i], (b[BF.cls] ? b[BF.cls] + " · " : "") + (b[BF.nodes] || 0) + " nodes", "saved " + fmtBytes(b[BF.saved_bytes] || 0)];
     }
     const lines = [(info.o !== undefined ? "#" + info.o + " " : "") + nodeName[i]];
     if (kind === "custom") lines.push("(custom Function)");
@@ -181,7 +210,7 @@
   }
   function boxLines(j) {
     const c = C[j];
-    if (c.kind === "k") return [c.label, c.count + " nodes (a run, opened in parts)"];
+    if (c.kind === "k") return [c.label, c.range + " · click to open"];
     const head = c.kind === "f" ? c.label + " (" + c.members.length + " alike)" : c.label;
     return [head, (c.cls ? c.cls + " · " : "") + c.count + " nodes", "saved " + fmtBytes(c.bytes)];
   }
@@ -195,17 +224,17 @@
   function frameTitle(j) {
     const c = C[j];
     if (j === 0) return "";
-    if (c.kind === "f") return "− " + c.label + ": " + (c.cls || "?") + " — " + C[c.members[0]].label +
-      " drawn, " + (c.members.length - 1) + " alike summarised";
-    if (c.kind === "k") return "− " + c.label + " (" + c.count + " nodes)";
+    if (c.kind === "f") return "− " + c.label + ": " + (c.cls || "?") + " — " + (unfolded[j]
+      ? "all " + c.members.length + " drawn" : C[c.members[0]].label + " drawn, " + (c.members.length - 1) + " alike summarised");
+    if (c.kind === "k") return "− " + c.label + " · " + c.range;
     return "− " + c.label + (c.cls ? ": " + c.cls : "");
   }
   function savedBoxes(i) { // [lines, w] of each saved tensor drawn next to its node
     const info = nodeInfo[i];
     if (!toggles.saved || !info || !info.s || KINDS[nodeKind[i]] === "module") return null;
     return info.s.map((s) => {
-      const lines = [s[0], s[5] ? "freed" : shapeText(s[1])];
-      return { lines, w: 10 + CW * Math.max(...lines.map((l) => l.length)), freed: !!s[5] };
+      const lines = [s[SF.name], s[SF.freed] ? "freed" : shapeText(s[SF.shape])];
+      return { lines, w: 10 + CW * Math.max(...lines.map((l) => l.length)), freed: !!s[SF.freed] };
     });
   }
   function textWidth(lines) { return 12 + CW * Math.max(1, ...lines.map((l) => l.length)); }
@@ -263,8 +292,8 @@
       if (a === b) continue;
       const id = a * 4294967296 + b;
       const m = merged.get(id);
-      if (m) { m.count += eCount[k]; m.norm = null; m.view = m.view && eView[k]; m.edges.push(k); }
-      else merged.set(id, { a, b, count: eCount[k], norm: eNorm[k], view: !!eView[k], edges: [k] });
+      if (m) { m.count += eCount[k]; m.norm = null; m.ratio = null; m.view = m.view && eView[k]; m.edges.push(k); if (m.diff !== eDiff.get(k)) m.diff = null; }
+      else merged.set(id, { a, b, count: eCount[k], norm: eNorm[k], view: !!eView[k], edges: [k], ratio: eRatio.has(k) ? eRatio.get(k) : null, diff: eDiff.get(k) || null });
     }
     const level = new Int32Array(M); // depth of each open container in the drawn tree
     for (const j of open) level[j] = j === 0 ? 0 : level[drawnParent[j]] + 1;
@@ -320,6 +349,19 @@
       for (const rk of view.routes.get(j).keys()) {
         const a = Math.floor(rk / ROUTE) - 2, b = (rk % ROUTE) - 2;
         e.push(at(a), at(b));
+      }
+      // The ports go above and below everything in the container (unseen edges from the IN
+      // port to every source and from every sink to the OUT port, after the routes): a route
+      // that leaves the container then never crosses the boxes under its port.
+      if (port[0] >= 0 || port[1] >= 0) {
+        const hasIn = new Uint8Array(w.length), hasOut = new Uint8Array(w.length);
+        for (let q = 0; q < e.length; q += 2) { hasOut[e[q]] = 1; hasIn[e[q + 1]] = 1; }
+        const n = e.length;
+        for (let i = 0; i < keys.length; i++) {
+          if (port[0] >= 0 && !hasIn[i]) e.push(port[0], i);
+          if (port[1] >= 0 && !hasOut[i]) e.push(i, port[1]);
+        }
+        if (port[0] >= 0 && port[1] >= 0 && e.length === n) e.push(port[0], port[1]);
       }
       jobOf.set(j, jobs.length);
       jobs.push({ w, h, c, e, pad: PAD, key: j });
@@ -424,6 +466,7 @@
     const s = { items: view.items, nodes, frames, edges, bounds, view };
     s.grid = makeGrid(s);
     s.adj = adjacency(s);
+    placeLabels(s);
     return s;
   }
   function containerLevel(j) { return C[j].level; }
@@ -515,14 +558,20 @@
     return NORM[NORM.length - 2];
   }
   function normColor(norm) { const b = normBand(norm); return b ? b[2] : null; }
+  function ratioColor(r) { // a diff's norm ratio: grown over 2x red, shrunk under 0.5x blue
+    if (r === null || r === undefined) return null;
+    if (typeof r === "string" || !isFinite(r)) return "#c92a2a";
+    return r > 2 ? "#c92a2a" : r < 0.5 ? "#1864ab" : "#495057";
+  }
   function fillOf(it) {
     const key = it.key;
     if (key >= SUM) return COLORS.folded;
     if (key >= BOX) return C[key - BOX].kind === "f" ? COLORS.folded : COLORS.module;
     const kind = KINDS[nodeKind[key]], info = nodeInfo[key] || {};
+    if (info.diff) return DIFF_COLORS[info.diff];
     if (info.bad) return info.first ? COLORS.bad : COLORS.bad_other;
     if (info.fwd) return COLORS.bad_other;
-    if (kind === "module") return info.box && info.box[3] ? COLORS.folded : COLORS.module;
+    if (kind === "module") return info.box && info.box[BF.repeat] ? COLORS.folded : COLORS.module;
     if (kind === "output" && info.base) return COLORS.base;
     return COLORS[kind] || COLORS.op;
   }
@@ -567,7 +616,7 @@
     const arrows = v.k > 0.25;
     for (const e of q.e) {
       if (edgeHidden(e)) continue;
-      const col = normColor(e.norm);
+      const col = DIFF ? (e.diff ? DIFF_EDGES[e.diff] : ratioColor(e.ratio)) : normColor(e.norm); // a diff: b/a
       // the selection's inputs (upstream) and its path to the output (downstream) stay bright and
       // thick in their own colours (a norm's colour is never replaced); every other edge fades
       const on = related && (e.b === selected || related.up.has(e.b)) && (e.a === selected || related.up.has(e.a));
@@ -580,12 +629,8 @@
       c.stroke();
       c.setLineDash([]);
       if (arrows) arrowHead(c, e.pts, 6 / Math.max(v.k, 0.6));
-      if (text && (e.count > 1 || e.norm !== null)) {
-        const n = e.pts.length >> 2 << 1;
-        const label = (e.count > 1 ? "×" + e.count + " " : "") + (e.norm !== null ? fmtNorm(e.norm) : "");
-        c.fillStyle = col || "#555";
-        c.fillText(label.trim(), e.pts[n] + 4, e.pts[n + 1]);
-      }
+      const lab = text ? edgeLabel(e) : null;
+      if (lab) { c.fillStyle = ratioColor(e.ratio) || col || "#555"; c.fillText(lab.text, lab.x, lab.y + lab.h - 2); }
       c.globalAlpha = 1;
     }
     // boxes
@@ -618,14 +663,16 @@
     if (text) {
       c.fillStyle = "#111";
       c.textAlign = "center";
-      it.lines.forEach((line, n) => c.fillText(line, it.x + it.cw / 2, it.y + 11 + LH * n + (isBox ? 1 : 0)));
+      const top = it.y + 11 + textDrop(it) + (isBox ? 1 : 0);
+      it.lines.forEach((line, n) => c.fillText(line, it.x + it.cw / 2, top + LH * n));
       c.textAlign = "left";
     }
     if (it.saved) {
       let x = it.x + it.cw + 6;
       const y = it.y + 1;
       c.strokeStyle = "#666"; c.lineWidth = lw;
-      c.beginPath(); c.moveTo(it.x + it.cw, it.y + it.h / 2); c.lineTo(x, it.y + it.h / 2); c.stroke();
+      const cy = y + 1 + LH; // the middle of the saved boxes, whatever the node's height
+      c.beginPath(); c.moveTo(it.x + it.cw, cy); c.lineTo(x, cy); c.stroke();
       for (const s of it.saved) {
         c.fillStyle = s.freed ? COLORS.freed : COLORS.saved;
         c.fillRect(x, y, s.w, 2 + LH * 2);
@@ -640,6 +687,60 @@
       }
     }
   }
+  function fmtRatio(r) {
+    if (r === "nan" || r === "inf" || r === "-inf") return "‖∇‖ b/a " + r;
+    return "‖∇‖ b/a " + (r >= 100 || r < 0.01 ? r.toExponential(1) : r.toPrecision(3));
+  }
+  // Edge labels (merged count, gradient norm, a diff's ratio) go where they cover no box and no
+  // other label: the first free spot of a few along the edge (its middle, then towards its
+  // ends), right of it, then left; placed once per layout.
+  function labelText(e) {
+    const ratio = e.ratio !== null && e.ratio !== undefined && (typeof e.ratio !== "number" || Math.abs(Math.log(e.ratio)) > 0.01);
+    if (ratio) return fmtRatio(e.ratio);
+    if (!(e.count > 1 || e.norm !== null)) return "";
+    return ((e.count > 1 ? "×" + e.count + " " : "") + (e.norm !== null ? fmtNorm(e.norm) : "")).trim();
+  }
+  function placeLabels(s) {
+    const taken = new Map(); // grid cell -> label boxes placed
+    const cells = (r, fn) => {
+      for (let cx = Math.floor(r.x / CELL); cx <= Math.floor((r.x + r.w) / CELL); cx++)
+        for (let cy = Math.floor(r.y / CELL); cy <= Math.floor((r.y + r.h) / CELL); cy++) if (fn(cx * 100003 + cy)) return true;
+      return false;
+    };
+    const over = (r, x, y, w, h) => r.x < x + w && x < r.x + r.w && r.y < y + h && y < r.y + r.h;
+    const hits = (r) => cells(r, (id) => {
+      const cell = s.grid.get(id);
+      if (cell) for (const it of cell.n) if (over(r, it.x, it.y, it.cw || it.w, it.h)) return true;
+      for (const o of taken.get(id) || []) if (over(r, o.x, o.y, o.w, o.h)) return true;
+      return false;
+    });
+    for (const e of s.edges) {
+      e.lab = null;
+      const text = labelText(e);
+      if (!text) continue;
+      const p = e.pts, w = CW * text.length + 2, h = LH, last = p.length / 2 - 1;
+      const at = (f) => {
+        if (p.length <= 4) return [p[0] + (p[2] - p[0]) * f, p[1] + (p[3] - p[1]) * f];
+        const n = Math.min(last, Math.max(0, Math.round(f * last)));
+        return [p[2 * n], p[2 * n + 1]];
+      };
+      let first = null;
+      for (const f of [0.5, 0.35, 0.65, 0.2, 0.8]) {
+        const [x, y] = at(f);
+        for (const r of [{ x: x + 4, y: y - h / 2, w, h }, { x: x - 4 - w, y: y - h / 2, w, h }]) {
+          if (!first) first = r;
+          if (!hits(r)) { e.lab = { text, ...r }; break; }
+        }
+        if (e.lab) break;
+      }
+      if (!e.lab) e.lab = { text, ...first, crowded: true };
+      const lab = e.lab;
+      cells(lab, (id) => { if (!taken.has(id)) taken.set(id, []); taken.get(id).push(lab); return false; });
+    }
+  }
+  function edgeLabel(e) { return e.lab || null; }
+  // a box made taller than its text (an op beside its two-line saved boxes): text in the middle
+  function textDrop(it) { return it.key < N ? Math.max(0, (it.h - 6 - LH * it.lines.length) / 2) : 0; }
   function curve(c, p) {
     c.beginPath();
     c.moveTo(p[0], p[1]);
@@ -759,7 +860,14 @@
     phases = { build: t1 - t0, jobs: t2 - t1, layout: t3 - t2, place: performance.now() - t3 };
     await tick();
     scene = placed;
-    if (selected >= 0 && !scene.items.has(selected)) selected = -1;
+    // the selection, its dimming, Path to output and the search marks follow what is drawn now:
+    // a selected box that was opened (or a node hidden in a closed one) is no longer selected
+    if (selected >= 0) {
+      const it = scene.items.get(selected), was = selected;
+      if (!it) clearSelection(true);
+      else if (it.open) { clearSelection(false); showContainer(was - BOX); } // its frame: details stay
+    }
+    if (lastFound.length) markMatches(lastFound);
     updateRelated();
     syncSize();
     const settled = anchor ? anchor(scene) : null; // a promise when the view moves smoothly
@@ -783,9 +891,14 @@
   function updateNote() {
     let hidden = false;
     for (let j = 1; j < M && !hidden; j++) hidden = status[j] !== -1 || (C[j].kind === "f" && !unfolded[j]);
-    noteEl.textContent = !hidden ? "" : "Some modules are closed: click a box to open it, a ×N " +
+    const parts = [];
+    if (DIFF) parts.push("Diff a → b: " + DIFF.summary + ".");
+    if (cropped) parts.push("Shown at a readable size, not whole: drag or use the minimap (bottom right) " +
+      "for the rest; f fits it all (too small to read).");
+    if (hidden) parts.push("Some modules are closed: click a box to open it, a ×N " +
       "summary to draw every repeat, or Expand all; the command line draws every node with --full " +
-      "(or --depth N, --no-fold).";
+      "(or --depth N, --no-fold).");
+    noteEl.textContent = parts.join(" ");
   }
   function showError(err) {
     statusEl.textContent = "layout failed: " + (err && err.message ? err.message : err);
@@ -805,16 +918,42 @@
     if (!scene) return;
     userMoved = true;
     view = fitRect(0, 0, scene.bounds.w, scene.bounds.h);
+    cropped = false; updateNote();
     requestDraw();
   }
-  // The first view: the whole graph when it is readable so, else its top (the model's inputs)
-  // at a readable scale; the minimap shows the rest.
+  // The views the page opens by itself (first view, after Expand all or Collapse all, a
+  // resize): the whole graph when its text is readable so (READ_K), else, at a readable scale,
+  // the selection, the first NaN, or the top of the graph (the model's inputs); the minimap
+  // and the note say how to reach the rest. Only Fit (asked for) shrinks past it.
+  let cropped = false;
+  function readableView(s, focus) {
+    const whole = fitRect(0, 0, s.bounds.w, s.bounds.h);
+    if (whole.k >= READ_K) return { view: whole, cropped: false };
+    const k = Math.max(READ_K, Math.min(1, (cssW - 40) / s.bounds.w));
+    const it = focus >= 0 ? s.items.get(focus) : null;
+    if (it && !it.open) return { view: centerOn(it, k, true), cropped: true };
+    let top = null; // the topmost box, leftmost on its row
+    for (const n of s.nodes) if (!top || n.y < top.y - 1 || (Math.abs(n.y - top.y) <= 1 && n.x < top.x)) top = n;
+    const cx = top ? top.x + top.cw / 2 : s.bounds.w / 2;
+    const x = s.bounds.w * k <= cssW - 40 ? (cssW - s.bounds.w * k) / 2
+      : Math.min(20, Math.max(cssW - 20 - s.bounds.w * k, cssW / 2 - cx * k));
+    return { view: { k, x, y: 20 - (top ? Math.max(0, top.y - 10) : 0) * k }, cropped: true };
+  }
+  function focusKey() {
+    if (selected >= 0) return selected;
+    if (D.first >= 0 && scene) return visOf(D.first);
+    if (DIFF && scene) { // a diff: the change drawn highest
+      let best = null;
+      for (const it of scene.nodes) if (it.key < N && nodeInfo[it.key] && nodeInfo[it.key].diff && (!best || it.y < best.y)) best = it;
+      if (best) return best.key;
+    }
+    return -1;
+  }
   function firstView() {
     if (!scene) return;
-    const whole = fitRect(0, 0, scene.bounds.w, scene.bounds.h);
-    if (whole.k >= 0.45) { view = whole; requestDraw(); return; }
-    const k = Math.min(0.75, Math.max(whole.k, (cssW - 40) / scene.bounds.w));
-    view = { k, x: Math.max(20, (cssW - scene.bounds.w * k) / 2), y: 20 };
+    const r = readableView(scene, focusKey());
+    view = r.view; cropped = r.cropped;
+    updateNote();
     requestDraw();
   }
   let anim = null;
@@ -844,13 +983,16 @@
   // at readable scale; the rest of the view follows.
   function showRect(it) {
     const fitK = Math.min((cssW - 40) / it.w, (cssH - 40) / it.h);
-    if (fitK >= 0.55) return fitRect(it.x, it.y, it.w, it.h, 1.25);
-    const k = 0.8;
-    return { k, x: cssW / 2 - (it.x + it.w / 2) * k, y: 20 - it.y * k };
+    if (fitK >= READ_K) return fitRect(it.x, it.y, it.w, it.h, 1.25);
+    const k = Math.max(READ_K, Math.min(1, (cssW - 40) / it.w));
+    const x = it.w * k <= cssW - 40 ? cssW / 2 - (it.x + it.w / 2) * k : 20 - it.x * k;
+    return { k, x, y: 20 - it.y * k };
   }
-  function centerOn(it, minK) {
-    const k = Math.max(view.k, minK || 0.9);
-    return { k, x: cssW / 2 - (it.x + it.cw / 2) * k, y: cssH / 2 - (it.y + it.h / 2) * k };
+  function centerOn(it, minK, exact) {
+    const k = exact ? minK : Math.max(view.k, minK || 0.9);
+    const w = it.cw || it.w; // an open frame bigger than the view: its top left corner
+    return { k, x: w * k > cssW - 40 ? 20 - it.x * k : cssW / 2 - (it.x + w / 2) * k,
+             y: it.h * k > cssH - 40 ? 20 - it.y * k : cssH / 2 - (it.y + it.h / 2) * k };
   }
 
   // ------------------------------------------------------------------ expand and collapse
@@ -911,16 +1053,26 @@
   }
   function expandAll() {
     expanded.fill(1); unfolded.fill(1);
-    return refresh(() => fit());
+    return refresh(() => firstView());
   }
   function collapseAll() {
     expanded.fill(0); unfolded.fill(0); expanded[0] = 1;
-    return refresh(() => fit());
+    return refresh(() => firstView());
   }
 
   // ------------------------------------------------------------------ selection and details
+  function clearSelection(gone) {
+    selected = -1; related = null; toggles.pathOnly = false;
+    $("path-only").disabled = true; syncToggles();
+    if (gone) {
+      detailsEl.textContent = "";
+      const p = document.createElement("p");
+      p.textContent = "The selection is no longer drawn (a module around it was closed): click a node.";
+      detailsEl.appendChild(p);
+    }
+  }
   function updateRelated() {
-    if (!scene || selected < 0 || !scene.items.has(selected)) { related = null; return; }
+    if (!scene || selected < 0 || !scene.items.has(selected) || scene.items.get(selected).open) { related = null; return; }
     const walk = (map) => {
       const seen = new Set(), todo = [selected];
       while (todo.length) for (const nxt of map.get(todo.pop()) || []) if (!seen.has(nxt)) { seen.add(nxt); todo.push(nxt); }
@@ -929,8 +1081,12 @@
     related = { up: walk(scene.adj.up), down: walk(scene.adj.down) };
     $("path-only").disabled = false;
   }
+  function openPanel() { // a selection shows its details: in a frame the folded panel opens
+    if (!toggles.panel && embedded && !panelChosen) { toggles.panel = true; syncToggles(); }
+  }
   function selectItem(key, opts) {
     selected = key;
+    openPanel();
     updateRelated();
     showDetails(key);
     if (opts && opts.center && scene && scene.items.has(key)) return animateTo(centerOn(scene.items.get(key)), 200);
@@ -970,12 +1126,12 @@
     let j = nodeC[i];
     while (j > 0 && C[j].kind !== "m") j = C[j].parent;
     if (j > 0 && C[j].cls) row(t, "class", C[j].cls);
-    if (info.t) { row(t, "shape", shapeText(info.t[1])); row(t, "dtype", info.t[2] + " on " + info.t[3]); }
+    if (info.t) { row(t, "shape", shapeText(info.t[TF.shape])); row(t, "dtype", info.t[TF.dtype] + " on " + info.t[TF.device]); }
     else if (info.sh) row(t, "output shape", shapeText(info.sh));
     if (info.o !== undefined) row(t, "backward order", "#" + info.o + " (0 ran first)");
     if (info.mem) row(t, "memory", info.mem);
-    if (info.box) { row(t, "class", info.box[0]); row(t, "nodes", String(info.box[1])); row(t, "saved", fmtBytes(info.box[2])); }
-    if (info.region) row(t, "torch.compile region", info.region[0] + " aten ops drawn" + (info.region[1] ? "; " + info.region[1] : ""));
+    if (info.box) { row(t, "class", info.box[BF.cls]); row(t, "nodes", String(info.box[BF.nodes])); row(t, "saved", fmtBytes(info.box[BF.saved_bytes])); }
+    if (info.region) row(t, "torch.compile region", info.region[RF.ops] + " aten ops drawn" + (info.region[RF.note] ? "; " + info.region[RF.note] : ""));
     if (info.fwd) {
       const f = section("non-finite forward", "bad");
       row(f, "forward output", info.fwd + ": the first op whose forward output was non-finite");
@@ -986,7 +1142,7 @@
       if (info.at) row(b, "forward line", info.at);
     } else if (info.at) row(t, "forward line", info.at);
     if (info.s && info.s.length) {
-      const total = info.s.reduce((a, s) => a + (s[5] ? 0 : s[3]), 0);
+      const total = info.s.reduce((a, s) => a + (s[SF.freed] ? 0 : s[SF.nbytes]), 0);
       const st = section("saved tensors (" + fmtBytes(total) + ")", "saved");
       const head = document.createElement("tr");
       for (const h of ["name", "shape", "dtype", "bytes"]) { const th = document.createElement("th"); th.textContent = h; head.appendChild(th); }
@@ -994,8 +1150,8 @@
       const LIMIT = 300;
       for (const s of info.s.slice(0, LIMIT)) {
         const tr = document.createElement("tr");
-        const bytes = s[5] ? "freed" : s[3] + " B (" + fmtBytes(s[3]) + ")";
-        for (const val of [s[0], shapeText(s[1]), s[2] || "", bytes]) { const td = document.createElement("td"); td.textContent = val; tr.appendChild(td); }
+        const bytes = s[SF.freed] ? "freed" : s[SF.nbytes] + " B (" + fmtBytes(s[SF.nbytes]) + ")";
+        for (const val of [s[SF.name], shapeText(s[SF.shape]), s[SF.dtype] || "", bytes]) { const td = document.createElement("td"); td.textContent = val; tr.appendChild(td); }
         st.appendChild(tr);
       }
       if (info.s.length > LIMIT) { const p = document.createElement("p"); p.textContent = "… and " + (info.s.length - LIMIT) + " more"; detailsEl.appendChild(p); }
@@ -1020,6 +1176,7 @@
     const t = section(c.kind === "f" ? "repeated layers" : c.kind === "k" ? "part of a long run" : "module");
     row(t, "kind", { m: "module", f: "fold (identical consecutive layers)", k: "chunk", r: "model" }[c.kind]);
     if (c.kind !== "k") row(t, "module", c.path || "(root)");
+    else row(t, "nodes from … to", c.range);
     if (c.cls) row(t, "class", c.cls);
     if (c.kind === "f") row(t, "members", c.members.length + " (" + C[c.members[0]].label + " … " + C[c.members[c.members.length - 1]].label + ")");
     row(t, "nodes", String(c.count));
@@ -1044,14 +1201,17 @@
     if (searchText[i] === undefined) searchText[i] = (nodeName[i] + " " + modulePathOf(i) + " " + nodeId[i]).toLowerCase();
     return searchText[i];
   }
+  let searchError = null; // the message of an invalid /regex/, else null
   function findNodes(text) {
     const q = (text || "").trim();
+    searchError = null;
     if (!q) return [];
     let test;
     const re = /^\/(.+)\/([a-z]*)$/.exec(q);
     if (re) {
       let rx;
-      try { rx = new RegExp(re[1], re[2].includes("i") ? re[2] : re[2] + "i"); } catch (err) { return []; }
+      try { rx = new RegExp(re[1], re[2].includes("i") ? re[2] : re[2] + "i"); }
+      catch (err) { searchError = "invalid regex " + q + ": " + (err && err.message ? err.message : err); return []; }
       test = (i) => rx.test(nodeName[i] + " " + modulePathOf(i) + " " + nodeId[i]);
     } else {
       const words = q.toLowerCase().split(/\s+/);
@@ -1061,11 +1221,17 @@
     for (let i = 0; i < N; i++) if (test(i)) out.push(i);
     return out;
   }
-  function showResults(found) {
-    resultsEl.textContent = "";
+  let lastFound = [];
+  function markMatches(found) {
     matches = new Set();
     for (const i of found.slice(0, 2000)) { const v = scene ? visOf(i) : i; matches.add(v); }
+  }
+  function showResults(found) {
+    resultsEl.textContent = "";
+    lastFound = found;
+    markMatches(found);
     const frag = document.createDocumentFragment();
+    if (searchError) { const li = document.createElement("li"); li.className = "error"; li.textContent = searchError; frag.appendChild(li); }
     for (const i of found.slice(0, 100)) {
       const li = document.createElement("li");
       li.textContent = nodeName[i] + "  " + (modulePathOf(i) || "") + "  " + nodeId[i];
@@ -1099,7 +1265,7 @@
     const found = findNodes(searchEl.value);
     showResults(found);
     if (found.length) selectNode(found[0]);
-    else detailsEl.textContent = "No node matches " + JSON.stringify(searchEl.value) + ".";
+    else detailsEl.textContent = searchError ? searchError[0].toUpperCase() + searchError.slice(1) + "." : "No node matches " + JSON.stringify(searchEl.value) + ".";
   });
 
   // ------------------------------------------------------------------ pointer input
@@ -1142,7 +1308,7 @@
     if (wasDrag || ev.target !== canvas) return;
     const [wx, wy] = toWorld(ev);
     const h = hit(wx, wy);
-    if (!h) { selected = -1; related = null; $("path-only").disabled = true; toggles.pathOnly = false; syncToggles(); requestDraw(); return; }
+    if (!h) { clearSelection(false); requestDraw(); return; }
     if (h.item) activate(h.item);
     else { selected = h.title.key; showContainer(h.title.key - BOX); collapseContainer(h.title.key - BOX); }
   });
@@ -1212,7 +1378,7 @@
     else if (ev.key === "Backspace" && selected >= 0 && scene) {
       const it = scene.items.get(selected);
       if (it && it.parent > 0) { ev.preventDefault(); const j = it.parent; selected = BOX + j; collapseContainer(j); }
-    } else if (ev.key === "Escape") { selected = -1; related = null; toggles.pathOnly = false; syncToggles(); requestDraw(); }
+    } else if (ev.key === "Escape") { clearSelection(false); requestDraw(); }
     else if (ev.key === "/") { ev.preventDefault(); searchEl.focus(); }
     else if (ev.key === "f") fit();
     else if (ev.key === "+" || ev.key === "=") zoomBy(1.25);
@@ -1260,7 +1426,7 @@
     for (const it of q.n) {
       if (hiddenByPath(it)) continue;
       out.push(`<rect x="${it.x}" y="${it.y}" width="${it.cw}" height="${it.h}" fill="${fillOf(it)}" stroke="#333"/>`);
-      it.lines.forEach((line, n) => out.push(`<text x="${it.x + it.cw / 2}" y="${it.y + 11 + LH * n}" text-anchor="middle">${esc(line)}</text>`));
+      it.lines.forEach((line, n) => out.push(`<text x="${it.x + it.cw / 2}" y="${it.y + 11 + textDrop(it) + LH * n}" text-anchor="middle">${esc(line)}</text>`));
       if (it.saved) {
         let x = it.x + it.cw + 6;
         for (const s of it.saved) {
@@ -1285,8 +1451,9 @@
       sw(COLORS.module, "module: click to open", "box"), sw(COLORS.folded, "repeats: one drawn", "box"),
       `<div class="row"><span class="sw frame"></span>open module: title closes</div>`,
       `<div class="row"><span class="ln dotted"></span>view → its base</div>`,
+      ...(hasSavedEdges ? [`<div class="row"><span class="ln dotted"></span>saved activation (compiled)</div>`] : []),
       `<div class="row"><span class="ln"></span><span class="cnt">×3</span> merged edges</div>`];
-    if (OPT.backward) {
+    if (OPT.backward && !DIFF) {
       parts.push(sw(COLORS.bad, "first NaN/Inf"), sw(COLORS.bad_other, "later NaN/Inf"),
         `<div class="row">#N: backward order</div>`,
         `<div class="row wide">edge colour: ‖∇‖ of the gradient along it (as in SVG and tree)</div>`);
@@ -1298,20 +1465,32 @@
         if (upper !== null) lower = upper;
       }
     }
+    if (DIFF) {
+      parts.push("<b>Diff: a → b</b>", sw(DIFF_COLORS.added, "added in b"), sw(DIFF_COLORS.removed, "removed from a"),
+        sw(DIFF_COLORS.changed, "changed: shape, dtype, saved"),
+        `<div class="row"><span class="ln" style="border-top:2.5px solid ${DIFF_EDGES.added}"></span>edge added</div>`,
+        `<div class="row"><span class="ln" style="border-top:2.5px solid ${DIFF_EDGES.removed}"></span>edge removed</div>`,
+        `<div class="row wide"><span class="ln" style="border-top:2.5px solid #c92a2a"></span>‖∇‖ b/a over 2 (or NaN/Inf), <span style="color:#1864ab">under 0.5</span></div>`);
+    }
     el.innerHTML = parts.join("");
   }
 
   // ------------------------------------------------------------------ controls
   function syncToggles() {
-    for (const [id, key] of [["t-saved", "saved"], ["t-shapes", "shapes"], ["t-legend", "legend"], ["t-minimap", "minimap"], ["path-only", "pathOnly"]]) {
+    for (const [id, key] of [["t-saved", "saved"], ["t-shapes", "shapes"], ["t-legend", "legend"], ["t-minimap", "minimap"], ["path-only", "pathOnly"], ["t-panel", "panel"]]) {
       const b = $(id);
       b.setAttribute("aria-pressed", toggles[key] ? "true" : "false");
     }
     $("legend").hidden = !toggles.legend;
+    document.body.classList.toggle("folded", !toggles.panel);
+    document.body.classList.toggle("narrow", embedded || window.innerWidth < 1000);
     if (selected < 0) $("path-only").disabled = true;
   }
   function toggle(key, relayout) {
     toggles[key] = !toggles[key];
+    if (key === "legend" || key === "panel") keepPref(key, toggles[key]);
+    if (key === "panel") panelChosen = true;
+    if (key === "legend" && toggles.legend && !toggles.panel) { toggles.panel = true; keepPref("panel", true); }
     labelState++;
     syncToggles();
     if (relayout) {
@@ -1325,10 +1504,36 @@
   $("t-saved").addEventListener("click", () => toggle("saved", true));
   $("t-shapes").addEventListener("click", () => toggle("shapes", true));
   $("t-legend").addEventListener("click", () => toggle("legend", false));
+  $("t-panel").addEventListener("click", () => toggle("panel", false));
   $("t-minimap").addEventListener("click", () => toggle("minimap", false));
   $("path-only").addEventListener("click", () => { if (selected >= 0) toggle("pathOnly", false); });
   $("fit").addEventListener("click", fit);
-  $("expand-all").addEventListener("click", () => expandAll());
+  $("expand-all").addEventListener("click", () => askExpandAll());
+  // Past SMOOTH nodes, Expand all says what it will draw and how long that takes, and waits
+  // for a yes: drawing a million boxes is seconds of layout and a heap of a gigabyte.
+  const SMOOTH = 30000;
+  let asking = null;
+  function askExpandAll() {
+    if (N <= SMOOTH) return expandAll();
+    if (asking) return asking;
+    const perNode = Math.max(0.02, scene && scene.nodes.length ? layoutMs / scene.nodes.length : 0.05);
+    const secs = Math.max(1, Math.round((N * perNode) / 1000));
+    const box = document.createElement("div");
+    box.id = "ask";
+    box.textContent = "Expand all draws all " + N.toLocaleString("en") + " nodes: about " + secs +
+      " s of layout and much memory; search (/) or opening boxes one by one is lighter. ";
+    const yes = document.createElement("button"); yes.textContent = "Draw all " + N.toLocaleString("en");
+    const no = document.createElement("button"); no.textContent = "Cancel";
+    box.append(yes, " ", no);
+    noteEl.after(box);
+    box.style.cssText = "grid-row: 2; grid-column: 1 / 3; padding: 4px 10px; background: #fff3bf; font-size: 12px;";
+    asking = new Promise((resolve) => {
+      const done = (go) => { box.remove(); asking = null; resolve(go ? expandAll() : false); };
+      yes.addEventListener("click", () => done(true));
+      no.addEventListener("click", () => done(false));
+    });
+    return asking;
+  }
   $("collapse-all").addEventListener("click", () => collapseAll());
   $("export-png").addEventListener("click", exportPng);
   $("export-svg").addEventListener("click", () => download(new Blob([viewSvg()], { type: "image/svg+xml" }), "gradscope-view.svg"));
@@ -1408,13 +1613,16 @@
     expandAll: () => expandAll().then(() => undefined),
     collapseAll: () => collapseAll().then(() => undefined),
     search(text) { const found = findNodes(text); showResults(found); return found.map((i) => nodeId[i]); },
+    searchError: () => searchError,
+    // what the drawing says now: the selection, whether the rest is dimmed, Path to output
+    state: () => ({ selected: api.selected(), dimmed: !!related, pathOnly: toggles.pathOnly, note: noteEl.textContent }),
     select(id) {
       const i = idIndex.get(id);
       if (i !== undefined) return selectNode(i).then(() => undefined);
       const j = findContainer(String(id).replace(/^box:/, ""));
       if (j < 0) return Promise.reject(new Error("no node " + JSON.stringify(id)));
       openTo(j);
-      return refresh((s) => { if (s.items.has(BOX + j)) { selected = BOX + j; view = centerOn(s.items.get(BOX + j), 0.9); } })
+      return refresh((s) => { if (s.items.has(BOX + j)) { selected = BOX + j; updateRelated(); view = centerOn(s.items.get(BOX + j), 0.9); } })
         .then(() => { showContainer(j); requestDraw(); });
     },
     details: () => detailsEl.innerText,
@@ -1424,6 +1632,11 @@
     exportSvg: () => viewSvg(),
     stats: () => ({ readyMs, drawnMs, timings: T, phases, bounds: scene ? scene.bounds : null, layoutMs, jobs: lastLayoutJobs, drawMs: lastDrawMs, worker: !!worker, boxes: scene ? scene.nodes.length : 0, frames: scene ? scene.frames.length : 0, edges: scene ? scene.edges.length : 0 }),
     view: () => ({ ...view, width: cssW, height: cssH }),
+    // What is drawn, in page coordinates: boxes [key, x, y, w, h], edges {pts, label}.
+    geometry: () => (scene ? {
+      boxes: scene.nodes.map((it) => [it.key < N ? nodeId[it.key] : it.key < SUM ? "box:" + C[it.key - BOX].path : "sum:" + C[it.key - SUM].path, it.x, it.y, it.cw || it.w, it.h]),
+      edges: scene.edges.map((e) => ({ a: e.a, b: e.b, pts: e.pts, label: edgeLabel(e) })),
+    } : null),
     boxAt(id) { // where a node (or "box:path") is drawn now, in CSS pixels of the canvas
       let key = idIndex.get(id);
       if (key === undefined) { const j = findContainer(String(id).replace(/^box:/, "")); key = j < 0 ? -1 : BOX + j; }

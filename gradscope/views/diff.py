@@ -1,0 +1,31 @@
+"""The page of a diff of two graphs (``gradscope diff A.json B.json -o diff.html``): the union
+graph (``model.diff.union``: every node of b and what was removed from a) in the HTML viewer,
+added nodes green, removed red, changed yellow, and each edge found in both labelled with the
+ratio of its gradient norm (b / a) where both graphs carry norms (``--backward``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..model.diff import GraphDiff, diff, union
+from ..model.formats import register_renderer
+from ..model.graph import Graph
+from .html import DiffMarks, to_html
+
+
+def diff_page(a: Graph, b: Graph, d: GraphDiff | None = None, *, title: str = "gradscope diff",
+              **options: Any) -> str:
+    """One self-contained page showing what changed from ``a`` to ``b`` (``to_html``'s options
+    apply: ``depth``, ``full``, ``max_nodes``...)."""
+    d = diff(a, b) if d is None else d
+    nodes, edges, roots, marks = union(a, b, d)
+    where = {(e.src, e.dst, e.input_nr): k for k, e in enumerate(b.edges)}
+    ratios = {where[(r.src, r.dst, r.input_nr)]: r.ratio for r in d.ratios
+              if (r.src, r.dst, r.input_nr) in where}
+    g = Graph(nodes=nodes, edges=edges, roots=roots)
+    changed = {k: "added" for k in d.added_edges}  # b's edges come first in the union
+    changed |= {len(b.edges) + n: "removed" for n in range(len(d.removed_edges))}
+    return to_html(g, title=title, diff=DiffMarks(marks, ratios, d.summary(), changed), **options)
+
+
+register_renderer("diff_html", diff_page)
