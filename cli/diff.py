@@ -28,8 +28,9 @@ def diff(
         None, "-o", "--output", help="Write the diff page (.html) here."
     ),
 ) -> None:
-    """Compare two graphs saved as JSON: nodes added, removed and changed, and gradient-norm
-    ratios where both were rendered with --backward."""
+    """Compare two graphs saved as JSON: nodes added, removed, changed; norm ratios (--backward).
+
+    Exit 0 when they are the same, 1 when they differ, 2 when a file cannot be used."""
     from gradscope_cli.common import fail, stderr, stdout
 
     import gradscope as gs  # here, not at import: `gradscope --help` stays light

@@ -12,6 +12,7 @@ Ground truth never comes from gradscope's recorders:
 from __future__ import annotations
 
 import importlib.util
+import io
 import inspect
 import itertools
 import json
@@ -463,3 +464,64 @@ def test_a_model_compiled_as_a_whole(fresh_dynamo, given: str) -> None:
         return
     assert inc.replayed and inc.phase == "backward" and inc.op.startswith("aten.")
     assert inc.line == "samples/incidents/sqrt_where.py:24"
+
+
+# ---------------------------------------------------------------- the incident in the JSONL
+def test_incident_goes_through_jsonl_written_and_streamed(tmp_path) -> None:
+    """The incident of a bad step is in the JSON Lines log, whether written at the end or
+    streamed with jsonl=, and read_jsonl gives it back equal; replaying the alert rules over
+    the read log gives the live run's alerts (an alert keeps the rules' message)."""
+    from gradscope.model.alerts import alerts as replay_alerts
+
+    streamed = tmp_path / "live.jsonl"
+    mon = train(load("sqrt_where"), 5, monitor={"jsonl": streamed})
+    assert len(mon.incidents) == 1
+    written = mon.to_jsonl(tmp_path / "end.jsonl")
+    for path in (written, streamed):
+        log = gs.read_jsonl(path)
+        assert log.incidents == mon.incidents
+        assert [(a.kind, a.step, a.message) for a in log.alerts] == [
+            (a.kind, a.step, a.message) for a in mon.alerts
+        ]
+        assert [(a.kind, a.step, a.message) for a in replay_alerts(log, log.thresholds)] == [
+            (a.kind, a.step, a.message) for a in mon.alerts
+        ]
+    from rich.console import Console
+
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(mon.report())
+    text = console.export_text()
+    assert text.splitlines()[0].startswith("incident: step 3: ")
+    assert "; origin: SqrtBackward0 in dist" in " ".join(text.split())  # the alert line
+
+
+def test_replay_follows_replaced_parameters() -> None:
+    """A head replaced after the first step (fine-tuning a new classifier): the monitor
+    re-reads the parameters (a MonitorWarning says so) and the replay of the bad step
+    differentiates the current ones, naming the same origin as without the change."""
+    mod = load("sqrt_where")
+    model, loss_fn = mod.model, mod.loss_fn
+    opt = mod.optimizer(model.parameters())
+    mon = gs.GradMonitor(model, optimizer=opt, loss_fn=loss_fn)
+    batches = mod.batches()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for step in range(5):
+            if step == 1:
+                new = torch.nn.Linear(5, 3)
+                with torch.no_grad():
+                    new.weight.copy_(model.head.weight)
+                    new.bias.copy_(model.head.bias)
+                model.head = new
+                opt.add_param_group({"params": list(new.parameters())})
+            x, y = next(batches)
+            out = model(x)
+            mon.target(y)
+            loss_fn(out, y).backward()
+            opt.step()
+            opt.zero_grad()
+    mon.remove()
+    assert any("replaced: head.weight, head.bias" in str(w.message) for w in seen)
+    (inc,) = mon.incidents
+    assert inc.replayed and inc.step == mod.BAD_STEP
+    assert (inc.op, inc.module, inc.phase) == ("SqrtBackward0", "dist", "backward")
