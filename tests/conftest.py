@@ -112,3 +112,39 @@ def fresh_dynamo():
     counters.clear()
     yield
     torch._dynamo.reset()
+
+
+_GLOBAL_HOOKS = (
+    "_global_forward_hooks",
+    "_global_forward_pre_hooks",
+    "_global_backward_hooks",
+    "_global_backward_pre_hooks",
+    "_global_module_registration_hooks",
+    "_global_parameter_registration_hooks",
+    "_global_buffer_registration_hooks",
+    "_global_forward_hooks_always_called",
+    "_global_forward_hooks_with_kwargs",
+)
+
+
+def _global_hooks() -> dict[str, int]:
+    mod = torch.nn.modules.module
+    return {name: len(getattr(mod, name, {})) for name in _GLOBAL_HOOKS}
+
+
+@pytest.fixture(autouse=True)
+def _no_global_hooks_left() -> None:
+    """Hooks leave nothing behind: torch's global module hooks are as they were after each
+    test (a hook left there makes every later torch.compile(module) warn, and runs forever)."""
+    before = _global_hooks()
+    yield
+    after = _global_hooks()
+    if after != before:
+        import gc
+
+        gc.collect()  # a monitor dropped without .remove() lets go of its hooks when collected
+        after = _global_hooks()
+    left = {k: after[k] - before[k] for k in after if after[k] != before[k]}
+    if torch.nn.modules.module._has_any_global_hook():
+        left["any global hook"] = 1
+    assert not left, f"global module hooks left behind by this test: {left}"

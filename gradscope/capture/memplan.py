@@ -132,6 +132,11 @@ class _Recorder(_Listener):
             guard.pop()
             post.remove()
             pre.remove()
+            # torch's handle forgets the with_kwargs flag of a global hook (2.13, 2.14): left
+            # there it makes every later torch.compile(module) warn about global hooks
+            flags = getattr(torch.nn.modules.module, "_global_forward_hooks_with_kwargs", None)
+            if isinstance(flags, dict):
+                flags.pop(post.id, None)
 
 
 def _flops_by_module(counts: dict[str, dict[Any, int]], model: torch.nn.Module) -> dict[str, int]:

@@ -202,6 +202,7 @@ def test_loss_nan_without_loss_fn_says_what_is_missing() -> None:
         mod.loss_fn(mod.model(x), y).backward()
         opt.step()
         opt.zero_grad()
+    mon.remove()
     (inc,) = mon.incidents
     assert inc.phase == "outside" and inc.op is None and "loss_fn=" in inc.note
 
@@ -294,6 +295,8 @@ def _run(replay: bool | None, steps: int = 8, accumulate: int = 2):
             p.grad.nan_to_num_(0.0)  # the loop cleans the gradients before the step
         opt.step()
         opt.zero_grad()
+    if mon is not None:
+        mon.remove()
     state = [t.detach().clone() for t in itertools.chain(model.parameters(), model.buffers())]
     for s in opt.state.values():
         state += [v.clone() for v in s.values() if torch.is_tensor(v)]
@@ -327,6 +330,7 @@ def test_no_optimizer_says_so() -> None:
     for _, (x, y) in zip(range(5), mod.batches()):
         mod.loss_fn(mod.model(x), y).backward()
         mod.model.zero_grad()
+    mon.remove()
     (inc,) = mon.incidents
     assert not inc.replayed and inc.phase is None and "optimizer=" in inc.note
     assert "\n" not in inc.note
@@ -342,6 +346,7 @@ def test_parameters_changed_in_place_say_so() -> None:
             model.head.weight.mul_(1.0)  # an in-place change after the forward
         opt.step()
         opt.zero_grad()
+    mon.remove()
     (inc,) = mon.incidents
     assert not inc.replayed and "changed in place" in inc.note
 

@@ -13,6 +13,7 @@ import fnmatch
 import json
 import math
 import warnings
+import weakref
 import zlib
 from collections.abc import Iterable
 from functools import partial
@@ -87,6 +88,22 @@ _InferenceMode = torch._C._InferenceMode
 _wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 _on_parameter_registered = torch.nn.modules.module.register_module_parameter_registration_hook
 _on_module_registered = torch.nn.modules.module.register_module_module_registration_hook
+
+
+def _weak_global(register: Any, method: Any) -> Any:
+    """A global module hook that calls the bound ``method`` while its monitor lives: torch's
+    global hook tables never keep a monitor (and its model) alive, and a monitor dropped
+    without ``.remove()`` takes its hook with it when it is collected."""
+    ref = weakref.WeakMethod(method)
+
+    def hook(*args: Any) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+
+    handle = register(hook)
+    weakref.finalize(method.__self__, handle.remove)
+    return handle
 
 
 class GradMonitor:
@@ -261,8 +278,8 @@ class GradMonitor:
         # a parameter or submodule registered anywhere (a re-assigned weight, an added layer)
         # marks the model as possibly changed: it is re-read before the next logged step
         self._changed = False
-        add(_on_parameter_registered(self._mark_changed))
-        add(_on_module_registered(self._mark_changed))
+        add(_weak_global(_on_parameter_registered, self._mark_changed))
+        add(_weak_global(_on_module_registered, self._mark_changed))
 
     def _mark_changed(self, *args: Any) -> None:
         self._changed = True
