@@ -9,7 +9,6 @@ graphs are the same, 1 when they differ, 2 when a file cannot be read.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -47,19 +46,7 @@ def diff(
             fail(f"{path} is not a gradscope graph: {str(exc).splitlines()[0]}")
     ga, gb = graphs
     d = gs.diff(ga, gb)
-    out = stdout()
-    out.print(f"a: {a}: {ga!r}", markup=False)
-    out.print(f"b: {b}: {gb!r}", markup=False)
-    out.print(d.summary(), markup=False)
-    lines: list[tuple[str, Any]] = (
-        [("+", d.keys["b:" + i]) for i in d.added]
-        + [("-", d.keys["a:" + i]) for i in d.removed]
-        + [("~", f"{c.key}: {c.describe()}") for c in d.changed]
-    )
-    for mark, text in lines[:SHOWN]:
-        out.print(f"  {mark} {text}", markup=False)
-    if len(lines) > SHOWN:
-        out.print(f"  ... and {len(lines) - SHOWN} more", markup=False)
+    stdout().print(d.to_text(labels=(str(a), str(b)), limit=SHOWN), markup=False)
     if output is not None:
         d.save(output, title=f"gradscope diff: {a.name} → {b.name}")
         stderr().print(f"wrote {output}", markup=False)

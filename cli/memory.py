@@ -65,6 +65,9 @@ def memory(
     for size in (budget, max_recompute):
         if size is not None:
             gs.parse_size(size, of=1)  # a budget that cannot be read: say so before the forward
+    # absolute, symlinks followed, non-files refused: before the model file runs (it may chdir)
+    json_out = gs.output_target(json_path) if json_path is not None else None
+    plot_out = gs.output_target(plot_path) if plot_path is not None else None
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     out = Console(highlight=False, soft_wrap=False)
     mf = gs.load_model_file(target)
@@ -100,11 +103,11 @@ def memory(
             data["verification"] = {"measured": verification.measured,
                                     "measured_baseline": verification.measured_baseline,
                                     "method": verification.method}
-    if json_path is not None:
-        report.write_json(json_path, **data)
+    if json_out is not None:
+        report.write_json(json_out, **data)
         err.print(f"wrote {json_path}", markup=False)
-    if plot_path is not None:
-        report.plot(plot_path, chosen=plan,
+    if plot_out is not None:
+        report.plot(plot_out, chosen=plan,
                     measured=verification.measured if verification else None,
                     title=mf.path.name)
         err.print(f"wrote {plot_path}", markup=False)

@@ -86,6 +86,13 @@ class GraphDiff:
 
         return str(renderer("diff_html")(self.a, self.b, self, **options))
 
+    def to_text(self, *, labels: tuple[str, str] | None = None, limit: int = 40) -> str:
+        """The terminal listing (``gradscope.views.diff.diff_text``): the summary and one line
+        per node added, removed or changed (at most ``limit``), names written as data."""
+        from .formats import renderer
+
+        return str(renderer("diff_text")(self, labels=labels, limit=limit))
+
     def save(self, path: str | Path, **options: Any) -> Path:
         """Write the diff page atomically (``to_html``'s options).
 

@@ -11,6 +11,7 @@ from ..model.diff import GraphDiff, diff, union
 from ..model.formats import register_renderer
 from ..model.graph import Graph
 from .html import DiffMarks, to_html
+from .style import clean_text
 
 
 def diff_page(a: Graph, b: Graph, d: GraphDiff | None = None, *, title: str = "gradscope diff",
@@ -28,4 +29,25 @@ def diff_page(a: Graph, b: Graph, d: GraphDiff | None = None, *, title: str = "g
     return to_html(g, title=title, diff=DiffMarks(marks, ratios, d.summary(), changed), **options)
 
 
+def diff_text(d: GraphDiff, *, labels: tuple[str, str] | None = None, limit: int = 40) -> str:
+    """The terminal listing of a diff: ``a: LABEL: Graph(...)`` and ``b: ...`` when ``labels``
+    are given, the summary, then one line per node added (``+``), removed (``-``) or changed
+    (``~``), at most ``limit`` of them. Names come from the graphs' files: every line is data,
+    its control characters written as visible escapes (``clean_text``)."""
+    lines = []
+    if labels is not None:
+        lines += [f"a: {labels[0]}: {d.a!r}", f"b: {labels[1]}: {d.b!r}"]
+    lines.append(d.summary())
+    items = (
+        [("+", d.keys["b:" + i]) for i in d.added]
+        + [("-", d.keys["a:" + i]) for i in d.removed]
+        + [("~", f"{c.key}: {c.describe()}") for c in d.changed]
+    )
+    lines += [f"  {mark} {text}" for mark, text in items[:limit]]
+    if len(items) > limit:
+        lines.append(f"  ... and {len(items) - limit} more")
+    return "\n".join(clean_text(line) for line in lines)
+
+
 register_renderer("diff_html", diff_page)
+register_renderer("diff_text", diff_text)

@@ -201,6 +201,20 @@ def test_report_outputs_are_settled_before_the_model_runs(tmp_path):
 
 
 # ---------------------------------------------------------------------------- format vs suffix
+
+def test_memory_outputs_are_settled_before_the_model_runs(tmp_path):
+    here, away = tmp_path / "here", tmp_path / "away"
+    here.mkdir()
+    away.mkdir()
+    (here / "m.py").write_text(REPORT_CHDIR.format(away=str(away)))
+    proc = run_cli("memory", "m.py", "--json", "mem.json", cwd=here)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((here / "mem.json").read_text())
+    assert not (away / "mem.json").exists()
+    fifo = here / "mem2.json"
+    os.mkfifo(fifo)
+    assert "FIFO" in one_error_line(run_cli("memory", "m.py", "--json", str(fifo), cwd=here))
+
 def test_a_format_that_disagrees_with_the_suffix_is_refused(tmp_path):
     model, mark = marked_model(tmp_path)
     line = one_error_line(

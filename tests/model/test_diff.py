@@ -173,3 +173,20 @@ def test_cli_diff_unusable_input_is_one_line(two_files, tmp_path: Path) -> None:
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("gradscope: error:"), proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_cli_diff_prints_names_from_the_files_as_data(tmp_path: Path) -> None:
+    """A graph file is someone else's: a module named with terminal escapes and a BiDi
+    override is listed with those characters written as visible escapes, never sent raw."""
+    x = torch.randn(5, 3)
+    small = mlp(3, 8, 8)
+    hostile = "evil\x1b]0;pwned\x07\x1b[2J\u202e"
+    big = nn.Sequential(*small)
+    big.add_module(hostile, nn.Linear(8, 8))
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    traced(small, x).save(pa)
+    traced(big, x).save(pb)
+    proc = run_cli("diff", str(pa), str(pb))
+    assert proc.returncode == 1, proc.stderr
+    assert "evil\\x1b]0;pwned\\x07\\x1b[2J\\u202e" in proc.stdout
+    assert not any(c in proc.stdout for c in "\x1b\x07\u202e")
