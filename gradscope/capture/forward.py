@@ -34,6 +34,7 @@ from .stamps import (
     MODULE_KEY,
     NO_SEQUENCE_NR,
     OWN_DIR,
+    PASS_THROUGH,
     outside_gradscope,
 )
 
@@ -89,7 +90,9 @@ def _user_frame(frame: Any) -> Any:
     """The innermost frame outside torch: the user's line. None when torch code was called by
     gradscope itself (the CLI running an ``nn.Linear`` from a model file): no line of the
     user's made that node, and the line that called gradscope would only mislead."""
-    while frame is not None and _internal(frame.f_code.co_filename):
+    while frame is not None and (
+        _internal(frame.f_code.co_filename) or frame.f_code in PASS_THROUGH
+    ):
         frame = frame.f_back
     if frame is not None and frame.f_code.co_filename.startswith(OWN_DIR):
         return None

@@ -50,6 +50,7 @@ from .stamps import (
     MODULE_CLASSES_KEY,
     MODULE_KEY,
     NO_SEQUENCE_NR,
+    PASS_THROUGH,
     outside_gradscope,
     walk_nodes,
 )
@@ -111,6 +112,10 @@ class _HookMode(TorchFunctionMode):
             else:
                 self.active = False  # the module's call returned: these ops are the caller's
         return out
+
+
+# an op a module's forward hook makes is the hook's line (record_forward), not gradscope's
+PASS_THROUGH.add(_HookMode.__torch_function__.__code__)
 
 
 class ScopeRecorder:

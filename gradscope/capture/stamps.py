@@ -37,6 +37,11 @@ NO_SEQUENCE_NR = 2**64 - 1
 OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
+#: code objects of gradscope's own torch-function-mode dispatch (``scopes``' hook mode): a frame
+#: running one of them only passes a torch call on, so the user's line is further out
+PASS_THROUGH: set[Any] = set()
+
+
 def outside_gradscope(frame: FrameType | None) -> FrameType | None:
     """``frame``, or the nearest of its callers whose code is not in the gradscope package;
     None when every frame out to the bottom of the stack is gradscope's."""

@@ -270,3 +270,35 @@ def test_ops_made_by_a_modules_forward_hooks_belong_to_it() -> None:
     assert where["SigmoidBackward0"] == ""  # the parent's op after the call returned
     assert list(hooks_before) == [handle.id]  # the model's own hook dict: only the user's
     assert torch._C._len_torch_function_stack() == 0
+
+
+def test_an_op_made_in_a_forward_hook_has_the_hooks_line() -> None:
+    """A module's forward hook that changes its output (``out * 2``): under ``scopes`` and
+    ``record_forward`` together, the op's node carries the hook's own line and the module."""
+    import inspect
+
+    import gradscope as gs
+
+    def double(module, args, out):
+        return out * 2  # the line the node must name
+
+    lines, first = inspect.getsourcelines(double)
+    hook_line = first + next(i for i, text in enumerate(lines) if "out * 2" in text)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3))
+    handle = model[0].register_forward_hook(double)
+    try:
+        for outer_scopes in (False, True):
+            if outer_scopes:
+                with gs.scopes(model), gs.record_forward():
+                    y = model(torch.randn(2, 3))
+            else:
+                with gs.record_forward(), gs.scopes(model):
+                    y = model(torch.randn(2, 3))
+            loss = y.sum()
+            with gs.record_backward(loss, model=model) as rec:
+                loss.backward()
+            (mul,) = [n for n in rec.graph.nodes if n.name == "MulBackward0"]
+            assert f":{hook_line}: return out * 2" in mul.created_at
+            assert mul.module == "0"
+    finally:
+        handle.remove()
