@@ -298,6 +298,17 @@ def test_autocast_column_matches_a_measured_autocast_run():
     assert all(r.autocast_bytes is not None for r in rep.rows)
 
 
+def test_fp16_autocast_column_matches_a_measured_autocast_run():
+    """The fp16 what-if on the CNN (CPU autocast runs convolutions in float16 too)."""
+    model, inputs, loss_fn = cnn()
+    rep = gs.activation_report(model, *inputs, loss_fn=loss_fn, autocast="fp16")
+    assert rep.autocast == "fp16" and rep.autocast_total is not None
+    with torch.autocast("cpu", dtype=torch.float16):
+        measured = gs.measure_forward(model, *inputs, loss_fn=loss_fn)
+    assert within(rep.autocast_total, measured), (rep.autocast_total, measured)
+    assert rep.autocast_total < rep.total  # half-width activations where autocast casts
+
+
 # ---------------------------------------------------------------------- budgets and errors
 def test_budget_strings_and_impossible_budgets():
     model, inputs, loss_fn = cnn()
