@@ -211,7 +211,6 @@ def _attr_list(label: str, extra: dict[str, str]) -> str:
     return " ".join(parts)
 
 
-
 @dataclass(frozen=True)
 class _Options:
     saved: bool
