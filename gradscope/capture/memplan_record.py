@@ -186,7 +186,7 @@ def _record(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
     flops = _flops_by_module(counter.get_flop_counts(), model)
     # the liveness of each save is read while the outputs (and their graph) are held
     alive = [s for s in rec.saves if s[3]() is not None]
-    rec.saves = alive  # type: ignore[assignment]
+    rec.saves = alive
     del root
     return rec, flops, out_keys
 
