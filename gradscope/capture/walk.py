@@ -9,7 +9,8 @@ present): it builds the ``Node``/``Edge`` objects and leaf ``TensorInfo``s, and 
 ``_Walker`` for the per-node reads that stay in Python (saved tensors, module paths, storage
 ids). ``_Walker.walk_py`` is the same walk in pure Python; it runs when the extension is missing
 or ``GRADSCOPE_PURE_PYTHON=1``, and ``tests/capture/test_cwalk.py`` checks that both give equal
-graphs.
+graphs. What the walk reads of one tensor (its shape, bytes and storage id) is in
+``tensor_facts``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..model.graph import Edge, Graph, Node, SavedTensor, TensorInfo
 from . import compiled, torchcompat
 from .nest import iter_tensors
 from .stamps import MODULE_CLASSES_KEY, MODULE_KEY
+from .tensor_facts import _dim, _nbytes, _shape, _storage_key, _Storages
 
 _SAVED = "_saved_"
 _RAW = "_raw_saved_"
@@ -100,10 +102,6 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-#: The address of a tensor's StorageImpl: one key per storage (raises for storage-less tensors).
-_storage_key = torchcompat.storage_key
-
-
 #: The ``Node`` fields the compiled walk fills itself; the fields after them get their defaults.
 _NODE_FILLED = ("id", "name", "kind", "module", "attrs", "saved", "tensor", "order")
 
@@ -145,93 +143,6 @@ def _load_cwalk() -> Any:
 
 #: The compiled walk, or None for the pure-Python one (tests switch it to compare the two).
 CWALK = _load_cwalk()
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    """``t.nbytes``; for sparse tensors (which refuse it) the bytes of their index and value
-    tensors, which is what the graph holds."""
-    try:
-        return t.nbytes
-    except RuntimeError:
-        layout = t.layout
-        parts: tuple[torch.Tensor, ...]
-        if layout == torch.sparse_coo:
-            parts = (t._indices(), t._values())
-        elif layout in (torch.sparse_csr, torch.sparse_bsr):
-            parts = (t.crow_indices(), t.col_indices(), t.values())
-        elif layout in (torch.sparse_csc, torch.sparse_bsc):
-            parts = (t.ccol_indices(), t.row_indices(), t.values())
-        else:
-            return 0
-        return sum(p.nbytes for p in parts)
-
-
-def _dim(d: Any) -> int | None:
-    """One size of a tensor's shape: an int, or None for a dimension with no single size (the
-    ragged dimension of a jagged nested tensor is a symbolic "nested int")."""
-    if type(d) is int:
-        return d
-    try:
-        return int(d)
-    except Exception:  # a nested int refuses int() (with AttributeError, in torch 2.13)
-        return None
-
-
-def _nested_shape(t: torch.Tensor) -> list[int | None]:
-    """The shape of a strided nested tensor (which has no ``.shape``): the number of
-    components, then each dimension's size where all components agree, else None."""
-    n = t.size(0)
-    rest = t.dim() - 1
-    try:  # (components, dims) sizes, kept on the CPU whatever the tensor's device
-        rows = t._nested_tensor_size().tolist()
-    except (RuntimeError, NotImplementedError, AttributeError):
-        rows = []
-    out: list[int | None] = [n]
-    for j in range(rest):
-        sizes = {row[j] for row in rows if len(row) > j}
-        out.append(sizes.pop() if len(sizes) == 1 else None)
-    return out
-
-
-def _shape(t: torch.Tensor) -> list[int | None]:
-    """``list(t.shape)``, also for nested tensors: a dimension without a single size (a ragged
-    one) is None, the form the JSON schema documents (``null``) and renderers draw as ``*``."""
-    try:
-        shape: list[int | None] = list(t.shape)
-    except RuntimeError:  # a strided nested tensor: "NestedTensorImpl doesn't support sizes"
-        if not t.is_nested:
-            raise
-        return _nested_shape(t)
-    if t.is_nested:  # jagged: the ragged size is a SymInt, which must not reach the model
-        return [_dim(d) for d in shape]
-    return shape
-
-
-class _Storages:
-    """Gives each distinct storage a stable id (``s0``, ``s1``...) in order of first sight."""
-
-    _NONE = (None, None)
-
-    def __init__(self) -> None:
-        # storage key -> (id, untyped_storage().nbytes()); the compiled walk is given it, and
-        # reads and fills it too (one dict operation per saved tensor: on a big graph each is
-        # a cache miss)
-        self.by_key: dict[int, tuple[str, int]] = {}
-
-    def record_of(self, t: torch.Tensor) -> tuple[str, int] | tuple[None, None]:
-        """``(storage id, bytes of the whole storage)``, or ``(None, None)`` for a tensor
-        without a storage (sparse, nested...)."""
-        try:
-            key = _storage_key(t)
-        except (RuntimeError, NotImplementedError, AttributeError):
-            return self._NONE
-        found = self.by_key.get(key)
-        if found is None:
-            found = self.by_key[key] = ("s%d" % len(self.by_key), t.untyped_storage().nbytes())
-        return found
-
-    def id_of(self, t: torch.Tensor) -> str | None:
-        return self.record_of(t)[0]
 
 
 def _param_names(params: Any) -> dict[int, str]:

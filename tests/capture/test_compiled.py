@@ -1,6 +1,7 @@
-"""gradscope/capture/compiled.py: reading AOTAutograd's backward graphs, and staying invisible to
-Dynamo. Ground truth: the graphs AOTAutograd hands to a backend's backward compiler (a custom
-backend records them), the tensors the backward node really saved, Dynamo's own counters."""
+"""gradscope/capture/compiled.py (reading AOTAutograd's backward graphs) and dynamo.py (staying
+invisible to Dynamo). Ground truth: the graphs AOTAutograd hands to a backend's backward
+compiler (a custom backend records them), the tensors the backward node really saved, Dynamo's
+own counters."""
 
 from __future__ import annotations
 

@@ -1,0 +1,272 @@
+"""A node's DOT statements: its label and colours (torchviz's, plus gradscope's annotations),
+its saved tensors' boxes, and the label helpers the other views share (``attr_table``,
+``short_location``).
+
+``node_style`` and ``saved_style`` give a box's label and extra attributes; ``_node_lines``
+writes a node's statement and its saved boxes, with the attribute lists of plain backward nodes
+built once per distinct node (``_Options.memo``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import textwrap
+from dataclasses import dataclass, field
+
+from ..model.graph import Node, SavedTensor, format_bytes
+from ..model.nodes import format_split, plural
+from ..model.paths import levels
+from .dot_tokens import _Ids, quote
+from .style import (
+    BAD_COLOR,
+    BASE_COLOR,
+    CUSTOM_COLOR,
+    FOLDED_COLOR,
+    FREED_COLOR,
+    LEAF_COLOR,
+    MODULE_COLOR,
+    OUTPUT_COLOR,
+    SAVED_COLOR,
+    size_to_str,
+    var_label,
+)
+
+BAD_OTHER_COLOR = "lightcoral"  # a later node whose gradient was also non-finite
+OP_COLOR = "lightgrey"  # what Graphviz fills a style=filled node with when given no colour
+
+
+def attr_entries(node: Node) -> dict[str, str]:
+    """A built-in node's saved names and attributes as torchviz's ``show_attrs`` lists them:
+    sorted by name, saved tensors shown as ``[saved tensor]`` / ``[saved tensors]``."""
+    entries: dict[str, str] = {}
+    for s in node.saved:
+        base, _, index = s.name.partition("[")
+        if s.freed:
+            entries[base] = "[freed]"
+        else:
+            entries[base] = "[saved tensors]" if index else "[saved tensor]"
+    for k, v in node.attrs.items():
+        if not k.endswith(".packed"):
+            entries[k] = v
+    return dict(sorted(entries.items()))
+
+
+def attr_table(name: str, entries: dict[str, str], max_attr_chars: int) -> str:
+    """torchviz's ``get_fn_name`` layout: name, a rule, then ``key: value`` rows."""
+    if not entries:
+        return name
+    max_attr_chars = max(max_attr_chars, 3)
+    col1 = max(len(k) for k in entries)
+    col2 = min(max(len(v) for v in entries.values()), max_attr_chars)
+    sep = "-" * max(col1 + col2 + 2, len(name))
+    fmt = "%-" + str(col1) + "s: %" + str(col2) + "s"
+
+    def truncate(s: str) -> str:
+        return s[: col2 - 3] + "..." if len(s) > col2 else s
+
+    rows = "\n".join(fmt % (k, truncate(v)) for k, v in entries.items())
+    return name + "\n" + sep + "\n" + rows
+
+
+_LOCATION = re.compile(r"^(?P<path>.*?):(?P<line>\d+): ?(?P<code>.*)$", re.S)
+
+
+def short_location(where: str, root: str | os.PathLike[str] | None = None) -> str:
+    """A forward location ``path:line: code`` with the path made short: relative to ``root``
+    (the model file's folder) when it lies inside it, else its last two components.
+
+    Example:
+        >>> short_location("/home/u/proj/models/net.py:12: x = f(x)", "/home/u/proj")
+        'models/net.py:12: x = f(x)'
+        >>> short_location("/opt/lib/python3/site/pkg/mod.py:3: y()")
+        '…/pkg/mod.py:3: y()'
+    """
+    m = _LOCATION.match(where)
+    if not m:
+        return where
+    path = m["path"]
+    short = None
+    if root is not None:
+        try:
+            rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+        except ValueError:  # another drive on Windows
+            rel = ".."
+        if not rel.startswith(".."):
+            short = rel
+    if short is None:
+        parts = path.replace("\\", "/").split("/")
+        short = path if len(parts) <= 2 else "…/" + "/".join(parts[-2:])
+    return f"{short}:{m['line']}: {m['code']}"
+
+
+def wrap_location(where: str, width: int = 40) -> list[str]:
+    """A location as label lines: ``path:line:`` and the code, wrapped at ``width``."""
+    m = _LOCATION.match(where)
+    if not m:
+        return textwrap.wrap(where, width) or [where]
+    code = textwrap.wrap(m["code"], width, break_long_words=True) or [""]
+    return [f"{m['path']}:{m['line']}:", *code]
+
+
+def annotate(
+    node: Node, label: str, extra: dict[str, str], root: str | os.PathLike[str] | None = None
+) -> str:
+    """Backward annotations (``gs.record_backward``): execution order, non-finite marks, and for
+    a non-finite node its forward line (path shortened against ``root``, code wrapped)."""
+    if node.order is not None:
+        label = f"#{node.order} {label}"
+    if node.forward_nonfinite:  # where the forward first went non-finite
+        label += f"\n{node.forward_nonfinite} first made here, in the forward"
+        extra["color"] = BAD_COLOR
+        extra["penwidth"] = "3"
+    bad = node.nonfinite
+    if bad:
+        first = node.first_nonfinite
+        extra["fillcolor"] = BAD_COLOR if first else BAD_OTHER_COLOR
+        label += f"\n{'first ' if first else ''}{bad} gradient"
+        where = node.created_at
+        if where:
+            label += "\n" + "\n".join(wrap_location(short_location(where, root)))
+    return label
+
+
+def _box_bytes(node: Node) -> str:
+    """A module box's saved bytes, activations apart from parameter/input (and output)
+    aliases: ``126.9 KiB activations + 4.5 KiB params/inputs``."""
+    box = node.box
+    if box is None:
+        return format_bytes(node.saved_bytes)
+    return format_split(box.activation_bytes, box.leaf_bytes, box.output_bytes)
+
+
+def node_style(
+    node: Node, attrs: bool, max_attr_chars: int, root: str | os.PathLike[str] | None = None
+) -> tuple[str, dict[str, str]]:
+    """Label and extra DOT attributes of one node."""
+    label, extra = _base_style(node, attrs, max_attr_chars)
+    return annotate(node, label, extra, root), extra
+
+
+def _base_style(node: Node, attrs: bool, max_attr_chars: int) -> tuple[str, dict[str, str]]:
+    extra: dict[str, str] = {}
+    if node.kind in ("leaf", "output"):
+        t = node.tensor
+        label = var_label(node.name, t.shape if t else None)
+        if node.kind == "leaf":
+            extra["fillcolor"] = LEAF_COLOR
+        else:
+            extra["fillcolor"] = BASE_COLOR if node.view_base else OUTPUT_COLOR
+        if t is not None:
+            extra["tooltip"] = f"{t.dtype} on {t.device}, storage {t.storage}"
+        return label, extra
+    if node.kind == "module":  # a collapsed group (Graph.collapse) or folded run (Graph.fold)
+        box = node.box
+        cls, count = (box.cls, box.nodes) if box is not None else ("", "?")
+        nodes = plural(count, "node") if isinstance(count, int) else f"{count} nodes"
+        label = f"{node.name}\n{cls} · {nodes}\nsaved {_box_bytes(node)}"
+        if box is not None and box.shown and node.module:  # fold(keep_first=True)
+            rest = _others_label(node.module, box.repeat or 0)
+            like = levels(box.shown)[-1]
+            label = f"{rest}\nlike {like} · {nodes}\nsaved {_box_bytes(node)}"
+        extra["fillcolor"] = FOLDED_COLOR if box is not None and box.repeat else MODULE_COLOR
+        extra["shape"] = "box3d"
+        extra["tooltip"] = f"{node.module}: expand with --depth or --no-fold"
+        return label, extra
+    if node.kind == "custom":
+        entries = dict(node.attrs) if attrs else {}
+        label = attr_table(node.name, entries, max_attr_chars) + "\n(custom Function)"
+        extra["fillcolor"] = CUSTOM_COLOR
+        extra["peripheries"] = "2"
+    else:
+        label = attr_table(node.name, attr_entries(node) if attrs else {}, max_attr_chars)
+    if node.module:
+        extra["tooltip"] = node.module
+    return label, extra
+
+
+def _others_label(run_path: str, repeat: int) -> str:
+    """``encoder.layers.0-63``, 64 -> ``layers.1-63 x63``: the members a fold box stands for
+    when it keeps the first one drawn."""
+    last = levels(run_path)[-1]
+    m = re.match(r"^(.*?)(\d+)-(\d+)(.*)$", last)
+    if not m:
+        return f"{last} x{max(repeat - 1, 0)}"
+    a, b = int(m[2]) + 1, int(m[3])
+    span = f"{a}" if a == b else f"{a}-{b}"
+    return f"{m[1]}{span}{m[4]} x{max(repeat - 1, 0)}"
+
+
+def saved_style(s: SavedTensor) -> tuple[str, dict[str, str]]:
+    if s.freed:
+        shape = f" {size_to_str(s.shape)}" if s.shape is not None else ""
+        return f"{s.name}\n{shape} freed", {"fillcolor": FREED_COLOR, "style": "filled,dashed"}
+    tip = f"{s.dtype} on {s.device}, {format_bytes(s.nbytes)}, storage {s.storage}"
+    return var_label(s.name, s.shape), {"fillcolor": SAVED_COLOR, "tooltip": tip}
+
+
+def _attr_list(label: str, extra: dict[str, str]) -> str:
+    parts = ["label=" + quote(label)]
+    parts.extend(f"{k}={quote(v)}" for k, v in extra.items())
+    return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class _Options:
+    saved: bool
+    attrs: bool
+    max_attr_chars: int
+    notes: dict[str, str] | None  # node id -> an extra label line (e.g. memory held)
+    root: str | os.PathLike[str] | None = None  # forward lines are shown relative to it
+    compact: bool = False  # saved tensors and parameter chains on their node's rank
+    ids: _Ids = field(default_factory=lambda: _Ids([]), compare=False)
+    # Attribute lists of plain backward nodes, by everything they depend on: a deep model
+    # repeats the same few (1,000 identical AddmmBackward0 labels), so each is built once.
+    memo: dict[tuple[object, ...], str] = field(default_factory=dict, compare=False)
+
+
+def _op_key(node: Node) -> tuple[object, ...] | None:
+    """Cache key of an un-annotated backward node's attribute list, else None."""
+    if node.kind not in ("op", "accumulate", "custom") or node.order is not None:
+        return None
+    attrs = node.attrs
+    if node.nonfinite or node.forward_nonfinite:
+        return None
+    saved = tuple((s.name, s.freed) for s in node.saved)
+    return (node.name, node.kind, node.module, tuple(attrs.items()) if attrs else (), saved)
+
+
+def _node_lines(node: Node, opt: _Options, indent: str) -> list[str]:
+    """The node's own line, and its saved tensors' boxes (none for a module box: it stands
+    for many nodes, its label already sums their saved bytes)."""
+    note = opt.notes.get(node.id) if opt.notes else None
+    key = None if note else _op_key(node)
+    attr_list = opt.memo.get(key) if key is not None else None
+    if attr_list is None:
+        label, extra = node_style(node, opt.attrs, opt.max_attr_chars, opt.root)
+        if note:
+            label += "\n" + note
+        attr_list = _attr_list(label, extra)
+        if key is not None:
+            opt.memo[key] = attr_list
+    ids = opt.ids
+    nid = ids.of(node.id)
+    lines = [f"{indent}{nid} [{attr_list}]"]
+    if opt.saved and node.kind != "module":
+        sids = []
+        for i, s in enumerate(node.saved):
+            sid = ids.saved(node.id, i)
+            sids.append(sid)
+            if s.freed:
+                slabel, sextra = saved_style(s)
+                lines.append(f"{indent}{sid} [{_attr_list(slabel, sextra)}]")
+            else:  # the common case, written directly
+                tip = f"{s.dtype} on {s.device}, {format_bytes(s.nbytes)}, storage {s.storage}"
+                label = quote(var_label(s.name, s.shape))
+                lines.append(
+                    f'{indent}{sid} [label={label} fillcolor="{SAVED_COLOR}" tooltip={quote(tip)}]'
+                )
+            lines.append(f"{indent}{nid} -> {sid} [dir=none]")
+        if opt.compact and sids:  # beside their node, not on a rank of their own
+            lines.append(f"{indent}{{rank=same; {'; '.join([nid, *sids])}}}")
+    return lines
