@@ -174,7 +174,7 @@ def test_output_shapes_match_the_gradients(sample: str) -> None:
 
 
 def _shapes(graph: gs.Graph) -> list[list[int] | None]:
-    from gradscope.views.html import _output_shapes
+    from gradscope.views.page_data import _output_shapes
 
     return _output_shapes(graph, {n.id: i for i, n in enumerate(graph.nodes)})
 
