@@ -13,7 +13,7 @@ from typing import Any
 
 from ..model.graph import Graph, Node, SavedTensor, format_bytes
 from ..model.nodes import KINDS, saved_bytes_of
-from ..model.schema import EDGE_KINDS, float_to_json
+from ..model.schema import EDGE_KINDS, NODE_OPTIONAL, float_to_json
 from .containers import CHUNK, ContainerTree
 from .dot import BAD_OTHER_COLOR, OP_COLOR, attr_entries, short_location
 from .style import (
@@ -43,7 +43,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "edges": ("src", "dst", "input_nr", "kind", "count", "grad_norm"),
     "containers": ("path", "label", "cls", "kind", "parent", "depth", "count", "saved_bytes",
                    "members", "sum_count", "sum_bytes", "range"),
-    # lists inside a node's info: its saved tensors (s), tensor (t), module box, compiled region
+    # lists inside a node's info (INFO): its saved tensors, tensor, module box, compiled region
     "saved": ("name", "shape", "dtype", "nbytes", "storage", "freed"),
     "tensor": ("name", "shape", "dtype", "device"),
     "box": ("cls", "nodes", "saved_bytes", "repeat"),
@@ -94,8 +94,62 @@ def _norm_scale() -> list[list[Any]]:
     return bands + [[NONFINITE_BAND.name, None, _css(NONFINITE_BAND.color)]]
 
 
-#: A container row's kind: the root, a module, a fold of repeated layers, a chunk of a long run.
-_KIND_CODE = {"root": "r", "module": "m", "fold": "f", "chunk": "k"}
+#: A container row's kind (``views.containers``): the root, a module, a fold of repeated layers,
+#: a chunk of a long run, each written as its letter; the table is sent with the data and the
+#: page reads the kinds by name.
+CONTAINER_KINDS = {"root": "r", "module": "m", "fold": "f", "chunk": "k"}
+
+
+@dataclass(frozen=True)
+class InfoField:
+    """One field of a node's info, the last field of a node's row: a dict, only the fields set.
+
+    Attributes:
+        name: what the page calls it: the schema's key (``model.schema.NODE_OPTIONAL``, a
+            ``Node`` attribute) where ``Graph.to_json`` writes the field too.
+        key: its key in the page's JSON, short: it is written once per node.
+        label: the heading of a row of the details panel that shows the value as it is; ""
+            where the viewer has code of its own for the field.
+    """
+
+    name: str
+    key: str
+    label: str = ""
+
+
+#: The node info the page knows, in the order it is written. The table travels with the data
+#: (``info``): the viewer reads a field by its name, never by a key of its own. A key of
+#: ``model.schema.NODE_OPTIONAL`` not here (but in ``NOT_PER_NODE``) is written under its own
+#: name, in the schema's JSON form, and shown in the panel as it is: a new ``Node`` field is a
+#: change in the model, and in this table only to draw it some other way.
+INFO: tuple[InfoField, ...] = (
+    InfoField("saved", "s"),  # rows of FIELDS["saved"]
+    InfoField("tensor", "t"),  # a row of FIELDS["tensor"]
+    InfoField("attrs", "a"),  # non-tensor saved attributes, as the DOT views show them
+    InfoField("box", "box"),  # a module box's row of FIELDS["box"]
+    InfoField("order", "o"),
+    InfoField("nonfinite", "bad"),
+    InfoField("first_nonfinite", "first"),
+    InfoField("forward_nonfinite", "fwd"),
+    InfoField("compiled", "region"),  # a row of FIELDS["region"]
+    InfoField("created_at", "at"),  # shortened: relative to the model file's folder
+    InfoField("view_base", "base"),
+    InfoField("module", "m"),  # the node's module path, where its container's path differs
+    InfoField("shape", "sh"),  # an op's forward output shape, where the graph tells it
+    InfoField("memory", "mem", "memory"),  # a --memory note
+    InfoField("diff", "diff", "diff a → b"),  # added / removed / changed
+)
+#: Schema keys the page does not write per node: the module classes name the containers, and
+#: a compiled region's nodes sit in its container.
+NOT_PER_NODE = frozenset({"module_classes", "region"})
+_KEY = {f.name: f.key for f in INFO}
+
+
+def info_fields() -> list[InfoField]:
+    """``INFO`` and, after it, a field for each key of ``model.schema.NODE_OPTIONAL`` that the
+    page has no code for (its name as key and as label)."""
+    known = {f.name for f in INFO} | NOT_PER_NODE
+    return list(INFO) + [InfoField(k, k, k) for k in NODE_OPTIONAL if k not in known]
 
 
 @dataclass
@@ -172,49 +226,56 @@ def _output_shapes(graph: Graph, index: dict[str, int]) -> list[list[int | None]
 
 def _node_info(
     node: Node, path: str | None, cpath: str, shape: list[int | None] | None, note: str | None,
-    root: str | None,
+    root: str | None, plain: list[InfoField],
 ) -> dict[str, Any]:
+    k = _KEY
     info: dict[str, Any] = {}
     if node.saved:
-        info["s"] = [_saved(s) for s in node.saved]
+        info[k["saved"]] = [_saved(s) for s in node.saved]
     t = node.tensor
     if t is not None:
-        info["t"] = _row("tensor", {"name": t.name, "shape": t.shape, "dtype": t.dtype,
-                                    "device": t.device})
+        info[k["tensor"]] = _row("tensor", {"name": t.name, "shape": t.shape, "dtype": t.dtype,
+                                            "device": t.device})
     attrs = attr_entries(node) if node.kind in ("op", "accumulate") else {}
     if node.kind == "custom":
         attrs = dict(node.attrs)
-    attrs = {k: v for k, v in attrs.items() if v not in ("[saved tensor]", "[saved tensors]")}
+    attrs = {a: v for a, v in attrs.items() if v not in ("[saved tensor]", "[saved tensors]")}
     if attrs:
-        info["a"] = attrs
+        info[k["attrs"]] = attrs
     if node.kind == "module":
         box = node.box
-        info["box"] = _row("box", {"cls": box.cls, "nodes": box.nodes,
-                                   "saved_bytes": box.saved_bytes, "repeat": box.repeat or 0}
-                           if box is not None else
-                           {"cls": "", "nodes": 1, "saved_bytes": node.saved_bytes, "repeat": 0})
+        info[k["box"]] = _row("box", {"cls": box.cls, "nodes": box.nodes,
+                                      "saved_bytes": box.saved_bytes, "repeat": box.repeat or 0}
+                              if box is not None else
+                              {"cls": "", "nodes": 1, "saved_bytes": node.saved_bytes,
+                               "repeat": 0})
     if node.order is not None:
-        info["o"] = node.order
+        info[k["order"]] = node.order
     bad = node.nonfinite
     if bad:
-        info["bad"] = bad
+        info[k["nonfinite"]] = bad
         if node.first_nonfinite:
-            info["first"] = 1
+            info[k["first_nonfinite"]] = 1
     if node.forward_nonfinite:
-        info["fwd"] = node.forward_nonfinite
+        info[k["forward_nonfinite"]] = node.forward_nonfinite
     if node.compiled is not None:
-        info["region"] = _row("region", {"ops": node.compiled.ops, "note": node.compiled.note})
+        info[k["compiled"]] = _row("region", {"ops": node.compiled.ops,
+                                              "note": node.compiled.note})
     where = node.created_at
     if where:
-        info["at"] = short_location(where, root)
+        info[k["created_at"]] = short_location(where, root)
     if node.view_base:
-        info["base"] = 1
+        info[k["view_base"]] = 1
     if path is not None and path != cpath:
-        info["m"] = path
+        info[k["module"]] = path
     if shape is not None and node.kind not in ("leaf", "output"):
-        info["sh"] = shape
+        info[k["shape"]] = shape
     if note:
-        info["mem"] = note
+        info[k["memory"]] = note
+    for f in plain:  # the schema's fields the page has no code for: as the schema writes them
+        value = getattr(node, f.name, None)
+        if value is not None and value is not False:
+            info[f.key] = NODE_OPTIONAL[f.name](value)
     return info
 
 
@@ -230,21 +291,24 @@ def graph_data(
     budget: int = BUDGET,
     diff: DiffMarks | None = None,
 ) -> dict[str, Any]:
-    """The JSON the page embeds (version 2: compact rows named by ``FIELDS``, see
-    ``viewer.js``); ``diff`` colours a diff of two graphs (``views.diff``)."""
+    """The JSON the page embeds (version 2: compact rows named by ``FIELDS``, node info named
+    by ``INFO``, container kinds by ``CONTAINER_KINDS``, all sent with the data for
+    ``viewer.js`` to read); ``diff`` colours a diff of two graphs (``views.diff``)."""
     marks = diff.marks if diff is not None else None
     b = ContainerTree(graph, fold)
     root_dir = None if root is None else str(root)
     shapes = _output_shapes(graph, b.index)
     index = b.index
+    fields = info_fields()
+    plain = fields[len(INFO):]
     nodes = []
     for i, n in enumerate(graph.nodes):
         cidx = b.node_container[i]
         cpath = b.containers[cidx].path
         info = _node_info(n, b.paths[n.id], cpath, shapes[i],
-                          notes.get(n.id) if notes else None, root_dir)
+                          notes.get(n.id) if notes else None, root_dir, plain)
         if marks and n.id in marks:
-            info["diff"] = marks[n.id]
+            info[_KEY["diff"]] = marks[n.id]
         nodes.append(_row("nodes", {
             "id": n.id, "name": n.name, "kind": KINDS.index(n.kind) if n.kind in KINDS else 0,
             "container": cidx, "info": info or None,
@@ -259,7 +323,7 @@ def graph_data(
     containers: list[list[Any]] = []
     for c in b.containers:
         values: dict[str, Any] = {
-            "path": c.path, "label": c.label, "cls": c.cls, "kind": _KIND_CODE[c.kind],
+            "path": c.path, "label": c.label, "cls": c.cls, "kind": CONTAINER_KINDS[c.kind],
             "parent": c.parent, "depth": c.depth, "count": c.count, "saved_bytes": c.saved_bytes,
             "range": b.ranges.get(len(containers)),
         }
@@ -286,6 +350,8 @@ def graph_data(
         "fields": {k: list(v) for k, v in FIELDS.items()},
         "kinds": list(KINDS),
         "edge_kinds": list(EDGE_KINDS),
+        "container_kinds": CONTAINER_KINDS,
+        "info": [[f.name, f.key, f.label] for f in fields],
         "diff": None if diff is None else {
             "summary": diff.summary,
             "ratios": sorted([k, float_to_json(r, 4)] for k, r in diff.ratios.items()),
