@@ -109,10 +109,10 @@ class Page:
             self.page.close()
 
 
-#: Overlaps in what is drawn: edges passing through a box that is not one of their ends (a
+#: Overlaps in what is drawn: edges passing through a box (its saved-tensor boxes included; a
 #: sample every tenth of each segment), labels over labels, labels over boxes.
 OVERLAPS = """() => { const g = gradscope.geometry(); let through = 0, ll = 0, lb = 0;
-  const boxes = g.boxes;
+  const boxes = g.boxes.map((b) => [b[0], b[1], b[2], b[5], b[4]]);  // with saved boxes
   const inside = (x, y, b) => x > b[1] + 1 && x < b[1] + b[3] - 1
     && y > b[2] + 1 && y < b[2] + b[4] - 1;
   for (const e of g.edges) { const hit = new Set(); const p = e.pts;

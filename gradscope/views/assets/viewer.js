@@ -442,17 +442,33 @@
       });
     }
     const edges = [];
-    const follow = (pts, j, r) => { // a route of container j, in page coordinates
+    // A route of container j, in page coordinates; skip: leave out its first point.
+    const follow = (pts, j, r, skip) => {
       const [ox, oy] = origin.get(j); // results are shared by identical containers: their own origin
       const flat = byJob.get(j).p[r] || [];
-      for (let q = 0; q < flat.length; q += 2) pts.push(ox + flat[q], oy + flat[q + 1]);
+      for (let q = skip ? 2 : 0; q < flat.length; q += 2) pts.push(ox + flat[q], oy + flat[q + 1]);
     };
+    const routeStart = (j, r) => { const [ox] = origin.get(j), flat = byJob.get(j).p[r] || []; return flat.length ? ox + flat[0] : null; };
+    // Where a route crosses an open container's frame, the layout outside it ends on the frame's
+    // outline, wherever the line to its centre meets it (often a side): the edge would cut back
+    // across the frame to its port. It leaves by the exit port straight down through the bottom,
+    // and enters straight down through the top to the entry port.
     for (const e of view.edges) {
       const a = view.items.get(e.a), b = view.items.get(e.b);
       const pts = [a.x + (a.cw || a.w) / 2, a.y + a.h];
-      for (let q = 0; q < e.up.length; q += 2) follow(pts, e.up[q], e.up[q + 1]);
-      follow(pts, e.lca, e.route);
-      for (let q = e.down.length - 2; q >= 0; q -= 2) follow(pts, e.down[q], e.down[q + 1]);
+      let out = false; // the last point is an exit port: the next route's outline point is replaced
+      for (let q = 0; q < e.up.length; q += 2) {
+        follow(pts, e.up[q], e.up[q + 1], out);
+        const f = view.items.get(BOX + e.up[q]);
+        pts.push(pts[pts.length - 2], f.y + f.h);
+        out = true;
+      }
+      follow(pts, e.lca, e.route, out);
+      for (let q = e.down.length - 2; q >= 0; q -= 2) {
+        const f = view.items.get(BOX + e.down[q]), x = routeStart(e.down[q], e.down[q + 1]);
+        if (x !== null) { pts.length -= 2; pts.push(x, f.y); } // the outline point -> the top, above the port
+        follow(pts, e.down[q], e.down[q + 1], false);
+      }
       pts.push(b.x + (b.cw || b.w) / 2, b.y);
       if (pts.length > 4) { pts.splice(2, 2); pts.splice(pts.length - 4, 2); } // ends: the boxes' own
       e.pts = pts;
@@ -716,7 +732,7 @@
     const over = (r, x, y, w, h) => r.x < x + w && x < r.x + r.w && r.y < y + h && y < r.y + r.h;
     const hits = (r) => cells(r, (id) => {
       const cell = s.grid.get(id);
-      if (cell) for (const it of cell.n) if (over(r, it.x, it.y, it.cw || it.w, it.h)) return true;
+      if (cell) for (const it of cell.n) if (over(r, it.x, it.y, it.w, it.h)) return true; // with its saved boxes
       for (const o of taken.get(id) || []) if (over(r, o.x, o.y, o.w, o.h)) return true;
       return false;
     });
@@ -1644,9 +1660,10 @@
     exportSvg: () => viewSvg(),
     stats: () => ({ readyMs, drawnMs, timings: T, phases, bounds: scene ? scene.bounds : null, layoutMs, jobs: lastLayoutJobs, drawMs: lastDrawMs, worker: !!worker, boxes: scene ? scene.nodes.length : 0, frames: scene ? scene.frames.length : 0, edges: scene ? scene.edges.length : 0 }),
     view: () => ({ ...view, width: cssW, height: cssH }),
-    // What is drawn, in page coordinates: boxes [key, x, y, w, h], edges {pts, label}.
+    // What is drawn, in page coordinates: boxes [key, x, y, w, h, w with the saved boxes beside
+    // it], edges {pts, label}.
     geometry: () => (scene ? {
-      boxes: scene.nodes.map((it) => [it.key < N ? nodeId[it.key] : it.key < SUM ? "box:" + C[it.key - BOX].path : "sum:" + C[it.key - SUM].path, it.x, it.y, it.cw || it.w, it.h]),
+      boxes: scene.nodes.map((it) => [it.key < N ? nodeId[it.key] : it.key < SUM ? "box:" + C[it.key - BOX].path : "sum:" + C[it.key - SUM].path, it.x, it.y, it.cw || it.w, it.h, it.w]),
       edges: scene.edges.map((e) => ({ a: e.a, b: e.b, pts: e.pts, label: edgeLabel(e) })),
     } : null),
     boxAt(id) { // where a node (or "box:path") is drawn now, in CSS pixels of the canvas
