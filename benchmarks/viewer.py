@@ -15,6 +15,13 @@ expand all (11 px times the zoom), and the notebook display's size and time. Tar
 the encoder <= 10 s, no stall over 200 ms, text >= 9 px; the notebook display <= 1.5 MB, 1 s.
 
     .venv/bin/python benchmarks/viewer.py [--repeat N] [--skip-big-expand-all]
+
+With ``--overlaps`` it prints, instead, what is drawn over what on the sample pages, a GPT-2
+``--backward`` page and (where torchvision is installed) ResNet-50 and Faster R-CNN, in the first
+view and after Expand all: edges through a box, edge labels over labels and over boxes (the
+measure of tests/views/viewer_page.py ``OVERLAPS``; target 0 each).
+
+    .venv/bin/python benchmarks/viewer.py --overlaps
 """
 
 from __future__ import annotations
@@ -77,6 +84,90 @@ def big_graph(blocks: int = 14_285):
     return graph
 
 
+def backward_graph(model, make_loss):
+    """The ``--backward`` graph: the loss's graph with the recorded norms and order."""
+    import gradscope as gs
+
+    with gs.scopes(model):
+        loss = make_loss()
+    with gs.record_backward(loss, model=model) as rec:
+        loss.backward()
+    return rec.graph
+
+
+def overlap_pages() -> dict:
+    """name -> (graph, page options) of the pages whose overlaps are counted."""
+    import torch
+
+    import gradscope as gs
+
+    def sample(name: str):
+        fwd = gs.load_model_file(ROOT / "samples" / name).forward()
+        return fwd, gs.trace(fwd.outputs, model=fwd.model)
+
+    pages = {}
+    pages["cnn"] = (sample("cnn.py")[1], {})
+    fwd, graph = sample("transformer.py")
+    pages["transformer"] = (graph, {})
+    pages["transformer --backward --full"] = (
+        backward_graph(fwd.model, lambda: fwd.model(*fwd.inputs).pow(2).mean()), {"full": True})
+    pages["encoder --full"] = (encoder_graph(), {"full": True})
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError:
+        print("transformers is not installed: no GPT-2 page")
+    else:
+        cfg = GPT2Config(n_layer=6, n_embd=64, n_head=4, vocab_size=256, n_positions=64,
+                         bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
+                         attn_pdrop=0.0, loss_type="ForCausalLM")
+        torch.manual_seed(0)
+        gpt2 = GPT2LMHeadModel(cfg)
+        ids = torch.randint(0, 256, (2, 16))
+        pages["GPT-2 (6 x 64) --backward"] = (
+            backward_graph(gpt2, lambda: gpt2(ids, labels=ids).loss), {})
+    try:
+        import torchvision as tv
+    except ImportError:
+        print("torchvision is not installed: no ResNet-50, Faster R-CNN pages")
+    else:
+        torch.manual_seed(0)
+        resnet = tv.models.resnet50(weights=None).eval()
+        with gs.scopes(resnet):
+            y = resnet(torch.randn(1, 3, 224, 224))
+        pages["ResNet-50"] = (gs.trace(y, model=resnet), {})
+        rcnn = tv.models.detection.fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None)
+        target = [{"boxes": torch.tensor([[10.0, 20.0, 100.0, 200.0]]),
+                   "labels": torch.tensor([1])}]
+        with gs.scopes(rcnn):
+            losses = rcnn.train()([torch.rand(3, 320, 320)], target)
+        pages["Faster R-CNN"] = (gs.trace(losses, model=rcnn), {})
+    return pages
+
+
+def overlaps() -> None:
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "views")]
+    from playwright.sync_api import sync_playwright
+    from viewer_page import OVERLAPS
+
+    pages = overlap_pages()
+    with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        for name, (graph, opts) in pages.items():
+            v = Viewer(browser, graph.save(Path(tmp) / "page.html", **opts))
+            figures = {}
+            for when in ("first view", "after expand all"):
+                if when != "first view":
+                    v.page.evaluate("gradscope.expandAll()")
+                got = v.page.evaluate(OVERLAPS)
+                boxes = v.page.evaluate("gradscope.visible()")
+                figures[when] = (f"{boxes} boxes: {got['through']} edges through a box, "
+                                 f"{got['labels']} labels, {got['label_label']} over a label, "
+                                 f"{got['label_box']} over a box")
+            v.close()
+            report(f"{name} ({len(graph.nodes)} nodes)", figures)
+        browser.close()
+
+
 def in_big_stack(fn):
     """Run ``fn`` in a thread with a 256 MiB stack: PyTorch frees a deep autograd chain
     recursively (see the README's known limits)."""
@@ -133,11 +224,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="page loads per figure (median)")
     parser.add_argument("--skip-big-expand-all", action="store_true",
                         help="do not open all 100,000 nodes at once")
+    parser.add_argument("--overlaps", action="store_true",
+                        help="count what is drawn over what (edges, labels, boxes) instead")
     args = parser.parse_args()
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
         sys.exit("playwright is not installed: bash scripts/setup-browser.sh")
+    if args.overlaps:
+        overlaps()
+        return
 
     encoder = encoder_graph()
     t0 = time.perf_counter()

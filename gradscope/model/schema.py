@@ -50,6 +50,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any, Literal, overload
 
 from ..errors import SchemaError
@@ -154,40 +155,52 @@ def _node_to_dict(n: Node) -> dict[str, Any]:
         "tensor": _tensor_to_dict(n.tensor),
     }
     # optional keys appear only when set, so plain graphs keep short lines
-    if n.order is not None:
-        d["order"] = n.order
-    if n.module_classes is not None:
-        d["module_classes"] = list(n.module_classes)
-    if n.created_at is not None:
-        d["created_at"] = n.created_at
-    if n.nonfinite is not None:
-        d["nonfinite"] = n.nonfinite
-    if n.first_nonfinite:
-        d["first_nonfinite"] = True
-    if n.view_base:
-        d["view_base"] = True
-    if n.forward_nonfinite is not None:
-        d["forward_nonfinite"] = n.forward_nonfinite
-    if n.box is not None:
-        box: dict[str, Any] = {"cls": n.box.cls, "nodes": n.box.nodes,
-                               "saved_bytes": n.box.saved_bytes}
-        if n.box.repeat is not None:
-            box["repeat"] = n.box.repeat
-        if n.box.leaf_bytes:
-            box["leaf_bytes"] = n.box.leaf_bytes
-        if n.box.output_bytes:
-            box["output_bytes"] = n.box.output_bytes
-        if n.box.aliases:
-            box["aliases"] = dict(n.box.aliases)
-        if n.box.shown is not None:
-            box["shown"] = n.box.shown
-        d["box"] = box
-    if n.region is not None:
-        d["region"] = n.region
-    if n.compiled is not None:
-        d["compiled"] = {"graph": n.compiled.graph, "ops": n.compiled.ops,
-                         "note": n.compiled.note}
+    for key, to_json in NODE_OPTIONAL.items():
+        value = getattr(n, key)
+        if value is not None and value is not False:
+            d[key] = to_json(value)
     return d
+
+
+def _box_to_dict(b: Box) -> dict[str, Any]:
+    box: dict[str, Any] = {"cls": b.cls, "nodes": b.nodes, "saved_bytes": b.saved_bytes}
+    if b.repeat is not None:
+        box["repeat"] = b.repeat
+    if b.leaf_bytes:
+        box["leaf_bytes"] = b.leaf_bytes
+    if b.output_bytes:
+        box["output_bytes"] = b.output_bytes
+    if b.aliases:
+        box["aliases"] = dict(b.aliases)
+    if b.shown is not None:
+        box["shown"] = b.shown
+    return box
+
+
+def _region_to_dict(r: Region) -> dict[str, Any]:
+    return {"graph": r.graph, "ops": r.ops, "note": r.note}
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+#: A node's optional keys, in the order ``Graph.to_json`` writes them: each is the ``Node``
+#: attribute of the same name, written in the JSON form this gives, and only when it is set (not
+#: None, not False). The one table of them: the HTML page names its node info by these keys and
+#: shows a key it has no code for as it is (``views.page_data.INFO``).
+NODE_OPTIONAL: dict[str, Callable[[Any], Any]] = {
+    "order": _same,
+    "module_classes": list,
+    "created_at": _same,
+    "nonfinite": _same,
+    "first_nonfinite": _same,
+    "view_base": _same,
+    "forward_nonfinite": _same,
+    "box": _box_to_dict,
+    "region": _same,
+    "compiled": _region_to_dict,
+}
 
 
 def _edge_to_dict(e: Edge) -> dict[str, Any]:

@@ -9,58 +9,21 @@ network); one browser serves the whole module."""
 from __future__ import annotations
 
 import html as html_lib
-import json
-import os
 import re
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import SAMPLES, run_cli
+from viewer_page import OVERLAPS, Page, chain, embedded_data, launch_browser, traced
 
 import gradscope as gs
 from gradscope.views.html import CHUNK, graph_data
 
-CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-]
-#: A setInterval heartbeat in every page: the longest gap between ticks is the longest stall
-#: of the main thread (JavaScript, layout and drawing all block it).
-HEARTBEAT = """
-window.__gap = 0;
-(() => { let last = performance.now();
-  setInterval(() => { const t = performance.now(); window.__gap = Math.max(window.__gap, t - last);
-                      last = t; }, 10); })();
-"""
 
-
-def traced(sample: str) -> tuple[gs.Graph, object]:
-    fwd = gs.load_model_file(SAMPLES / sample).forward()
-    return gs.trace(fwd.outputs, model=fwd.model), fwd
-
-
-def chain(n: int) -> gs.Graph:
-    """``n - 3`` multiplications in a row from one leaf: no module structure at all."""
-    x = torch.randn(4, requires_grad=True)
-    y = x
-    for _ in range(n - 3):
-        y = y * 1.0001
-    return gs.trace(y, params={"x": x})
-
-
-def embedded_data(page: str) -> dict:
-    """The page's data: its header block, with the node and edge blocks joined in order."""
-    m = re.search(r'<script type="application/json" id="gs-data">(.*?)</script>', page, re.S)
-    assert m, "no embedded graph data"
-    data = json.loads(m.group(1))
-    for kind in ("nodes", "edges"):
-        blocks = re.findall(rf'<script type="application/json" class="gs-part" '
-                            rf'data-kind="{kind}">(.*?)</script>', page, re.S)
-        data[kind] = [row for block in blocks for row in json.loads(block)]
-        assert len(data[kind]) == data["n_" + kind]
-    return data
+@pytest.fixture(scope="module")
+def browser():
+    yield from launch_browser()
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +137,7 @@ def test_output_shapes_match_the_gradients(sample: str) -> None:
 
 
 def _shapes(graph: gs.Graph) -> list[list[int] | None]:
-    from gradscope.views.html import _output_shapes
+    from gradscope.views.page_data import _output_shapes
 
     return _output_shapes(graph, {n.id: i for i, n in enumerate(graph.nodes)})
 
@@ -234,54 +197,6 @@ def test_notebook_bundle_is_light(deep: gs.Graph) -> None:
 
 
 # ---------------------------------------------------------------------- in Chromium
-@pytest.fixture(scope="module")
-def browser():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail("playwright is not installed; run scripts/setup-browser.sh")
-        pytest.skip("playwright is not installed (scripts/setup-browser.sh installs it)")
-    if not CHROMIUM.exists():
-        if os.environ.get("CI"):
-            pytest.fail("/usr/bin/chromium is missing; run scripts/setup-browser.sh")
-        pytest.skip("/usr/bin/chromium is missing (scripts/setup-browser.sh installs it)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS, headless=True)
-        yield b
-        b.close()
-
-
-class Page:
-    """One page of the viewer, loaded from a file, with its errors and requests recorded."""
-
-    def __init__(self, browser, path: Path, width: int = 1400, height: int = 900) -> None:
-        self.url = path.resolve().as_uri()
-        self.page = browser.new_page(viewport={"width": width, "height": height})
-        self.page.set_default_timeout(20_000)
-        self.errors: list[str] = []
-        self.requests: list[str] = []
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.on("request", lambda r: self.requests.append(r.url))
-        self.page.route("**/*", lambda r: r.continue_() if r.request.url == self.url
-                        else r.abort())
-        self.page.add_init_script(HEARTBEAT)
-        self.page.goto(self.url)
-        self.page.wait_for_function("() => window.gradscope !== undefined")
-        self.page.evaluate("gradscope.ready")
-
-    def js(self, expr: str, arg=None):
-        return self.page.evaluate(expr, arg)
-
-    def close(self) -> None:
-        try:
-            assert self.errors == [], self.errors
-            outside = [u for u in self.requests if u != self.url and not u.startswith("blob:")]
-            assert outside == [], f"the page made requests: {outside}"
-        finally:
-            self.page.close()
-
-
 def test_viewer_clicks_search_and_details(browser, transformer, tmp_path: Path) -> None:
     graph, fwd = transformer
     p = Page(browser, graph.save(tmp_path / "g.html", depth=1))
@@ -514,8 +429,10 @@ def test_torchvision_pages_are_legible(browser, tmp_path: Path) -> None:
         p = Page(browser, graph.save(tmp_path / f"{name}.html"))
         legible(p, f"{name} first view")  # was 0.50 and 0.19: no text drawn at all
         nothing_over_the_graph(p)
+        assert p.js(OVERLAPS)["through"] == 0, name  # Faster R-CNN: 20 edges through boxes
         p.js("gradscope.expandAll()")
         legible(p, f"{name} after Expand all")
+        assert p.js(OVERLAPS)["through"] == 0, name
         p.close()
 
 
@@ -637,30 +554,15 @@ def test_diff_page_colours_the_union(browser, tmp_path: Path) -> None:
     p.close()
 
 
-#: Overlaps in what is drawn: edges passing through a box that is not one of their ends (a
-#: sample every tenth of each segment), labels over labels, labels over boxes.
-OVERLAPS = """() => { const g = gradscope.geometry(); let through = 0, ll = 0, lb = 0;
-  const boxes = g.boxes;
-  const inside = (x, y, b) => x > b[1] + 1 && x < b[1] + b[3] - 1
-    && y > b[2] + 1 && y < b[2] + b[4] - 1;
-  for (const e of g.edges) { const hit = new Set(); const p = e.pts;
-    for (let q = 0; q + 3 < p.length; q += 2) for (let t = 0.1; t < 1; t += 0.1) {
-      const x = p[q] + (p[q + 2] - p[q]) * t, y = p[q + 1] + (p[q + 3] - p[q + 1]) * t;
-      boxes.forEach((b, i) => { if (inside(x, y, b)) hit.add(i); }); }
-    through += hit.size; }
-  const labels = g.edges.map((e) => e.label).filter((l) => l);
-  const ov = (a, b) => a.x < b.x + b.w && b.x < a.x + a.w && a.y < b.y + b.h && b.y < a.y + a.h;
-  labels.forEach((a, i) => { for (let j = i + 1; j < labels.length; j++) if (ov(a, labels[j])) ll++;
-    for (const b of boxes) if (ov(a, { x: b[1], y: b[2], w: b[3], h: b[4] })) lb++; });
-  return { through, labels: labels.length, label_label: ll, label_box: lb }; }"""
-
-
-def test_edges_and_labels_keep_clear_of_boxes(browser, tmp_path: Path) -> None:
-    """The cnn sample's edges pass through no box (13 did: routes left a module from a port
-    in the middle of it); on a --backward page no norm label covers a box or another label."""
-    p = Page(browser, traced("cnn.py")[0].save(tmp_path / "cnn.html"))
-    assert p.js(OVERLAPS)["through"] == 0
-    p.close()
+def test_edges_and_labels_keep_clear_of_boxes(browser, transformer, tmp_path: Path) -> None:
+    """The cnn and transformer samples' edges pass through no box (13 and 9 did: routes left a
+    module from a port in the middle of it; then 2 on the transformer: a route leaving a module
+    turned back across it from its frame's side); on a --backward page no norm label covers a
+    box or another label."""
+    for name, graph in (("cnn", traced("cnn.py")[0]), ("transformer", transformer[0])):
+        p = Page(browser, graph.save(tmp_path / f"{name}.html"))
+        assert p.js(OVERLAPS)["through"] == 0, name
+        p.close()
     fwd = gs.load_model_file(SAMPLES / "transformer.py").forward()
     loss = fwd.outputs.pow(2).mean()
     with gs.record_backward(loss, model=fwd.model) as rec:
@@ -669,4 +571,26 @@ def test_edges_and_labels_keep_clear_of_boxes(browser, tmp_path: Path) -> None:
     got = p.js(OVERLAPS)
     assert got["labels"] >= len(rec.graph.edges) - 5, got  # every edge carries its norm
     assert got["label_label"] == 0 and got["label_box"] == 0, got
+    p.close()
+
+
+def test_gpt2_backward_page_has_no_overlaps(browser, tmp_path: Path) -> None:
+    """The --backward page of a GPT-2 (transformers, a small GPT2Config, 6 layers: the first view
+    folds nothing, every edge carries its gradient norm): no label over a label or a box, no
+    edge through a box (issue 23 saw norm labels drawn on top of each other there)."""
+    tf = pytest.importorskip("transformers")
+    cfg = tf.GPT2Config(n_layer=6, n_embd=64, n_head=4, vocab_size=256, n_positions=64,
+                        bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
+                        attn_pdrop=0.0, loss_type="ForCausalLM")
+    torch.manual_seed(0)
+    model = tf.GPT2LMHeadModel(cfg)
+    ids = torch.randint(0, 256, (2, 16))
+    with gs.scopes(model):
+        out = model(ids, labels=ids)
+    with gs.record_backward(out.loss, model=model) as rec:
+        out.loss.backward()
+    p = Page(browser, rec.graph.save(tmp_path / "gpt2.html"))
+    got = p.js(OVERLAPS)
+    assert got["labels"] >= len(rec.graph.edges) - 10, got  # the norms are drawn
+    assert got == got | {"through": 0, "label_label": 0, "label_box": 0}, got
     p.close()

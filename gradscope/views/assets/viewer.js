@@ -16,6 +16,12 @@
   const NF = fieldsOf("nodes"), EF = fieldsOf("edges"), CF = fieldsOf("containers");
   const SF = fieldsOf("saved"), TF = fieldsOf("tensor"), BF = fieldsOf("box"), RF = fieldsOf("region");
   const PLAIN_EDGE = D.edge_kinds.indexOf("grad"); // other edge kinds are drawn dotted
+  // A node's info (page_data.py INFO): a dict of the fields set, read as info[K.<name>]; a field
+  // with a label is shown in the details panel as it is (the viewer has no code for it).
+  const K = Object.fromEntries(D.info.map(([name, key]) => [name, key]));
+  const SHOWN_AS_IS = D.info.filter(([, , label]) => label);
+  // Container kinds (page_data.py CONTAINER_KINDS) come as letters: read by name.
+  const CKIND = Object.fromEntries(Object.entries(D.container_kinds).map(([name, code]) => [code, name]));
   const $ = (id) => document.getElementById(id);
   const canvas = $("graph"), ctx = canvas.getContext("2d");
   const detailsEl = $("details"), resultsEl = $("results"), searchEl = $("search");
@@ -77,7 +83,7 @@
   function buildContainers() {
     D.containers.forEach((r, j) => {
       C[j] = {
-        j, path: r[CF.path], label: r[CF.label], cls: r[CF.cls], kind: r[CF.kind],
+        j, path: r[CF.path], label: r[CF.label], cls: r[CF.cls], kind: CKIND[r[CF.kind]],
         parent: r[CF.parent], depth: r[CF.depth], count: r[CF.count], bytes: r[CF.saved_bytes],
         members: r[CF.members] || null, sumCount: r[CF.sum_count] || 0,
         sumBytes: r[CF.sum_bytes] || 0, range: r[CF.range] || "",
@@ -90,9 +96,9 @@
       const j = ORDER[q];
       for (const k of C[j].kids) { C[k].level = C[j].level + 1; ORDER.push(k); }
     }
-    for (const c of C) if (c.kind === "f") for (const m of c.members) C[m].fold = c.j;
-    for (const c of C) if (c.kind !== "k" && !byPath.has(c.path)) byPath.set(c.path, c.j);
-    for (const c of C) if (c.kind === "f") byPath.set(c.path, c.j); // a fold's path is its own
+    for (const c of C) if (c.kind === "fold") for (const m of c.members) C[m].fold = c.j;
+    for (const c of C) if (c.kind !== "chunk" && !byPath.has(c.path)) byPath.set(c.path, c.j);
+    for (const c of C) if (c.kind === "fold") byPath.set(c.path, c.j); // a fold's path is its own
     T.containers = performance.now();
   }
 
@@ -135,7 +141,7 @@
       }
       const p = c.parent;
       if (status[p] !== -1) { status[j] = status[p]; continue; }
-      if (C[p].kind === "f" && !unfolded[p]) { status[j] = SUM + p; continue; } // a chunk of it
+      if (C[p].kind === "fold" && !unfolded[p]) { status[j] = SUM + p; continue; } // a chunk of it
       status[j] = expanded[j] ? -1 : BOX + j;
       drawnParent[j] = p;
     }
@@ -175,9 +181,9 @@
   }
   function modulePathOf(i) {
     const info = nodeInfo[i];
-    if (info && info.m) return info.m;
+    if (info && info[K.module]) return info[K.module];
     let j = nodeC[i];
-    while (j > 0 && C[j].kind === "k") j = C[j].parent;
+    while (j > 0 && C[j].kind === "chunk") j = C[j].parent;
     return C[j].path;
   }
   function leafLabel(i) {
@@ -189,29 +195,29 @@
     const kind = KINDS[nodeKind[i]], info = nodeInfo[i] || {};
     if (kind === "leaf" || kind === "output") {
       const lines = [leafLabel(i)];
-      if (info.t) lines.push(shapeText(info.t[TF.shape]));
-      if (info.mem) lines.push(info.mem);
+      if (info[K.tensor]) lines.push(shapeText(info[K.tensor][TF.shape]));
+      if (info[K.memory]) lines.push(info[K.memory]);
       return lines;
     }
     if (kind === "module") {
-      const b = info.box || [];
+      const b = info[K.box] || [];
       return [nodeName[i], (b[BF.cls] ? b[BF.cls] + " · " : "") + (b[BF.nodes] || 0) + " nodes", "saved " + fmtBytes(b[BF.saved_bytes] || 0)];
     }
-    const lines = [(info.o !== undefined ? "#" + info.o + " " : "") + nodeName[i]];
+    const lines = [(info[K.order] !== undefined ? "#" + info[K.order] + " " : "") + nodeName[i]];
     if (kind === "custom") lines.push("(custom Function)");
-    if (toggles.shapes && info.sh) lines.push("→ " + shapeText(info.sh));
-    if (info.mem) lines.push(info.mem);
-    if (info.fwd) lines.push(info.fwd + " first made here, in the forward");
-    if (info.bad) {
-      lines.push((info.first ? "first " : "") + info.bad + " gradient");
-      if (info.at && info.first) lines.push(...locationLines(info.at));
+    if (toggles.shapes && info[K.shape]) lines.push("→ " + shapeText(info[K.shape]));
+    if (info[K.memory]) lines.push(info[K.memory]);
+    if (info[K.forward_nonfinite]) lines.push(info[K.forward_nonfinite] + " first made here, in the forward");
+    if (info[K.nonfinite]) {
+      lines.push((info[K.first_nonfinite] ? "first " : "") + info[K.nonfinite] + " gradient");
+      if (info[K.created_at] && info[K.first_nonfinite]) lines.push(...locationLines(info[K.created_at]));
     }
     return lines;
   }
   function boxLines(j) {
     const c = C[j];
-    if (c.kind === "k") return [c.label, c.range + " · click to open"];
-    const head = c.kind === "f" ? c.label + " (" + c.members.length + " alike)" : c.label;
+    if (c.kind === "chunk") return [c.label, c.range + " · click to open"];
+    const head = c.kind === "fold" ? c.label + " (" + c.members.length + " alike)" : c.label;
     return [head, (c.cls ? c.cls + " · " : "") + c.count + " nodes", "saved " + fmtBytes(c.bytes)];
   }
   function summaryLines(f) {
@@ -224,15 +230,15 @@
   function frameTitle(j) {
     const c = C[j];
     if (j === 0) return "";
-    if (c.kind === "f") return "− " + c.label + ": " + (c.cls || "?") + " — " + (unfolded[j]
+    if (c.kind === "fold") return "− " + c.label + ": " + (c.cls || "?") + " — " + (unfolded[j]
       ? "all " + c.members.length + " drawn" : C[c.members[0]].label + " drawn, " + (c.members.length - 1) + " alike summarised");
-    if (c.kind === "k") return "− " + c.label + " · " + c.range;
+    if (c.kind === "chunk") return "− " + c.label + " · " + c.range;
     return "− " + c.label + (c.cls ? ": " + c.cls : "");
   }
   function savedBoxes(i) { // [lines, w] of each saved tensor drawn next to its node
     const info = nodeInfo[i];
-    if (!toggles.saved || !info || !info.s || KINDS[nodeKind[i]] === "module") return null;
-    return info.s.map((s) => {
+    if (!toggles.saved || !info || !info[K.saved] || KINDS[nodeKind[i]] === "module") return null;
+    return info[K.saved].map((s) => {
       const lines = [s[SF.name], s[SF.freed] ? "freed" : shapeText(s[SF.shape])];
       return { lines, w: 10 + CW * Math.max(...lines.map((l) => l.length)), freed: !!s[SF.freed] };
     });
@@ -436,17 +442,33 @@
       });
     }
     const edges = [];
-    const follow = (pts, j, r) => { // a route of container j, in page coordinates
+    // A route of container j, in page coordinates; skip: leave out its first point.
+    const follow = (pts, j, r, skip) => {
       const [ox, oy] = origin.get(j); // results are shared by identical containers: their own origin
       const flat = byJob.get(j).p[r] || [];
-      for (let q = 0; q < flat.length; q += 2) pts.push(ox + flat[q], oy + flat[q + 1]);
+      for (let q = skip ? 2 : 0; q < flat.length; q += 2) pts.push(ox + flat[q], oy + flat[q + 1]);
     };
+    const routeStart = (j, r) => { const [ox] = origin.get(j), flat = byJob.get(j).p[r] || []; return flat.length ? ox + flat[0] : null; };
+    // Where a route crosses an open container's frame, the layout outside it ends on the frame's
+    // outline, wherever the line to its centre meets it (often a side): the edge would cut back
+    // across the frame to its port. It leaves by the exit port straight down through the bottom,
+    // and enters straight down through the top to the entry port.
     for (const e of view.edges) {
       const a = view.items.get(e.a), b = view.items.get(e.b);
       const pts = [a.x + (a.cw || a.w) / 2, a.y + a.h];
-      for (let q = 0; q < e.up.length; q += 2) follow(pts, e.up[q], e.up[q + 1]);
-      follow(pts, e.lca, e.route);
-      for (let q = e.down.length - 2; q >= 0; q -= 2) follow(pts, e.down[q], e.down[q + 1]);
+      let out = false; // the last point is an exit port: the next route's outline point is replaced
+      for (let q = 0; q < e.up.length; q += 2) {
+        follow(pts, e.up[q], e.up[q + 1], out);
+        const f = view.items.get(BOX + e.up[q]);
+        pts.push(pts[pts.length - 2], f.y + f.h);
+        out = true;
+      }
+      follow(pts, e.lca, e.route, out);
+      for (let q = e.down.length - 2; q >= 0; q -= 2) {
+        const f = view.items.get(BOX + e.down[q]), x = routeStart(e.down[q], e.down[q + 1]);
+        if (x !== null) { pts.length -= 2; pts.push(x, f.y); } // the outline point -> the top, above the port
+        follow(pts, e.down[q], e.down[q + 1], false);
+      }
       pts.push(b.x + (b.cw || b.w) / 2, b.y);
       if (pts.length > 4) { pts.splice(2, 2); pts.splice(pts.length - 4, 2); } // ends: the boxes' own
       e.pts = pts;
@@ -566,13 +588,13 @@
   function fillOf(it) {
     const key = it.key;
     if (key >= SUM) return COLORS.folded;
-    if (key >= BOX) return C[key - BOX].kind === "f" ? COLORS.folded : COLORS.module;
+    if (key >= BOX) return C[key - BOX].kind === "fold" ? COLORS.folded : COLORS.module;
     const kind = KINDS[nodeKind[key]], info = nodeInfo[key] || {};
-    if (info.diff) return DIFF_COLORS[info.diff];
-    if (info.bad) return info.first ? COLORS.bad : COLORS.bad_other;
-    if (info.fwd) return COLORS.bad_other;
-    if (kind === "module") return info.box && info.box[BF.repeat] ? COLORS.folded : COLORS.module;
-    if (kind === "output" && info.base) return COLORS.base;
+    if (info[K.diff]) return DIFF_COLORS[info[K.diff]];
+    if (info[K.nonfinite]) return info[K.first_nonfinite] ? COLORS.bad : COLORS.bad_other;
+    if (info[K.forward_nonfinite]) return COLORS.bad_other;
+    if (kind === "module") return info[K.box] && info[K.box][BF.repeat] ? COLORS.folded : COLORS.module;
+    if (kind === "output" && info[K.view_base]) return COLORS.base;
     return COLORS[kind] || COLORS.op;
   }
   function hiddenByPath(it) {
@@ -597,13 +619,13 @@
     for (const f of q.f) {
       if (toggles.pathOnly && related) continue;
       const j = f.key - BOX;
-      c.fillStyle = C[j].kind === "f" ? "rgba(255,236,139,0.16)" : "rgba(228,233,246,0.45)";
+      c.fillStyle = C[j].kind === "fold" ? "rgba(255,236,139,0.16)" : "rgba(228,233,246,0.45)";
       c.fillRect(f.x, f.y, f.w, f.h);
-      c.strokeStyle = C[j].kind === "f" ? "#b8a040" : "#8890a8"; c.lineWidth = lw;
-      c.setLineDash(C[j].kind === "k" ? [2 / v.k, 3 / v.k] : [5 / v.k, 3 / v.k]);
+      c.strokeStyle = C[j].kind === "fold" ? "#b8a040" : "#8890a8"; c.lineWidth = lw;
+      c.setLineDash(C[j].kind === "chunk" ? [2 / v.k, 3 / v.k] : [5 / v.k, 3 / v.k]);
       c.strokeRect(f.x, f.y, f.w, f.h);
       c.setLineDash([]);
-      c.fillStyle = C[j].kind === "f" ? "#f5e7a8" : "#dde3f0";
+      c.fillStyle = C[j].kind === "fold" ? "#f5e7a8" : "#dde3f0";
       c.fillRect(f.x, f.y, f.w, 17);
       if (text) {
         c.fillStyle = "#223";
@@ -710,7 +732,7 @@
     const over = (r, x, y, w, h) => r.x < x + w && x < r.x + r.w && r.y < y + h && y < r.y + r.h;
     const hits = (r) => cells(r, (id) => {
       const cell = s.grid.get(id);
-      if (cell) for (const it of cell.n) if (over(r, it.x, it.y, it.cw || it.w, it.h)) return true;
+      if (cell) for (const it of cell.n) if (over(r, it.x, it.y, it.w, it.h)) return true; // with its saved boxes
       for (const o of taken.get(id) || []) if (over(r, o.x, o.y, o.w, o.h)) return true;
       return false;
     });
@@ -890,7 +912,7 @@
   // The one-line note: while anything is closed or summarised, every way to see more.
   function updateNote() {
     let hidden = false;
-    for (let j = 1; j < M && !hidden; j++) hidden = status[j] !== -1 || (C[j].kind === "f" && !unfolded[j]);
+    for (let j = 1; j < M && !hidden; j++) hidden = status[j] !== -1 || (C[j].kind === "fold" && !unfolded[j]);
     const parts = [];
     if (DIFF) parts.push("Diff a → b: " + DIFF.summary + ".");
     if (cropped) parts.push("Shown at a readable size, not whole: drag or use the minimap (bottom right) " +
@@ -944,7 +966,7 @@
     if (D.first >= 0 && scene) return visOf(D.first);
     if (DIFF && scene) { // a diff: the change drawn highest
       let best = null;
-      for (const it of scene.nodes) if (it.key < N && nodeInfo[it.key] && nodeInfo[it.key].diff && (!best || it.y < best.y)) best = it;
+      for (const it of scene.nodes) if (it.key < N && nodeInfo[it.key] && nodeInfo[it.key][K.diff] && (!best || it.y < best.y)) best = it;
       if (best) return best.key;
     }
     return -1;
@@ -1000,7 +1022,7 @@
   function openTo(j) { // make container j drawn (not hidden in a box or a summary)
     for (const a of chainOf(j)) {
       if (a === j) break;
-      if (C[a].kind === "f" && C[a].members[0] !== memberOf(j, a)) unfolded[a] = 1;
+      if (C[a].kind === "fold" && C[a].members[0] !== memberOf(j, a)) unfolded[a] = 1;
       expanded[a] = 1;
     }
   }
@@ -1022,7 +1044,7 @@
     opts = opts || {};
     const before = screenOf(BOX + j) || (C[j].fold >= 0 ? screenOf(SUM + C[j].fold) : null);
     openTo(j);
-    if (C[j].kind === "f") unfolded[j] = opts.unfold === undefined ? unfolded[j] : opts.unfold ? 1 : 0;
+    if (C[j].kind === "fold") unfolded[j] = opts.unfold === undefined ? unfolded[j] : opts.unfold ? 1 : 0;
     expanded[j] = 1;
     return refresh((s) => {
       const it = s.items.get(BOX + j);
@@ -1035,7 +1057,7 @@
   }
   function collapseContainer(j) {
     const before = screenOf(BOX + j);
-    if (C[j].kind === "f" && unfolded[j]) unfolded[j] = 0; // fold first, then close
+    if (C[j].kind === "fold" && unfolded[j]) unfolded[j] = 0; // fold first, then close
     else expanded[j] = 0;
     if (j === 0) expanded[0] = 1;
     return refresh((s) => {
@@ -1124,41 +1146,47 @@
     const path = modulePathOf(i);
     row(t, "module", path || "(root)");
     let j = nodeC[i];
-    while (j > 0 && C[j].kind !== "m") j = C[j].parent;
+    while (j > 0 && C[j].kind !== "module") j = C[j].parent;
     if (j > 0 && C[j].cls) row(t, "class", C[j].cls);
-    if (info.t) { row(t, "shape", shapeText(info.t[TF.shape])); row(t, "dtype", info.t[TF.dtype] + " on " + info.t[TF.device]); }
-    else if (info.sh) row(t, "output shape", shapeText(info.sh));
-    if (info.o !== undefined) row(t, "backward order", "#" + info.o + " (0 ran first)");
-    if (info.mem) row(t, "memory", info.mem);
-    if (info.box) { row(t, "class", info.box[BF.cls]); row(t, "nodes", String(info.box[BF.nodes])); row(t, "saved", fmtBytes(info.box[BF.saved_bytes])); }
-    if (info.region) row(t, "torch.compile region", info.region[RF.ops] + " aten ops drawn" + (info.region[RF.note] ? "; " + info.region[RF.note] : ""));
-    if (info.fwd) {
-      const f = section("non-finite forward", "bad");
-      row(f, "forward output", info.fwd + ": the first op whose forward output was non-finite");
+    const tensor = info[K.tensor], box = info[K.box], region = info[K.compiled];
+    if (tensor) { row(t, "shape", shapeText(tensor[TF.shape])); row(t, "dtype", tensor[TF.dtype] + " on " + tensor[TF.device]); }
+    else if (info[K.shape]) row(t, "output shape", shapeText(info[K.shape]));
+    if (info[K.order] !== undefined) row(t, "backward order", "#" + info[K.order] + " (0 ran first)");
+    for (const [, key, label] of SHOWN_AS_IS) {
+      const v = info[key];
+      if (v !== undefined && v !== null) row(t, label, typeof v === "string" ? v : JSON.stringify(v));
     }
-    if (info.bad) {
+    if (box) { row(t, "class", box[BF.cls]); row(t, "nodes", String(box[BF.nodes])); row(t, "saved", fmtBytes(box[BF.saved_bytes])); }
+    if (region) row(t, "torch.compile region", region[RF.ops] + " aten ops drawn" + (region[RF.note] ? "; " + region[RF.note] : ""));
+    if (info[K.forward_nonfinite]) {
+      const f = section("non-finite forward", "bad");
+      row(f, "forward output", info[K.forward_nonfinite] + ": the first op whose forward output was non-finite");
+    }
+    if (info[K.nonfinite]) {
       const b = section("non-finite gradient", "bad");
-      row(b, "gradient", info.bad + (info.first ? " (the first in engine order)" : ""));
-      if (info.at) row(b, "forward line", info.at);
-    } else if (info.at) row(t, "forward line", info.at);
-    if (info.s && info.s.length) {
-      const total = info.s.reduce((a, s) => a + (s[SF.freed] ? 0 : s[SF.nbytes]), 0);
+      row(b, "gradient", info[K.nonfinite] + (info[K.first_nonfinite] ? " (the first in engine order)" : ""));
+      if (info[K.created_at]) row(b, "forward line", info[K.created_at]);
+    } else if (info[K.created_at]) row(t, "forward line", info[K.created_at]);
+    const saved = info[K.saved];
+    if (saved && saved.length) {
+      const total = saved.reduce((a, s) => a + (s[SF.freed] ? 0 : s[SF.nbytes]), 0);
       const st = section("saved tensors (" + fmtBytes(total) + ")", "saved");
       const head = document.createElement("tr");
       for (const h of ["name", "shape", "dtype", "bytes"]) { const th = document.createElement("th"); th.textContent = h; head.appendChild(th); }
       st.appendChild(head);
       const LIMIT = 300;
-      for (const s of info.s.slice(0, LIMIT)) {
+      for (const s of saved.slice(0, LIMIT)) {
         const tr = document.createElement("tr");
         const bytes = s[SF.freed] ? "freed" : s[SF.nbytes] + " B (" + fmtBytes(s[SF.nbytes]) + ")";
         for (const val of [s[SF.name], shapeText(s[SF.shape]), s[SF.dtype] || "", bytes]) { const td = document.createElement("td"); td.textContent = val; tr.appendChild(td); }
         st.appendChild(tr);
       }
-      if (info.s.length > LIMIT) { const p = document.createElement("p"); p.textContent = "… and " + (info.s.length - LIMIT) + " more"; detailsEl.appendChild(p); }
+      if (saved.length > LIMIT) { const p = document.createElement("p"); p.textContent = "… and " + (saved.length - LIMIT) + " more"; detailsEl.appendChild(p); }
     }
-    if (info.a) {
+    const attrs = info[K.attrs];
+    if (attrs) {
       const at = section("attributes");
-      for (const k of Object.keys(info.a).sort()) row(at, k, info.a[k]);
+      for (const k of Object.keys(attrs).sort()) row(at, k, attrs[k]);
     }
     const edges = section("gradient edges");
     let shown = 0;
@@ -1172,13 +1200,13 @@
   }
   function showContainer(j) {
     const c = C[j];
-    header(c.kind === "k" ? c.label : c.path || "(model)");
-    const t = section(c.kind === "f" ? "repeated layers" : c.kind === "k" ? "part of a long run" : "module");
-    row(t, "kind", { m: "module", f: "fold (identical consecutive layers)", k: "chunk", r: "model" }[c.kind]);
-    if (c.kind !== "k") row(t, "module", c.path || "(root)");
+    header(c.kind === "chunk" ? c.label : c.path || "(model)");
+    const t = section(c.kind === "fold" ? "repeated layers" : c.kind === "chunk" ? "part of a long run" : "module");
+    row(t, "kind", { module: "module", fold: "fold (identical consecutive layers)", chunk: "chunk", root: "model" }[c.kind]);
+    if (c.kind !== "chunk") row(t, "module", c.path || "(root)");
     else row(t, "nodes from … to", c.range);
     if (c.cls) row(t, "class", c.cls);
-    if (c.kind === "f") row(t, "members", c.members.length + " (" + C[c.members[0]].label + " … " + C[c.members[c.members.length - 1]].label + ")");
+    if (c.kind === "fold") row(t, "members", c.members.length + " (" + C[c.members[0]].label + " … " + C[c.members[c.members.length - 1]].label + ")");
     row(t, "nodes", String(c.count));
     row(t, "saved", c.bytes + " B (" + fmtBytes(c.bytes) + ")");
     row(t, "state", status[j] === -1 ? "open (click its title to close)" : "closed (click to open)");
@@ -1541,7 +1569,7 @@
   if (D.first >= 0) {
     const b = $("first-bad");
     b.hidden = false;
-    b.textContent = "Go to first " + (nodeInfo[D.first] && nodeInfo[D.first].bad === "inf" ? "Inf" : "NaN");
+    b.textContent = "Go to first " + (nodeInfo[D.first] && nodeInfo[D.first][K.nonfinite] === "inf" ? "Inf" : "NaN");
     b.addEventListener("click", goFirst);
   }
 
@@ -1550,8 +1578,8 @@
     const noDepth = OPT.depth === null || OPT.depth === undefined;
     if (OPT.full || (noDepth && N <= OPT.budget && !OPT.fold_always)) { expanded.fill(1); unfolded.fill(1); return; }
     if (OPT.depth !== null && OPT.depth !== undefined) {
-      for (const c of C) if (c.kind === "m" && c.depth < OPT.depth) expanded[c.j] = 1;
-      for (const c of C) if (c.kind === "f" && c.depth <= OPT.depth) expanded[c.j] = 1;
+      for (const c of C) if (c.kind === "module" && c.depth < OPT.depth) expanded[c.j] = 1;
+      for (const c of C) if (c.kind === "fold" && c.depth <= OPT.depth) expanded[c.j] = 1;
     }
     // breadth-first, open what fits the budget (a folded fold costs two boxes)
     const budget = OPT.budget;
@@ -1563,7 +1591,7 @@
       const j = queue[q];
       for (const k of drawnKids(j)) {
         if (status[k] === -1) { queue.push(k); continue; }
-        if (OPT.depth !== null && OPT.depth !== undefined && C[k].kind === "m" && C[k].depth >= OPT.depth) continue;
+        if (OPT.depth !== null && OPT.depth !== undefined && C[k].kind === "module" && C[k].depth >= OPT.depth) continue;
         const cost = directCount(k) - 1;
         if (shown + cost > budget) continue;
         expanded[k] = 1; shown += cost;
@@ -1574,12 +1602,12 @@
   }
   function drawnKids(j) {
     const c = C[j];
-    if (c.kind === "f" && !unfolded[j]) return [c.members[0]];
+    if (c.kind === "fold" && !unfolded[j]) return [c.members[0]];
     return c.kids;
   }
   function directCount(j) {
     const c = C[j];
-    if (c.kind === "f" && !unfolded[j]) return 2;
+    if (c.kind === "fold" && !unfolded[j]) return 2;
     return c.nodes.length + c.kids.length;
   }
 
@@ -1592,7 +1620,7 @@
   // ------------------------------------------------------------------ window.gradscope
   function findContainer(path) {
     if (byPath.has(path)) return byPath.get(path);
-    for (const c of C) if (c.label === path || (c.kind === "f" && c.path + " x" + c.members.length === path)) return c.j;
+    for (const c of C) if (c.label === path || (c.kind === "fold" && c.path + " x" + c.members.length === path)) return c.j;
     return -1;
   }
   const api = {
@@ -1601,12 +1629,12 @@
     expand(path) {
       const j = findContainer(path);
       if (j < 0) return Promise.reject(new Error("no module " + JSON.stringify(path)));
-      return expandContainer(j, { unfold: C[j].kind === "f" ? true : undefined }).then(() => undefined);
+      return expandContainer(j, { unfold: C[j].kind === "fold" ? true : undefined }).then(() => undefined);
     },
     collapse(path) {
       const j = findContainer(path);
       if (j < 0) return Promise.reject(new Error("no module " + JSON.stringify(path)));
-      expanded[j] = 0; if (C[j].kind === "f") unfolded[j] = 0;
+      expanded[j] = 0; if (C[j].kind === "fold") unfolded[j] = 0;
       if (j === 0) expanded[0] = 1;
       return refresh(null).then(() => undefined);
     },
@@ -1632,9 +1660,10 @@
     exportSvg: () => viewSvg(),
     stats: () => ({ readyMs, drawnMs, timings: T, phases, bounds: scene ? scene.bounds : null, layoutMs, jobs: lastLayoutJobs, drawMs: lastDrawMs, worker: !!worker, boxes: scene ? scene.nodes.length : 0, frames: scene ? scene.frames.length : 0, edges: scene ? scene.edges.length : 0 }),
     view: () => ({ ...view, width: cssW, height: cssH }),
-    // What is drawn, in page coordinates: boxes [key, x, y, w, h], edges {pts, label}.
+    // What is drawn, in page coordinates: boxes [key, x, y, w, h, w with the saved boxes beside
+    // it], edges {pts, label}.
     geometry: () => (scene ? {
-      boxes: scene.nodes.map((it) => [it.key < N ? nodeId[it.key] : it.key < SUM ? "box:" + C[it.key - BOX].path : "sum:" + C[it.key - SUM].path, it.x, it.y, it.cw || it.w, it.h]),
+      boxes: scene.nodes.map((it) => [it.key < N ? nodeId[it.key] : it.key < SUM ? "box:" + C[it.key - BOX].path : "sum:" + C[it.key - SUM].path, it.x, it.y, it.cw || it.w, it.h, it.w]),
       edges: scene.edges.map((e) => ({ a: e.a, b: e.b, pts: e.pts, label: edgeLabel(e) })),
     } : null),
     boxAt(id) { // where a node (or "box:path") is drawn now, in CSS pixels of the canvas

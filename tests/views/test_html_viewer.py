@@ -1,0 +1,130 @@
+"""Small promises of the viewer (issue 23, item 6), each checked in headless Chromium: with
+Shapes off a one-line box has no empty second line; a compiled page's legend has the dotted
+saved-activation row; folding the side panel or the legend is remembered across reloads."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import SAMPLES, run_cli
+from viewer_page import Page, embedded_data, launch_browser, traced
+
+#: A box's text: 11 px glyphs on 13 px lines in a box 6 px taller than its lines (viewer.js LH).
+LH, PAD = 13, 6
+
+
+@pytest.fixture(scope="module")
+def browser():
+    yield from launch_browser()
+
+
+def drawn_boxes(p: Page) -> list[dict]:
+    """Every node box of the current view (fitted whole first) as the page exports it: its
+    rect, its text lines and their baselines; saved-tensor boxes beside it are left out."""
+    p.page.click("#fit")
+    svg = p.js("gradscope.exportSvg()")
+    boxes: list[dict] = []
+    current = None
+    for line in svg.splitlines():
+        rect = re.match(r'<rect x="([^"]+)" y="([^"]+)" width="([^"]+)" height="([^"]+)" '
+                        r'fill="([^"]+)" stroke="#333"/>', line)
+        if rect:
+            x, y, w, h = (float(v) for v in rect.groups()[:4])
+            saved = current is not None and abs(y - (current["y"] + 1)) < 0.01 and x > current["x"]
+            current = None if saved else {"x": x, "y": y, "h": h, "lines": [], "base": []}
+            if current is not None:
+                boxes.append(current)
+            continue
+        text = re.match(r'<text x="[^"]+" y="([^"]+)" text-anchor="middle">(.*)</text>', line)
+        if text and current is not None:
+            current["base"].append(float(text.group(1)))
+            current["lines"].append(text.group(2))
+    return boxes
+
+
+def test_one_line_boxes_have_no_empty_line(browser, tmp_path: Path) -> None:
+    """Shapes off: a box of one text line is one line tall (Saved off), or as tall as the two-line
+    saved boxes beside it with its line in the middle (Saved on), never a line with an empty
+    one under it. Shapes on: an op whose output shape is known gets that second line."""
+    graph = traced("cnn.py")[0]
+    p = Page(browser, graph.save(tmp_path / "cnn.html", full=True))
+    p.js("gradscope.toggle('saved')")  # off: boxes as tall as their text
+    boxes = drawn_boxes(p)
+    assert len(boxes) == len(graph.nodes)
+    for b in boxes:
+        assert b["h"] == PAD + LH * len(b["lines"]), b
+        assert all(line.strip() for line in b["lines"]), b  # no empty line drawn
+    ones = [b for b in boxes if len(b["lines"]) == 1]
+    assert len(ones) > 20  # the ops of the cnn: one line each
+    p.js("gradscope.toggle('saved')")  # on: ops with saved tensors are two saved lines tall
+    tall = 0
+    for b in drawn_boxes(p):
+        if len(b["lines"]) != 1:
+            continue
+        assert b["h"] in (PAD + LH, PAD + 2 * LH), b
+        tall += b["h"] > PAD + LH
+        # the glyphs' middle (baseline - 4 px) at the box's middle, not a line above an empty one
+        assert abs(b["base"][0] - 4 - (b["y"] + b["h"] / 2)) < 3, b
+    assert tall > 10
+    p.js("gradscope.toggle('shapes')")
+    shaped = [b for b in drawn_boxes(p) if any(t.startswith("→ (") for t in b["lines"])]
+    assert len(shaped) > 10
+    for b in shaped:
+        assert b["h"] == PAD + LH * len(b["lines"]), b
+    p.close()
+
+
+def test_compiled_page_legend_has_the_saved_activation_row(browser, tmp_path: Path) -> None:
+    """samples/compiled.py through the CLI: the compiled region's saved activations are dotted
+    edges, and the legend says so; a page without them has no such row."""
+    out = tmp_path / "compiled.html"
+    proc = run_cli("render", str(SAMPLES / "compiled.py"), "--full", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    p = Page(browser, out)
+    legend = p.page.locator("#legend")
+    row = legend.locator(".row", has_text="saved activation (compiled)")
+    assert row.count() == 1
+    assert row.locator(".ln.dotted").count() == 1  # drawn as the edges are: dotted
+    style = row.locator(".ln").evaluate("(el) => getComputedStyle(el).borderTopStyle")
+    assert style == "dotted"
+    # the page has those edges: rows whose kind is "saved" (drawn dotted)
+    data = embedded_data(out.read_text(encoding="utf-8"))
+    saved = data["edge_kinds"].index("saved")
+    assert any(len(r) > 3 and r[3] == saved for r in data["edges"])
+    p.close()
+    plain = Page(browser, traced("mlp.py")[0].save(tmp_path / "mlp.html"))
+    assert plain.page.locator("#legend .row", has_text="saved activation").count() == 0
+    plain.close()
+
+
+def folded(p: Page) -> dict:
+    return {"legend": p.page.is_visible("#legend"), "panel": p.page.is_visible("#side"),
+            "legend_pressed": p.page.get_attribute("#t-legend", "aria-pressed"),
+            "panel_pressed": p.page.get_attribute("#t-panel", "aria-pressed")}
+
+
+def reload(p: Page) -> None:
+    p.page.reload()
+    p.page.wait_for_function("() => window.gradscope !== undefined")
+    p.page.evaluate("gradscope.ready")
+
+
+def test_folded_panel_and_legend_are_remembered(browser, tmp_path: Path) -> None:
+    """Fold the legend, reload: still folded; fold the panel too, reload: both folded; show the
+    legend again (which opens the panel it lives in), reload: both shown."""
+    p = Page(browser, traced("mlp.py")[0].save(tmp_path / "mlp.html"))
+    shown = {"legend": True, "panel": True, "legend_pressed": "true", "panel_pressed": "true"}
+    assert folded(p) == shown
+    p.page.click("#t-legend")
+    reload(p)
+    assert folded(p) == shown | {"legend": False, "legend_pressed": "false"}
+    p.page.click("#t-panel")
+    reload(p)
+    assert folded(p) == {"legend": False, "panel": False, "legend_pressed": "false",
+                         "panel_pressed": "false"}
+    p.page.click("#t-legend")
+    reload(p)
+    assert folded(p) == shown
+    p.close()
