@@ -12,8 +12,8 @@ Ground truth never comes from gradscope's recorders:
 from __future__ import annotations
 
 import importlib.util
-import io
 import inspect
+import io
 import itertools
 import json
 import math
