@@ -15,7 +15,8 @@ parameters, ``Replayer.replay`` runs the micro-batch that went bad once more und
 ``record_forward(check_finite=True)`` and ``record_backward``, with the RNG states and autocast
 of the original forward, the buffers saved and put back, and ``torch.autograd.grad`` (no
 ``.grad`` is written). The run's RNG stream is restored afterwards, so training goes on
-bitwise as it would have without the replay.
+bitwise as it would have without the replay. ``gradscope.capture.incidents`` decides when
+to replay and turns what a replay found (a ``ReplayResult``) into an ``Incident``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from typing import Any
 
 import torch
 
-from ..errors import MonitorError
 from ..model.incident import OpInput
 from .compiled import compiling
 from .nest import iter_tensors
@@ -480,156 +480,3 @@ def _preserved(model: torch.nn.Module, cuda_devices: list[int]) -> Iterator[None
                     b.copy_(copy)
         for m, mode in modes:
             m.training = mode
-
-
-# ---------------------------------------------------------------------- the monitor's part
-class IncidentWatch:
-    """The incident side of a ``GradMonitor``: keeps the step's micro-batches (with
-    ``replay``), replays the first bad one before ``optimizer.step()``, and turns each new
-    event (gradients turning non-finite, the norm exploding) into one ``Incident``.
-
-    The monitor calls: ``after_backward`` (each backward of a logged step, with the device
-    norms), ``before_step`` (logged steps, at ``optimizer.step()``'s pre-hook, with the
-    norms it will record), ``record`` (each logged step's stats and new alerts; returns the
-    alerts with the origin named), ``end_step`` (every step boundary).
-    """
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        hook_target: torch.nn.Module,
-        params: Sequence[torch.Tensor],
-        norm_type: float,
-        replay: bool,
-        optimizer: Any,
-        loss_fn: Callable[..., Any] | None = None,
-    ) -> None:
-        if loss_fn is not None and not callable(loss_fn):
-            raise MonitorError(f"loss_fn= must be callable, got {type(loss_fn).__name__}")
-        self.norm_type = norm_type
-        self.incidents: list[Any] = []
-        self.replayer = Replayer(model, hook_target, params, loss_fn) if replay else None
-        self.no_replay = None
-        if not replay:
-            self.no_replay = "not replayed: the monitor was built with replay=False"
-        elif optimizer is None:
-            self.replayer = None
-            self.no_replay = (
-                "not replayed: without optimizer= the step ends when backward ends, where the "
-                "parameters may still change; pass optimizer= for a replay"
-            )
-        self.pending: ReplayResult | None = None
-        self.bad = False  # inside a non-finite event
-        self.last_good: dict[str, float] | None = None
-        self.hot = False  # the previous logged step raised an exploding alert
-        self.checked = False  # this step's gradients were finite when the backward ended
-
-    @property
-    def replaying(self) -> bool:
-        return self.replayer is not None and self.replayer.replaying
-
-    def watch(self, params: Sequence[torch.Tensor]) -> None:
-        """The monitor watches other parameters now (the model's were replaced or added)."""
-        if self.replayer is not None:
-            self.replayer.params = list(params)
-            self.replayer.clear()
-
-    def install(self) -> Callable[[], None]:
-        if self.replayer is None:
-            return lambda: None
-        return self.replayer.install()
-
-    def target(self, *values: Any) -> None:
-        if self.replayer is not None:
-            self.replayer.set_target(*values)
-
-    def add_run(self, run: Callable[[], Any]) -> None:
-        """A framework's own step for the next micro-batch (see ``Replayer.add_run``)."""
-        if self.replayer is not None:
-            self.replayer.add_run(run)
-
-    def after_backward(self, norms: torch.Tensor) -> None:
-        if self.replayer is not None and not self.replayer.replaying:
-            self.replayer.note_backward(norms)
-
-    def before_step(self, pending: Callable[[], Any], args: Any, kwargs: Any) -> Any:
-        """At ``optimizer.step()``'s pre-hook of a logged step (``pending()``: the monitor's
-        measurement, or None): if the gradients are not finite and the previous logged
-        step's were, replay now (parameters untouched yet). With ``step(closure)`` (the
-        backward runs inside the step: Lightning), the check runs when the closure returns:
-        returns the hook's new ``(args, kwargs)``, else None."""
-        if self.replayer is None or self.bad:
-            return None
-        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
-        if closure is None:
-            self.check(pending())
-            return None
-
-        def checked() -> Any:
-            loss = closure()
-            self.check(pending())
-            return loss
-
-        if "closure" in kwargs:
-            return args, dict(kwargs, closure=checked)
-        return (args[0], checked, *args[2:]), kwargs
-
-    def check(self, pending: Any) -> None:
-        """Replay now if ``pending`` (a measurement) holds non-finite gradients."""
-        if self.replayer is None or pending is None or self.bad:
-            return
-        # one host read more on a logged step: the replay must run before the step
-        total = float(pending.matrix[0].sum())
-        if math.isfinite(total):
-            self.checked = True
-            return
-        self.pending = self.replayer.replay()
-
-    def end_step(self) -> None:
-        if self.replayer is not None:
-            self.replayer.clear()
-
-    def record(self, st: Any, alerts: list[Any]) -> list[Any]:
-        """Make this logged step's incident, if it starts an event. Returns the alerts
-        unchanged (the views name the origin in the alert line: ``alert_line``)."""
-        from ..model.incident import Incident, changes
-
-        if st.skipped:
-            return alerts
-        norms = {n: ps.norm for n, ps in st.params.items()}
-        finite = math.isfinite(st.total_norm)
-        incident = None
-        if not finite and not self.bad:
-            res = self.pending or ReplayResult()
-            if self.pending is None:
-                res.note = self.no_replay or (
-                    "not replayed: the gradients were finite when the backward ended and "
-                    "turned non-finite after it (changed by hand or by a hook)"
-                    if self.checked
-                    else "not replayed: the gradients were set outside a backward of this step"
-                )
-            incident = Incident(
-                step=st.step, kind="nonfinite", phase=res.phase, op=res.op, module=res.module,
-                line=res.line, code=res.code, value=res.value, inputs=res.inputs,
-                changes=changes(self.last_good, norms, self.norm_type),
-                micro_batch=res.micro_batch, replayed=res.replayed, note=res.note,
-            )
-        elif (  # growth needs a good step to grow from
-            finite and not self.hot and self.last_good is not None
-            and any(a.kind == "exploding" for a in alerts)
-        ):
-            incident = Incident(
-                step=st.step, kind="exploding",
-                changes=changes(self.last_good, norms, self.norm_type),
-                note="the step was not replayed (its gradients are finite): the modules whose "
-                "gradient norm grew most are listed",
-            )
-        self.pending = None
-        self.checked = False
-        self.bad = not finite
-        self.hot = any(a.kind == "exploding" for a in alerts)  # one incident per explosion
-        if finite and incident is None:
-            self.last_good = norms
-        if incident is not None:
-            self.incidents.append(incident)
-        return alerts

@@ -1,9 +1,12 @@
 """``GradMonitor``: per-parameter gradient statistics while a model trains.
 
 The package's parts: ``core`` (the public class, its hooks, the step boundary), ``checks``
-(set-up checks and unwrapping), ``measure`` (device figures and the step's one transfer, a
-named ``Packet``), ``stats`` (the statistics kernels), ``distributed`` (across processes),
-``records`` (host rows to plain records); the alert rules are ``gradscope.model.alerts``.
+(set-up checks and unwrapping), ``rewatch`` (the watched parameters read again when the model
+changes), ``measure`` (device figures and the packet of the step's one transfer, a named
+``Packet``), ``transfer`` (the end of a logged step: the transfer, the ``StepStats``, its
+record), ``stats`` (the statistics kernels), ``distributed`` (across processes), ``records``
+(host rows to plain records); the alert rules are ``gradscope.model.alerts``, the incidents
+``gradscope.capture.incidents`` (with the replay, ``gradscope.capture.replay``).
 
 Cost (see ``stats`` for the detail): a logged step reads the gradients once for the
 per-parameter norms (``torch._foreach_norm``) and moves one packed vector to the host; NaN and

@@ -1,19 +1,22 @@
 """``GradMonitor``: the public class, its hooks and the step boundary (see the package's
 docstring for which gradients a step measures and when it ends).
 
-The parts: ``checks`` (arguments, which parameters, unwrapping), ``measure`` (the device
-figures and the step's one transfer), ``stats`` (the kernels), ``distributed`` (across
-processes), ``records`` (host rows to ``ParamStats``); the alert rules are plain data in
-``gradscope.model.alerts``.
+What is here: the arguments kept, the hooks installed (post-accumulate-grad hooks, the
+optimizer's step pre/post hooks, the scaler's ``update``, one global forward hook pair), the
+step boundary (which hook ends a step, which measures it), the module and activation hooks of
+``modules=`` and ``activations=``, and the views (``report``, ``to_jsonl``...).
+
+The parts: ``checks`` (arguments, which parameters, unwrapping), ``rewatch`` (the parameters
+read again when the model changes), ``measure`` (the device figures and the packet of the
+step's one transfer), ``transfer`` (the end of a logged step: the transfer and the record),
+``stats`` (the kernels), ``distributed`` (across processes), ``records`` (host rows to
+``ParamStats``); the alert rules are plain data in ``gradscope.model.alerts``, the incidents
+in ``gradscope.capture.incidents``.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import json
-import math
 import warnings
-import weakref
 import zlib
 from collections.abc import Iterable
 from functools import partial
@@ -22,58 +25,29 @@ from typing import Any
 
 import torch
 
-from ...errors import GradscopeError, MonitorError, MonitorWarning, UnsupportedSetupError
+from ...errors import GradscopeError, MonitorWarning, UnsupportedSetupError
 from ...model.alerts import AlertRules
 from ...model.formats import renderer
 from ...model.incident import Incident
-from ...model.monitor import (
-    Alert,
-    DroppedSummary,
-    MonitorLog,
-    StepStats,
-    Thresholds,
-    log_header,
-    step_record,
-)
+from ...model.monitor import Alert, DroppedSummary, MonitorLog, StepStats, Thresholds
 from .. import compiled
 from ..handles import HookHandle
+from ..incidents import IncidentWatch
 from ..nest import iter_tensors
-from ..replay import IncidentWatch
 from .checks import (
     check_args,
     check_options,
     check_scaler,
-    check_tensor_type,
-    is_dtensor,
     open_stream,
     select_modules,
     select_params,
     unwrap_optimizer,
 )
-from .distributed import (
-    all_gather,
-    checksum,
-    combine_replicated,
-    describe,
-    initialised,
-    same_on_all_ranks,
-    sharding_of,
-    this_rank,
-    world_size,
-)
-from .measure import Measure, Packet, inverse_scale, measure, recheck
-from .records import module_stats, param_stats
-from .stats import (
-    MODULE_ROW,
-    NORM,
-    UPDATE_SAMPLE,
-    UpdateSample,
-    combine_shards,
-    local,
-    module_row,
-    pnorm,
-    sample_size,
-)
+from .distributed import initialised, sharding_of
+from .measure import Measure, inverse_scale, measure
+from .rewatch import first_forward, on_registration, refresh
+from .stats import UPDATE_SAMPLE, UpdateSample, local, module_row, sample_size
+from .transfer import finish
 
 #: logged steps kept in ``GradMonitor.history`` by default (older ones are summed up)
 HISTORY = 1000
@@ -86,24 +60,6 @@ _graph_task_id = torch._C._current_graph_task_id
 # the C++ guard behind torch.inference_mode(), without its Python wrapper
 _InferenceMode = torch._C._InferenceMode
 _wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-_on_parameter_registered = torch.nn.modules.module.register_module_parameter_registration_hook
-_on_module_registered = torch.nn.modules.module.register_module_module_registration_hook
-
-
-def _weak_global(register: Any, method: Any) -> Any:
-    """A global module hook that calls the bound ``method`` while its monitor lives: torch's
-    global hook tables never keep a monitor (and its model) alive, and a monitor dropped
-    without ``.remove()`` takes its hook with it when it is collected."""
-    ref = weakref.WeakMethod(method)
-
-    def hook(*args: Any) -> None:
-        bound = ref()
-        if bound is not None:
-            bound(*args)
-
-    handle = register(hook)
-    weakref.finalize(method.__self__, handle.remove)
-    return handle
 
 
 class GradMonitor:
@@ -202,6 +158,8 @@ class GradMonitor:
         self._patterns = None if params is None else (
             [params] if isinstance(params, str) else list(params)
         )
+        # the names still watched when the model changed in a way the monitor cannot follow
+        self._frozen: set[str] | None = None
         self.names = [n for n, _ in chosen]
         self._params = [p for _, p in chosen]
         self._numels = [p.numel() for p in self._params]
@@ -278,15 +236,15 @@ class GradMonitor:
         # a parameter or submodule registered anywhere (a re-assigned weight, an added layer)
         # marks the model as possibly changed: it is re-read before the next logged step
         self._changed = False
-        add(_weak_global(_on_parameter_registered, self._mark_changed))
-        add(_weak_global(_on_module_registered, self._mark_changed))
+        for handle in on_registration(self._mark_changed):
+            add(handle)
 
     def _mark_changed(self, *args: Any) -> None:
         self._changed = True
 
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
         if not self._checked_params and (compiled.unwrap(module) or module) is self._model:
-            self._first_forward(module, args)
+            first_forward(self)
 
     def _forward_done(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._incidents.replaying:  # the replay's forward is not a step's
@@ -399,7 +357,7 @@ class GradMonitor:
         self._pending = self._probe = self._sample = None
         if self._changed and self._checked_params and self._logged():
             self._changed = False
-            self._refresh()
+            refresh(self)
         self._incidents.end_step()
         if self._leak_check is None:
             return
@@ -407,96 +365,6 @@ class GradMonitor:
             if leak.step not in self._leak_alerted:
                 self._leak_alerted.add(leak.step)
                 self.alerts.append(Alert("leak", step, f"step {leak.step}", str(leak)))
-
-    def _refresh(self) -> None:
-        """Before a logged step, after a parameter or module was registered somewhere: watch
-        the parameters the model has now (replaced or added since the monitor started; a
-        warning names them)."""
-        model, wanted = self._model, self._wanted
-        current = [
-            (n, p) for n, p in model.named_parameters() if p.requires_grad and wanted(n)
-        ]
-        params = self._params
-        if len(current) == len(params) and all(
-            p is q for (_, p), q in zip(current, params, strict=True)
-        ):
-            return
-        self._rewatch(current)
-
-    def _wanted(self, name: str) -> bool:
-        patterns = self._patterns
-        return patterns is None or any(fnmatch.fnmatchcase(name, pat) for pat in patterns)
-
-    def _rewatch(self, current: list[tuple[str, torch.nn.Parameter]]) -> None:
-        before = dict(zip(self.names, self._params, strict=True))
-        now = dict(current)
-        replaced = [n for n, p in current if n in before and before[n] is not p]
-        added = [n for n, _ in current if n not in before]
-        removed = [n for n in self.names if n not in now]
-        what = "; ".join(
-            f"{label}: {', '.join(names)}"
-            for label, names in (("replaced", replaced), ("added", added), ("removed", removed))
-            if names
-        )
-        device = self._params[0].device
-        problem = None
-        if self._sharding is not None or any(is_dtensor(p) for _, p in current):
-            problem = "sharded (DTensor) parameters are not re-read while training"
-        elif any(p.device != device for _, p in current):
-            problem = f"some are not on {device}"
-        else:
-            try:
-                for name, p in current:
-                    if name in replaced or name in added:
-                        check_tensor_type(name, p)
-            except MonitorError as exc:
-                problem = str(exc)
-        if problem is not None:
-            warnings.warn(
-                f"GradMonitor: the model's parameters changed after it started ({what}); "
-                f"they are NOT watched ({problem}): build a new GradMonitor",
-                MonitorWarning,
-                stacklevel=4,
-            )
-            self._wanted = lambda name: name in before  # type: ignore[method-assign]
-            return
-        warnings.warn(
-            f"GradMonitor: the model's parameters changed after it started ({what}); "
-            f"watching the model's current ones from step {self.step} on",
-            MonitorWarning,
-            stacklevel=4,
-        )
-        self.names = [n for n, _ in current]
-        self._params = [p for _, p in current]
-        self._numels = [p.numel() for p in self._params]
-        self._numel_of.clear()
-        self._numel_of.update(zip(self.names, self._numels, strict=True))
-        self._seeds = [zlib.crc32(n.encode("utf-8", "surrogatepass")) for n in self.names]
-        self._sample_k = sample_size(self._numels, self.update_sample)
-        self._incidents.watch(self._params)  # the replay differentiates the current ones
-        if self._point == "backward":
-            for name, p in current:
-                if name in replaced or name in added:
-                    self._handles.add(p.register_post_accumulate_grad_hook(self._on_accumulate))
-
-    def _first_forward(self, module: torch.nn.Module, args: Any) -> None:
-        if self._checked_params:
-            return
-        current = dict(self._model.named_parameters())
-        for name, p in zip(self.names, self._params, strict=True):
-            now = current.get(name)
-            if now is not p and now is not None and not isinstance(now, torch.nn.Parameter):
-                # a tensor swapped in for one call (torch.func.functional_call: EMA weights,
-                # MAML): not a change of the model; look again at the next forward
-                return
-        self._checked_params = True
-        for name, p in zip(self.names, self._params, strict=True):
-            if current.get(name) is not p:
-                raise UnsupportedSetupError(
-                    f"parameter {name} of the model is no longer the tensor the GradMonitor "
-                    "was built on (fully_shard, .to() or a re-assignment replaced it); build "
-                    "the GradMonitor after wrapping and moving the model"
-                )
 
     def _on_accumulate(self, param: torch.Tensor) -> None:
         # one callback per backward: compare graph-task ids rather than keep a flag, so a
@@ -523,7 +391,7 @@ class GradMonitor:
             measured = self._measure("backward")
             self._incidents.after_backward(measured.matrix[0])
         if self.optimizer is None:
-            self._finish(measured, None)
+            finish(self, measured, None)
         else:
             self._pending = measured  # the last backward before the step counts
 
@@ -565,7 +433,7 @@ class GradMonitor:
             update = None
             if self._sample is not None and not skipped:
                 update = self._sample.rows(measured.cols)
-        self._finish(measured, update, skipped=skipped)
+        finish(self, measured, update, skipped=skipped)
 
     def _on_scaler_update(self) -> None:
         stepped, self._stepped = self._stepped, False
@@ -622,125 +490,9 @@ class GradMonitor:
     def _inverse_scale(self) -> torch.Tensor | None:
         return inverse_scale(self._scaler, self.optimizer)
 
-    # ------------------------------------------------------------------ one transfer
     def _needs_check(self) -> bool:
+        """Whether the ranks' holding the same gradients is still to be detected."""
         return self._sharding is None and self._replicated is None
-
-    def _finish(self, m: Measure, update: torch.Tensor | None, *, skipped: bool = False) -> None:
-        """Reduce across ranks, move everything to the host in ONE transfer, record the step."""
-        step = self.step
-        dist_on = initialised()
-        # a single process: nothing to combine (one rank is its own global)
-        replicas = dist_on and world_size() > 1
-        probe = self._probe if replicas else None
-        self._advance()
-        self._dp_probe = False  # only the first logged step is probed
-        mine = m.matrix.to(torch.float64)
-        if update is not None:
-            mine = torch.cat([mine, update])
-        sharding = self._sharding if dist_on else None
-        checking = replicas and self._needs_check()
-        rows, ncol = mine.shape
-        packet = Packet()
-        if sharding is not None:
-            packet.put("table", all_gather(mine, sharding.group), (sharding.world, rows, ncol))
-        else:
-            packet.put("table", mine, (rows, ncol))
-        if checking:
-            checks_ = [checksum(m.matrix[0])] + ([checksum(probe.matrix[0])] if probe else [])
-            width = 3 * len(checks_)
-            packet.put("checksums", all_gather(torch.cat(checks_), None), (world_size(), width))
-            if probe is not None:
-                packet.put("probe", probe.matrix, (probe.matrix.shape[0], len(probe.cols)))
-        mod_calls = [(i, c) for i, calls in enumerate(self._module_calls) for c in calls]
-        for calls in self._module_calls:
-            calls.clear()
-        if mod_calls:
-            packet.put(
-                "modules", torch.stack([c for _, c in mod_calls]), (len(mod_calls), MODULE_ROW)
-            )
-        flags, self._act_flags = self._act_flags, []
-        if flags:
-            packet.put("flags", torch.stack([f for _, f in flags]), (len(flags),))
-        host = packet.to_host()
-
-        kinds = ["norm"] + (["max", "sum", "sum"] if m.full else [])
-        kinds += ["norm2", "norm2"] if update is not None else []
-        scope: str | None = None
-        if sharding is not None:
-            per_rank = host["table"]
-            whole = combine_shards(per_rank, kinds, self.norm_type)
-            table = combine_replicated(whole, per_rank, sharding.sharded, m.cols)
-            scope = "global"
-            self.distributed = f"sharded (DTensor): shards combined over {sharding.world} ranks"
-        else:
-            table = host["table"]
-        if checking:
-            same = same_on_all_ranks(host["checksums"], 0)
-            if probe is not None and not same and same_on_all_ranks(host["checksums"], 3):
-                # the ranks all-reduce the gradients by hand after backward: from now on
-                # the step's gradients are the ones optimizer.step() is given
-                self._point = "optimizer"
-                m, same = probe, True
-                table = host["probe"] + (table[-2:] if update is not None else [])
-            scope = self._scope(same)
-        elif replicas and sharding is None:
-            scope = self._scope(bool(self._replicated))
-        mods: dict[int, list[list[float]]] = {}
-        for (i, _), row in zip(mod_calls, host.get("modules", ()), strict=True):
-            mods.setdefault(i, []).append(row)
-        first_bad = None
-        if flags:
-            first_bad = next(
-                (self._act_names[i] for (i, _), v in zip(flags, host["flags"], strict=True) if v),
-                None,
-            )
-        counts = recheck(m, self._params, table[NORM], self.norm_type, sharding)
-        if self._scaler is not None and self.optimizer is None:
-            # the scaler skips every step whose gradients are not all finite
-            skipped = any(not math.isfinite(v) for v in table[NORM])
-        params = param_stats(
-            self.names, self._numels, m.cols, table, counts, m.full, update is not None
-        )
-        modules = module_stats(self._module_names, mods, self.norm_type) if mods else {}
-        self._record(
-            StepStats(
-                step=step,
-                total_norm=pnorm([ps.norm for ps in params.values()], self.norm_type),
-                params=params,
-                modules=modules,
-                full=m.full,
-                skipped=skipped,
-                scope=scope,
-                measured_at=m.at,
-                forward_nonfinite=first_bad,
-            )
-        )
-
-    def _scope(self, same: bool) -> str:
-        how = "declared" if self._replicated is not None else "detected"
-        self.distributed = describe(same, how)
-        return "global" if same else f"rank {this_rank()}"
-
-    def _record(self, st: StepStats) -> None:
-        history = self.history
-        history.append(st)
-        alerts = self._incidents.record(st, self._rules.update(st))
-        if alerts:
-            self.alerts.extend(alerts)
-        if self._cap is not None and len(history) > self._cap:
-            for old in history[: len(history) - self._cap]:
-                self._dropped.add(old)
-            del history[: len(history) - self._cap]
-        if self._stream is not None and not self._stream.closed:
-            incs = self.incidents
-            incident = incs[-1] if incs and incs[-1].step == st.step else None
-            obj = step_record(st, self.alerts[self._streamed :], incident)
-            self._streamed = len(self.alerts)
-            if self._logged_steps == 1:
-                obj["log"] = log_header(self.log)
-            self._stream.write(json.dumps(obj, allow_nan=False) + "\n")
-            self._stream.flush()
 
     # ------------------------------------------------------------------ views
     def report(self, *, width: int = 24) -> Any:
