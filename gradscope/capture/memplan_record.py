@@ -32,6 +32,7 @@ from ..model.memplan import (
     ModuleRow,
     Storage,
 )
+from . import torchcompat
 from .memory import _HooksGuard, _leaf_base, _Listener
 from .nest import iter_tensors
 
@@ -116,16 +117,7 @@ class _Recorder(_Listener):
             guard.pop()
             post.remove()
             pre.remove()
-            # torch's handle forgets the with_kwargs flag of a global hook (2.13, 2.14): left
-            # there it makes every later torch.compile(module) warn about global hooks
-            flags = getattr(torch.nn.modules.module, "_global_forward_hooks_with_kwargs", None)
-            if isinstance(flags, dict):
-                flags.pop(post.id, None)
-            # torch's handle forgets the with_kwargs flag of a global hook (2.13, 2.14): left
-            # there it makes every later torch.compile(module) warn about global hooks
-            flags = getattr(torch.nn.modules.module, "_global_forward_hooks_with_kwargs", None)
-            if isinstance(flags, dict):
-                flags.pop(post.id, None)
+            torchcompat.forget_kwargs_flag(post)  # torch's handle leaves it behind
 
 
 def _flops_by_module(counts: dict[str, dict[Any, int]], model: torch.nn.Module) -> dict[str, int]:

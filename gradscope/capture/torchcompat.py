@@ -123,6 +123,16 @@ _hooks_pop: Any = _get(_AUTOGRAD, "_pop_saved_tensors_default_hooks")
 HAS_SAVED_HOOKS = None not in (_hooks_enabled, _hooks_push, _hooks_top, _hooks_pop)
 
 
+def forget_kwargs_flag(handle: Any) -> None:
+    """After ``handle.remove()`` of a global forward hook registered ``with_kwargs=True``: torch
+    (2.13, 2.14) leaves the hook's id in ``_global_forward_hooks_with_kwargs``, which makes every
+    later ``torch.compile(module)`` warn about global hooks. Drops it (nothing where the table
+    is absent)."""
+    flags = getattr(torch.nn.modules.module, "_global_forward_hooks_with_kwargs", None)
+    if isinstance(flags, dict):
+        flags.pop(handle.id, None)
+
+
 def saved_hooks_missing() -> str | None:
     """None when the saved-tensor hook stack can be used, else why not (one line)."""
     if HAS_SAVED_HOOKS:

@@ -16,11 +16,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("torchvision", reason="the outside-model tests need torchvision "
                     "(the torch 2.14.1 leg of scripts/test.sh installs it)")
 
+from conftest import reference_walk  # noqa: E402
 from gradscope_cli.main import app  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
@@ -77,26 +77,6 @@ def load(name: str):
     return mod, out
 
 
-def bfs(root: torch.Tensor) -> tuple[Counter, int]:
-    """Names of the backward nodes reachable from ``root`` over ``next_functions`` and the
-    number of edges between them."""
-    seen = set()
-    queue = [root.grad_fn]
-    names: Counter = Counter()
-    edges = 0
-    while queue:
-        fn = queue.pop()
-        if fn in seen:
-            continue
-        seen.add(fn)
-        names[type(fn).__name__] += 1
-        for nxt, _ in fn.next_functions:
-            if nxt is not None:
-                edges += 1
-                queue.append(nxt)
-    return names, edges
-
-
 def counts(graph: gs.Graph, keep=lambda n: True) -> tuple[Counter, int]:
     kinds = {"op", "custom", "accumulate"}
     ids = {n.id for n in graph.nodes if n.kind in kinds and keep(n)}
@@ -116,7 +96,7 @@ def test_render_loss_backward_matches_a_plain_walk(name, tmp_path):
     graph = gs.Graph.from_json(out.read_text())
     assert sum(1 for n in graph.nodes if n.order is not None) > 0  # backward was recorded
     mod, output = load(name)
-    names, edges = bfs(mod.loss_fn(output))
+    names, edges = reference_walk(mod.loss_fn(output))
     assert counts(graph) == (names, edges)
 
 
@@ -165,7 +145,7 @@ def test_compiled_torchvision_model_has_its_region_expanded(tmp_path, fresh_dyna
     assert any(n.name == "aten.convolution_backward.default" for n in inside)
     # outside the regions, the graph is autograd's own
     mod, output = load(COMPILED)
-    names, _ = bfs(mod.loss_fn(output))
+    names, _ = reference_walk(mod.loss_fn(output))
     ours, _ = counts(graph, keep=lambda n: n.region is None or n.region == n.id)
     assert ours == names
     code, tree, err = run("tree", path)
