@@ -21,22 +21,20 @@ from here too).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from ..errors import GradscopeError
 from ..model.memplan import (
     ActivationReport,
-    BudgetError,
     ModuleRow,
     Plan,
     Verification,
     parse_size,
 )
+from .memplan_apply import CheckpointHandle, apply_checkpoints
 from .memplan_measure import _measure, measure_forward
 from .memplan_record import LossFn, _preserved, _report
 from .nest import iter_tensors
@@ -165,66 +163,6 @@ def _with(row: ModuleRow, **changes: Any) -> ModuleRow:
 
 
 # ====================================================================== public: plans
-class _Checkpointed:
-    """A module's forward, run under a non-reentrant ``torch.utils.checkpoint``."""
-
-    def __init__(self, forward: Callable[..., Any]) -> None:
-        self.forward = forward
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return checkpoint(self.forward, *args, use_reentrant=False, **kwargs)
-
-
-class CheckpointHandle:
-    """What ``CheckpointPlan.apply`` installed; ``.remove()`` restores the model exactly
-    (idempotent; also a context manager)."""
-
-    def __init__(self) -> None:
-        self._undo: list[tuple[torch.nn.Module, bool, Any, _Checkpointed]] = []
-        self.removed = False
-
-    def remove(self) -> None:
-        undo, self._undo = self._undo, []
-        self.removed = True
-        for mod, had, previous, wrapper in reversed(undo):
-            if mod.__dict__.get("forward") is not wrapper:
-                continue  # replaced by someone else since: leave theirs
-            if had:
-                mod.__dict__["forward"] = previous
-            else:
-                del mod.__dict__["forward"]
-
-    def __enter__(self) -> CheckpointHandle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
-
-
-def apply_checkpoints(model: torch.nn.Module, modules: tuple[str, ...] | list[str]
-                      ) -> CheckpointHandle:
-    """Wrap each named submodule's forward in a non-reentrant checkpoint (an instance
-    attribute ``forward``; parameters, buffers, hooks and the state dict are untouched)."""
-    handle = CheckpointHandle()
-    try:
-        for path in modules:
-            try:
-                mod = model.get_submodule(path)
-            except AttributeError:
-                raise BudgetError(
-                    f"the plan names module {path!r}, which this model does not have"
-                ) from None
-            had = "forward" in mod.__dict__
-            previous = mod.__dict__.get("forward")
-            wrapper = _Checkpointed(mod.forward)
-            mod.__dict__["forward"] = wrapper
-            handle._undo.append((mod, had, previous, wrapper))
-    except BaseException:
-        handle.remove()
-        raise
-    return handle
-
-
 @dataclass(frozen=True)
 class CheckpointPlan(Plan):
     """A ``Plan`` that can be applied to the model and measured.

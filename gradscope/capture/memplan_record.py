@@ -73,6 +73,11 @@ class _Recorder(_Listener):
         self.inputs: dict[str, dict[Any, tuple[int, str]]] = {}
         self.held: list[torch.Tensor] = []  # detached aliases: input storages stay identifiable
         self.leaf_keys: set[Any] = set()
+        # per open call (and the root level): the last child call that ended in it, as
+        # (path, weak output, output's graph node, output_nr); transient, dropped at the call's end
+        self.frames: list[tuple[str | None, Any, Any, int] | None] = [None]
+        self.links: list[tuple[str, str, int, int]] = []  # (a, b, tag of a's node, b's node)
+        self.chain: dict[str, str] = {}  # the links the graph confirmed (``_check_links``)
 
     def path_stack(self) -> tuple[str, ...]:
         return tuple(p for _, p in self.stack if p is not None)
@@ -87,6 +92,7 @@ class _Recorder(_Listener):
     def pre(self, module: torch.nn.Module, args: Any) -> None:
         path = self.names.get(id(module))
         self.stack.append((id(module), path))
+        self.frames.append(None)
         if path is not None:
             if path not in self.calls:
                 self.order.append(path)
@@ -96,6 +102,8 @@ class _Recorder(_Listener):
         if not self.stack or self.stack[-1][0] != id(module):
             return
         _, path = self.stack.pop()
+        self.frames.pop()
+        self._chain(path, args, kwargs, output)
         if path is None:
             return
         kept = self.inputs.setdefault(path, {})
@@ -104,6 +112,21 @@ class _Recorder(_Listener):
             if key not in kept:
                 kept[key] = (nbytes, str(t.dtype).replace("torch.", ""))
                 self.held.append(t.detach())
+
+    def _chain(self, path: str | None, args: Any, kwargs: Any, output: Any) -> None:
+        """Note a candidate chain link: the previous call at this level handed its only output
+        to this call as its only argument (the graph check is ``_check_links``)."""
+        prev = self.frames[-1]
+        node = output.grad_fn if isinstance(output, torch.Tensor) else None
+        self.frames[-1] = (path, weakref.ref(output), node, output.output_nr) if (
+            node is not None and path is not None) else None
+        if (prev is None or node is None or path is None or kwargs or len(args) != 1
+                or args[0] is not prev[1]()):
+            return
+        tag_a, tag_b = _tag(prev[2]), _tag(node)
+        if tag_a is not None and tag_b is not None:
+            assert prev[0] is not None
+            self.links.append((prev[0], path, tag_a, tag_b))
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -118,6 +141,78 @@ class _Recorder(_Listener):
             post.remove()
             pre.remove()
             torchcompat.forget_kwargs_flag(post)  # torch's handle leaves it behind
+
+
+_TAG = "gradscope.memplan.chain"
+_tags = itertools.count(1)
+
+
+def _tag(node: Any) -> int | None:
+    """A number on ``node`` (in its ``metadata``), to find it again in the graph without
+    keeping it alive; None when this torch's nodes have no ``metadata``."""
+    meta = getattr(node, "metadata", None)
+    if not isinstance(meta, dict):
+        return None
+    if _TAG not in meta:
+        meta[_TAG] = next(_tags)
+    return int(meta[_TAG])
+
+
+def _check_links(rec: _Recorder, roots: list[Any]) -> dict[str, str]:
+    """The chain links the graph confirms: every use of ``a``'s output node in the graph is
+    inside ``b`` (reachable from ``b``'s output without passing ``a``'s), or ``b`` handed the
+    very tensor back; ``{a: b}``."""
+    if not rec.links:
+        return {}
+    wanted = {t for _, _, t, _ in rec.links} | {t for _, _, _, t in rec.links}
+    found: dict[int, Any] = {}
+    users: dict[int, list[Any]] = {}  # tag of a node -> the nodes that use it
+    seen: set[int] = set()
+    stack = [n for n in roots if n is not None]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        tag = _known_tag(node, wanted)
+        if tag is not None:
+            found[tag] = node
+        for child, _ in node.next_functions:
+            if child is None:
+                continue
+            child_tag = _known_tag(child, wanted)
+            if child_tag is not None:
+                users.setdefault(child_tag, []).append(node)
+            stack.append(child)
+    out: dict[str, str] = {}
+    for a, b, tag_a, tag_b in rec.links:
+        node_a, node_b = found.get(tag_a), found.get(tag_b)
+        if node_a is None or node_b is None:
+            continue
+        if node_a is node_b or _all_inside(users.get(tag_a, []), node_b, node_a):
+            out[a] = b
+    return out
+
+
+def _known_tag(node: Any, wanted: set[int]) -> int | None:
+    meta = getattr(node, "metadata", None)
+    tag = meta.get(_TAG) if isinstance(meta, dict) and meta else None
+    return tag if tag in wanted else None
+
+
+def _all_inside(users: list[Any], start: Any, stop: Any) -> bool:
+    """Every node of ``users`` is reachable from ``start`` without passing ``stop``."""
+    left = {id(u) for u in users}
+    seen: set[int] = {id(stop)}
+    stack = [start]
+    while stack and left:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        left.discard(id(node))
+        stack.extend(c for c, _ in node.next_functions if c is not None)
+    return not left
 
 
 def _flops_by_module(counts: dict[str, dict[Any, int]], model: torch.nn.Module) -> dict[str, int]:
@@ -181,9 +276,11 @@ def _record(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
             "forward ran under torch.no_grad): there are no activations to plan for"
         )
     flops = _flops_by_module(counter.get_flop_counts(), model)
+    rec.frames = [None]
     # the liveness of each save is read while the outputs (and their graph) are held
     alive = [s for s in rec.saves if s[3]() is not None]
     rec.saves = alive
+    rec.chain = _check_links(rec, [t.grad_fn for _, t in iter_tensors(root)])
     del root
     return rec, flops, out_keys
 
@@ -246,7 +343,7 @@ def _report(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
         modules[path] = ModuleInfo(
             path, rec.cls.get(path, "?"), rec.parent.get(path), rec.calls[path],
             tuple(ids[k] for k in rec.inputs.get(path, {})), flops.get(path, 0),
-            path in rec.in_container, path in rec.builtin,
+            path in rec.in_container, path in rec.builtin, _next_in_chain(rec, path),
         )
     total = sum(sizes[k] for k in ids if kind(k) == ACTIVATION and saves.get(k))
     inclusive: dict[str, int] = {}
@@ -262,6 +359,15 @@ def _report(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
                           modules[p].calls) for p in rec.order]
     del rec
     return rep
+
+
+def _next_in_chain(rec: _Recorder, path: str) -> str | None:
+    nxt = rec.chain.get(path)
+    if nxt is None or rec.calls.get(path) != 1 or rec.calls.get(nxt) != 1:
+        return None
+    if rec.parent.get(path) != rec.parent.get(nxt):
+        return None
+    return nxt
 
 
 def _fake_mode(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Any:

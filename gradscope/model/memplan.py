@@ -22,229 +22,29 @@ plan search works on it (``plan``).
 from __future__ import annotations
 
 import json
-import math
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import BudgetError
+from .memplan_types import (
+    ACTIVATION,
+    INPUT,
+    OUTPUT,
+    PARAM,
+    ModuleInfo,
+    ModuleRow,
+    Plan,
+    Storage,
+    Verification,
+    format_flops,
+    parse_size,
+)
 from .nodes import format_bytes
 
-ACTIVATION, PARAM, INPUT, OUTPUT = "activation", "param", "input", "output"
-
-
-# ====================================================================== sizes
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "kib": 1024,
-    "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
-    "g": 1000**3, "gb": 1000**3, "gib": 1024**3,
-    "t": 1000**4, "tb": 1000**4, "tib": 1024**4,
-}
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z%]*)\s*$")
-
-
-def parse_size(value: int | float | str, *, of: int | None = None) -> int:
-    """Bytes from ``value``: an int, or a string like ``"2GiB"``, ``"512 MB"``, ``"1e9"``;
-    ``"40%"`` is that share of ``of`` (the baseline) when ``of`` is given.
-
-    Example:
-        >>> parse_size("2GiB"), parse_size("1.5 kB"), parse_size("50%", of=300)
-        (2147483648, 1500, 150)
-    """
-    if isinstance(value, bool):
-        raise BudgetError(f"budget {value!r} is not a size; give bytes or a string like '2GiB'")
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value) or value < 0:
-            raise BudgetError(f"budget {value!r} must be a finite number of bytes, 0 or more")
-        return int(value)
-    m = _SIZE.match(str(value))
-    unit = m.group(2).lower() if m else None
-    if m is None or (unit not in _UNITS and unit != "%"):
-        raise BudgetError(
-            f"budget {value!r} is not a size; give bytes or a number with a unit "
-            "(B, KB, KiB, MB, MiB, GB, GiB, TB, TiB), or a share of the baseline like '50%'"
-        )
-    number = float(m.group(1))
-    if unit == "%":
-        if of is None:
-            raise BudgetError(
-                f"budget {value!r} is a share, but there is no baseline to take it of"
-            )
-        return int(of * number / 100.0)
-    return int(number * _UNITS[unit])
-
-
-# ====================================================================== records
-@dataclass(frozen=True, slots=True)
-class Storage:
-    """One storage the forward's graph (or a checkpoint) would hold at the end of the forward.
-
-    Attributes:
-        id: ``s0``, ``s1``... in the order first seen.
-        nbytes: bytes of the storage.
-        kind: ``activation`` (allocated by the forward, held only by the graph), ``param``
-            (a parameter or buffer), ``input`` (a tensor the model was called with) or
-            ``output`` (a storage of the outputs handed back); only activations count.
-        saves: one entry per save still held at the end of the forward: the module names
-            whose calls were running (outermost first; ``""`` is the model itself).
-        dtype: dtype of the first saved (or input) tensor on it.
-    """
-
-    id: str
-    nbytes: int
-    kind: str
-    saves: tuple[tuple[str, ...], ...]
-    dtype: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ModuleInfo:
-    """One module of the model, as the forward called it.
-
-    Attributes:
-        path: its name in ``named_modules()`` (``""``: the model).
-        cls: its class name.
-        parent: the name of the module it belongs to (None for the model).
-        calls: how many times the forward called it.
-        inputs: storage ids of the tensors its calls got (what a checkpoint of it keeps).
-        flops: forward FLOPs of all its calls, submodules included (``torch.utils.flop_counter``).
-        in_container: it is an item of an ``nn.ModuleList`` / ``nn.Sequential``.
-        builtin: its class is one of ``torch.nn``'s own (``Linear``, ``Sequential``...).
-    """
-
-    path: str
-    cls: str
-    parent: str | None
-    calls: int
-    inputs: tuple[str, ...]
-    flops: int
-    in_container: bool = False
-    builtin: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ModuleRow:
-    """One row of the report: a module called by the forward.
-
-    Attributes:
-        path: dotted module name (``""``: the model itself).
-        activation_bytes: activation bytes held at the end of the forward by saves made in
-            this module's calls (submodules included); a storage saved in several modules
-            counts for the first that saved it.
-        checkpoint_saves: bytes that wrapping this module alone in a non-reentrant checkpoint
-            frees (may be 0, or negative when the inputs it keeps were otherwise freed).
-        recompute_flops: its forward FLOPs (all calls): what the checkpoint recomputes.
-        calls: how many times the forward called it.
-        autocast_bytes: ``activation_bytes`` under autocast (when asked for).
-        scaled_bytes: ``activation_bytes`` extrapolated to a batch k times larger (when asked).
-    """
-
-    path: str
-    activation_bytes: int
-    checkpoint_saves: int
-    recompute_flops: int
-    calls: int = 1
-    autocast_bytes: int | None = None
-    scaled_bytes: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """A set of modules to checkpoint, and what it is predicted to give.
-
-    Attributes:
-        modules: module names to wrap in a non-reentrant checkpoint, none nested in another.
-        predicted: activation bytes held at the end of the forward under the plan.
-        baseline: the same without any checkpoint.
-        recompute_flops: forward FLOPs the backward recomputes (all calls of the modules).
-        budget: the budget the plan was chosen for (None: a given set of modules).
-        recompute_bytes: the most that one of its modules frees, i.e. about what the backward
-            brings back at once when it recomputes that module; the backward's peak is
-            about ``predicted + recompute_bytes`` (see ``ActivationReport.plan``).
-    """
-
-    modules: tuple[str, ...]
-    predicted: int
-    baseline: int
-    recompute_flops: int
-    budget: int | None = None
-    recompute_bytes: int = 0
-
-    @property
-    def saved(self) -> int:
-        """Bytes the plan frees compared with no checkpoint."""
-        return self.baseline - self.predicted
-
-    def summary(self) -> str:
-        what = (f"checkpoint {len(self.modules)} module{'s' * (len(self.modules) != 1)}"
-                if self.modules else "no checkpoint needed")
-        budget = f" (budget {format_bytes(self.budget)})" if self.budget is not None else ""
-        again = (f"; the largest module recomputed brings back about "
-                 f"{format_bytes(self.recompute_bytes)} at once" if self.modules else "")
-        return (f"{what}{budget}: activations {format_bytes(self.baseline)} -> "
-                f"{format_bytes(self.predicted)} predicted, recomputing "
-                f"{format_flops(self.recompute_flops)}{again}")
-
-    def render(self, verification: Verification | None = None,
-               every_block: Plan | None = None) -> Any:
-        """A rich renderable: the plan, its modules, "every block" beside it, the measurement."""
-        from .formats import renderer
-
-        return renderer("plan")(self, verification, every_block)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"modules": list(self.modules), "predicted": self.predicted,
-                "baseline": self.baseline, "recompute_flops": self.recompute_flops,
-                "budget": self.budget, "recompute_bytes": self.recompute_bytes}
-
-
-@dataclass(frozen=True, slots=True)
-class Verification:
-    """A plan applied and measured by means independent of the plan's own counting (the
-    profiler's CPU allocations, or CUDA allocator figures).
-
-    Attributes:
-        predicted / baseline: the plan's figures.
-        measured: bytes allocated by the forward under the plan and still held at its end
-            (outputs apart).
-        measured_baseline: the same without the plan.
-        method: how it was measured (``profiler`` or ``cuda``).
-    """
-
-    predicted: int
-    baseline: int
-    measured: int
-    measured_baseline: int
-    method: str
-    budget: int | None = None
-
-    @property
-    def error(self) -> float:
-        """(predicted - measured) / measured."""
-        return (self.predicted - self.measured) / self.measured if self.measured else 0.0
-
-    @property
-    def fits(self) -> bool | None:
-        return None if self.budget is None else self.measured <= self.budget
-
-    def summary(self) -> str:
-        fit = ""
-        if self.budget is not None:
-            fit = "; fits the budget" if self.fits else "; does NOT fit the budget"
-        return (f"measured ({self.method}): {format_bytes(self.measured_baseline)} without the "
-                f"plan, {format_bytes(self.measured)} with it; predicted "
-                f"{format_bytes(self.predicted)} ({100 * self.error:+.1f}%){fit}")
-
-
-def format_flops(n: int) -> str:
-    """``1.23 GFLOP`` and the like."""
-    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6),
-                        ("kFLOP", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} FLOP"
+__all__ = ["ACTIVATION", "INPUT", "OUTPUT", "PARAM", "ActivationReport", "BudgetError",
+           "ModuleInfo", "ModuleRow", "Plan", "Storage", "Verification", "format_flops",
+           "parse_size"]
 
 
 # ====================================================================== the report
@@ -296,32 +96,73 @@ class ActivationReport:
 
     def predict(self, modules: Iterable[str]) -> int:
         """Activation bytes held at the end of the forward when ``modules`` are checkpointed
-        (each storage once, the inputs the checkpoints keep included)."""
-        plan = set(modules)
-        unknown = plan - set(self.modules)
-        if unknown:
-            raise BudgetError(
-                f"no module {sorted(unknown)[0]!r} was called by the forward; known modules: "
-                + ", ".join(repr(p) for p in list(self.modules)[:8])
-            )
-        _check_antichain(plan)
-        held: set[str] = set()
-        if not plan:
+        (each storage once, the inputs the checkpoints keep included). An entry is a module
+        name or a segment (``conv1..bn1..relu``, see ``segments``)."""
+        units = self._units(modules)
+        if not units:
             return self.total
+        covered = {m for members in units.values() for m in members}
+        held: set[str] = set()
         for sid, _, saves in self._saved:
-            if any(not plan.intersection(stack) for stack in saves):
+            if any(covered.isdisjoint(stack) for stack in saves):
                 held.add(sid)
         calls = 0
-        for path in plan:
-            info = self.modules[path]
-            if not self._saves_inside(path):
+        for members in units.values():
+            if not any(self._saves_inside(m) for m in members):
                 continue  # nothing saved inside: the checkpoint keeps nothing alive
-            calls += info.calls
-            held.update(sid for sid in info.inputs if sid in self._counted)
+            first = self.modules[members[0]]
+            calls += first.calls
+            held.update(sid for sid in first.inputs if sid in self._counted)
         return sum(self._sizes[s] for s in held) + calls * self.overhead
+
+    def members(self, unit: str) -> tuple[str, ...]:
+        """The modules of a plan entry: ``(unit,)`` for a module name; for a segment
+        ``first..b..c`` the sibling modules ``first``, ``<parent>.b``, ``<parent>.c``, which the
+        forward called one after the other, each handing its output straight to the next.
+
+        Raises:
+            BudgetError: no such module, or the names are not such a chain.
+        """
+        parts = unit.split(SEGMENT)
+        parent = parts[0].rpartition(".")[0]
+        names = (parts[0], *(f"{parent}.{p}" if parent else p for p in parts[1:]))
+        for name in names:
+            if name not in self.modules:
+                raise BudgetError(
+                    f"no module {name!r} was called by the forward; known modules: "
+                    + ", ".join(repr(p) for p in list(self.modules)[:8])
+                )
+        for a, b in zip(names, names[1:]):
+            if self.modules[a].chain_next != b:
+                raise BudgetError(
+                    f"{unit!r} is no segment: the forward did not hand {a!r}'s output straight "
+                    f"to {b!r} and nothing else (segments: ActivationReport.segments())"
+                )
+        return names
+
+    def segments(self, longest: int = 16) -> list[str]:
+        """Every run of 2 to ``longest`` sibling modules that can be checkpointed as one: each
+        called once, one right after the other, each call's only argument the previous one's
+        only output, which nothing else in the graph used. A segment frees what the run saves
+        inside and keeps only the first module's inputs, where checkpointing its modules one
+        by one would keep each of their inputs (a stem's ``conv1..bn1..relu..maxpool``)."""
+        out: list[str] = []
+        for path, info in self.modules.items():
+            run = [path]
+            nxt = info.chain_next
+            while nxt is not None and len(run) < longest:
+                run.append(nxt)
+                out.append(segment_name(run))
+                nxt = self.modules[nxt].chain_next
+        return out
 
     def _saves_inside(self, path: str) -> bool:
         return path in self._has_saves
+
+    def _units(self, modules: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        units = {u: self.members(u) for u in dict.fromkeys(modules)}
+        _check_antichain([m for members in units.values() for m in members])
+        return units
 
     def checkpoint_saves(self, path: str) -> int:
         """Bytes that checkpointing ``path`` alone frees."""
@@ -330,11 +171,12 @@ class ActivationReport:
         return self._saves_cache[path]
 
     def flops(self, modules: Iterable[str]) -> int:
-        return sum(self.modules[p].flops for p in modules)
+        return sum(self.modules[m].flops for u in modules for m in self.members(u))
 
     def evaluate(self, modules: Iterable[str], budget: int | None = None) -> Plan:
         """The ``Plan`` of a given set of modules (none nested in another)."""
-        mods = tuple(sorted(set(modules), key=self._order().__getitem__))
+        order = self._order()
+        mods = tuple(sorted(set(modules), key=lambda u: order[self.members(u)[0]]))
         again = max((self.checkpoint_saves(m) for m in mods), default=0)
         return Plan(mods, self.predict(mods), self.total, self.flops(mods), budget, again)
 
@@ -466,9 +308,7 @@ class ActivationReport:
             order.append(node)
             stack.extend(children[node])
         for node in reversed(order):
-            front: list[_Point] = [(0, 0, ())]
-            for child in children[node]:
-                front = _merge(front, fronts[child])
+            front = self._children_front(node, children[node], fronts, limit)
             if node != _ROOT:
                 saves = self.checkpoint_saves(node)
                 if 0 < saves and node != "" and (limit is None or saves <= limit):
@@ -477,6 +317,30 @@ class ActivationReport:
             fronts[node] = front
         caches[limit] = fronts
         return fronts
+
+    def _children_front(self, node: str, kids: list[str], fronts: dict[str, list[_Point]],
+                        limit: int | None) -> list[_Point]:
+        """The front of a module's children, in call order: each child passes on its own
+        front, or a run of children ending at it is checkpointed as one segment (not all of
+        them, where checkpointing the module itself does the same or more)."""
+        whole = node not in (_ROOT, "")
+        prefix: list[list[_Point]] = [[(0, 0, ())]]  # prefix[j]: the front of kids[:j]
+        for j, kid in enumerate(kids):
+            front = _merge(prefix[j], fronts[kid])
+            extra: list[_Point] = []
+            i = j
+            while (i > 0 and j - i + 1 < LONGEST_SEGMENT
+                   and self.modules[kids[i - 1]].chain_next == kids[i]):
+                i -= 1
+                if whole and i == 0 and j == len(kids) - 1:
+                    break
+                seg = segment_name(kids[i:j + 1])
+                saves = self.checkpoint_saves(seg)
+                if 0 < saves and (limit is None or saves <= limit):
+                    cost = self.flops([seg]) * _TIE + 1
+                    extra.extend((p[0] + cost, p[1] + saves, p[2] + (seg,)) for p in prefix[i])
+            prefix.append(_prune(front + extra) if extra else front)
+        return prefix[-1]
 
     # -------------------------------------------------------------- output
     def to_dict(self) -> dict[str, Any]:
@@ -529,6 +393,8 @@ class ActivationReport:
                                             title=title)
 
 
+SEGMENT = ".."  # joins a segment's module names: no module name holds it
+LONGEST_SEGMENT = 16  # modules in a segment the search tries, at most
 _ROOT = "\x00root"  # the tree's root above the model's own module ("")
 _TIE = 1 << 20  # recompute cost = flops * _TIE + modules: fewer modules among equal FLOPs
 _MAX_FRONT = 256
@@ -578,7 +444,10 @@ def _inside(path: str, outer: str) -> bool:
     return outer == "" or path.startswith(outer + ".")
 
 
-def _check_antichain(plan: set[str]) -> None:
+def _check_antichain(plan: list[str]) -> None:
+    if len(set(plan)) != len(plan):
+        twice = next(p for p in plan if plan.count(p) > 1)
+        raise BudgetError(f"module {twice!r} is in the plan twice (alone or in a segment)")
     for p in plan:
         for q in plan:
             if p != q and _inside(p, q):
@@ -586,6 +455,12 @@ def _check_antichain(plan: set[str]) -> None:
                     f"modules {q!r} and {p!r} are nested; a plan checkpoints modules none of "
                     "which is inside another"
                 )
+
+
+def segment_name(members: Sequence[str]) -> str:
+    """``conv1..bn1..relu`` for the sibling modules ``conv1``, ``bn1``, ``relu`` (a segment
+    of ``layer1.0``'s children is ``layer1.0.conv1..bn1``); a single module is its name."""
+    return SEGMENT.join([members[0], *(m.rpartition(".")[2] for m in members[1:])])
 
 
 def _names(modules: Sequence[str]) -> str:
