@@ -25,7 +25,7 @@ def memory(
     budget: Annotated[
         str | None,
         typer.Option("--budget", "-b",
-                     help="Plan checkpoints to fit this size (2GiB, 300MB, 50%% of the "
+                     help="Plan checkpoints to fit this size (2GiB, 300MB, 50% of the "
                           "baseline), apply the plan and measure it."),
     ] = None,
     json_path: Annotated[

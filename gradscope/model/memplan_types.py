@@ -141,7 +141,9 @@ class Plan:
     """A set of modules to checkpoint, and what it is predicted to give.
 
     Attributes:
-        modules: module names to wrap in a non-reentrant checkpoint, none nested in another.
+        modules: module names to wrap in a non-reentrant checkpoint, none nested in another;
+            an entry ``conv1..bn1..relu`` is a segment: sibling modules the forward calls one
+            after the other, checkpointed as one (``ActivationReport.segments``).
         predicted: activation bytes held at the end of the forward under the plan.
         baseline: the same without any checkpoint.
         recompute_flops: forward FLOPs the backward recomputes (all calls of the modules).
@@ -164,8 +166,11 @@ class Plan:
         return self.baseline - self.predicted
 
     def summary(self) -> str:
-        what = (f"checkpoint {len(self.modules)} module{'s' * (len(self.modules) != 1)}"
-                if self.modules else "no checkpoint needed")
+        segments = sum(".." in m for m in self.modules)
+        single = len(self.modules) - segments
+        counts = [f"{n} {word}{'s' * (n != 1)}" for n, word in
+                  ((single, "module"), (segments, "segment")) if n]
+        what = f"checkpoint {' and '.join(counts)}" if self.modules else "no checkpoint needed"
         budget = f" (budget {format_bytes(self.budget)})" if self.budget is not None else ""
         again = (f"; the largest module recomputed brings back about "
                  f"{format_bytes(self.recompute_bytes)} at once" if self.modules else "")

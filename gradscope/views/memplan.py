@@ -73,7 +73,8 @@ def render_plan(plan: Plan, verification: Verification | None = None,
     the verification run."""
     parts: list[Any] = [Text(plan.summary())]
     for m in plan.modules:
-        parts.append(Text(f"  {_label(m)}"))
+        n = m.count("..") + 1
+        parts.append(Text(f"  {_label(m)}" + (f"  (segment: {n} modules as one)" if n > 1 else "")))
     if every_block is not None and every_block.modules:
         parts.append(Text(
             f"checkpoint every block ({len(every_block.modules)} modules): "
