@@ -74,10 +74,12 @@ class _Recorder(_Listener):
         self.held: list[torch.Tensor] = []  # detached aliases: input storages stay identifiable
         self.leaf_keys: set[Any] = set()
         # per open call (and the root level): the last child call that ended in it, as
-        # (path, weak output, output's graph node, output_nr); transient, dropped at the call's end
-        self.frames: list[tuple[str | None, Any, Any, int] | None] = [None]
+        # (path, weak output, output's graph node); transient, dropped at the call's end
+        self.frames: list[tuple[str | None, Any, Any] | None] = [None]
         self.links: list[tuple[str, str, int, int]] = []  # (a, b, tag of a's node, b's node)
         self.chain: dict[str, str] = {}  # the links the graph confirmed (``_check_links``)
+        self.versions: list[list[tuple[torch.Tensor, int]]] = []  # per open call: its inputs'
+        self.mutating: set[str | None] = set()  # modules that changed an input in place
 
     def path_stack(self) -> tuple[str, ...]:
         return tuple(p for _, p in self.stack if p is not None)
@@ -93,6 +95,7 @@ class _Recorder(_Listener):
         path = self.names.get(id(module))
         self.stack.append((id(module), path))
         self.frames.append(None)
+        self.versions.append([(t, getattr(t, "_version", 0)) for _, t in iter_tensors(args)])
         if path is not None:
             if path not in self.calls:
                 self.order.append(path)
@@ -103,6 +106,8 @@ class _Recorder(_Listener):
             return
         _, path = self.stack.pop()
         self.frames.pop()
+        if any(getattr(t, "_version", 0) != v for t, v in self.versions.pop()):
+            self.mutating.add(path)  # torch's checkpoint cannot recompute from a changed input
         self._chain(path, args, kwargs, output)
         if path is None:
             return
@@ -118,7 +123,7 @@ class _Recorder(_Listener):
         to this call as its only argument (the graph check is ``_check_links``)."""
         prev = self.frames[-1]
         node = output.grad_fn if isinstance(output, torch.Tensor) else None
-        self.frames[-1] = (path, weakref.ref(output), node, output.output_nr) if (
+        self.frames[-1] = (path, weakref.ref(output), node) if (
             node is not None and path is not None) else None
         if (prev is None or node is None or path is None or kwargs or len(args) != 1
                 or args[0] is not prev[1]()):
@@ -276,7 +281,7 @@ def _record(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
             "forward ran under torch.no_grad): there are no activations to plan for"
         )
     flops = _flops_by_module(counter.get_flop_counts(), model)
-    rec.frames = [None]
+    rec.frames, rec.versions = [None], []
     # the liveness of each save is read while the outputs (and their graph) are held
     alive = [s for s in rec.saves if s[3]() is not None]
     rec.saves = alive
@@ -344,6 +349,7 @@ def _report(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
             path, rec.cls.get(path, "?"), rec.parent.get(path), rec.calls[path],
             tuple(ids[k] for k in rec.inputs.get(path, {})), flops.get(path, 0),
             path in rec.in_container, path in rec.builtin, _next_in_chain(rec, path),
+            path in rec.mutating,
         )
     total = sum(sizes[k] for k in ids if kind(k) == ACTIVATION and saves.get(k))
     inclusive: dict[str, int] = {}

@@ -143,11 +143,14 @@ class ActivationReport:
     def segments(self, longest: int = 16) -> list[str]:
         """Every run of 2 to ``longest`` sibling modules that can be checkpointed as one: each
         called once, one right after the other, each call's only argument the previous one's
-        only output, which nothing else in the graph used. A segment frees what the run saves
+        only output, which nothing else in the graph used; the first does not change its input
+        in place. A segment frees what the run saves
         inside and keeps only the first module's inputs, where checkpointing its modules one
         by one would keep each of their inputs (a stem's ``conv1..bn1..relu..maxpool``)."""
         out: list[str] = []
         for path, info in self.modules.items():
+            if info.mutates_input:
+                continue  # see ModuleInfo.mutates_input
             run = [path]
             nxt = info.chain_next
             while nxt is not None and len(run) < longest:
@@ -309,7 +312,7 @@ class ActivationReport:
             stack.extend(children[node])
         for node in reversed(order):
             front = self._children_front(node, children[node], fronts, limit)
-            if node != _ROOT:
+            if node != _ROOT and not self.modules[node].mutates_input:
                 saves = self.checkpoint_saves(node)
                 if 0 < saves and node != "" and (limit is None or saves <= limit):
                     cost = self.modules[node].flops * _TIE + 1
@@ -334,6 +337,8 @@ class ActivationReport:
                 i -= 1
                 if whole and i == 0 and j == len(kids) - 1:
                     break
+                if self.modules[kids[i]].mutates_input:
+                    continue  # the checkpoint would keep an input the run then changes
                 seg = segment_name(kids[i:j + 1])
                 saves = self.checkpoint_saves(seg)
                 if 0 < saves and (limit is None or saves <= limit):

@@ -97,6 +97,9 @@ class ModuleInfo:
         chain_next: the sibling called right after it (same parent, nothing called between)
             when that call's only argument was this module's only output and nothing else in
             the graph used that output: the two can be checkpointed as one segment.
+        mutates_input: a call changed one of its (positional) inputs in place (``ReLU(
+            inplace=True)``): a checkpoint that starts with it cannot recompute it, so the
+            search never starts one there.
     """
 
     path: str
@@ -108,6 +111,7 @@ class ModuleInfo:
     in_container: bool = False
     builtin: bool = False
     chain_next: str | None = None
+    mutates_input: bool = False
 
 
 @dataclass(frozen=True, slots=True)

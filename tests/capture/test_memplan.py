@@ -490,3 +490,26 @@ def test_segment_hooks_run_once_with_the_real_values_and_a_broken_chain_raises()
             model.b(torch.zeros(2, 8))
     hook.remove()
     assert type(model.b) is nn.Tanh and torch.equal(model(x), out0)
+
+
+def test_modules_that_change_their_input_in_place_start_no_checkpoint():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.Hardswish(inplace=True), nn.Linear(64, 64),
+                          nn.Hardswish(inplace=True), nn.Linear(64, 4))
+    x = torch.randn(32, 16)
+
+    def loss_fn(out):
+        return out.pow(2).mean()
+
+    rep = gs.activation_report(model, x, loss_fn=loss_fn)
+    assert [p for p, i in rep.modules.items() if i.mutates_input] == ["1", "3"]
+    assert rep.checkpoint_saves("1") > 0  # it would look worth it...
+    with apply_checkpoints(model, ["1"]), pytest.raises(RuntimeError, match="inplace"):
+        loss_fn(model(x)).backward()  # ...but torch's checkpoint cannot recompute it
+    assert not any(s.startswith(("1..", "3..")) for s in rep.segments())
+    for plan in rep.sweep():
+        assert not {"1", "3"} & set(plan.modules)
+        assert not any(u.startswith(("1..", "3..")) for u in plan.modules)
+        with apply_checkpoints(model, plan.modules):
+            model.zero_grad()
+            loss_fn(model(x)).backward()  # every plan the search gives runs its backward
