@@ -23,7 +23,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import GradscopeError
-from ..model.memplan import SEGMENT, BudgetError
+from ..model.memplan import SEGMENT, BudgetError, segment_paths
 
 
 class _Checkpointed:
@@ -141,10 +141,7 @@ def _wrap_forward(mod: torch.nn.Module, handle: CheckpointHandle) -> None:
 
 
 def _wrap_segment(model: torch.nn.Module, name: str, handle: CheckpointHandle) -> None:
-    parts = name.split(SEGMENT)
-    parent = parts[0].rpartition(".")[0]
-    paths = [parts[0], *(f"{parent}.{p}" if parent else p for p in parts[1:])]
-    mods = [_module(model, p) for p in paths]
+    mods = [_module(model, p) for p in segment_paths(name)]
     if len({id(m) for m in mods}) != len(mods):
         raise BudgetError(f"segment {name!r} names a module twice")
     segment = _Segment(name, mods)

@@ -123,9 +123,7 @@ class ActivationReport:
         Raises:
             BudgetError: no such module, or the names are not such a chain.
         """
-        parts = unit.split(SEGMENT)
-        parent = parts[0].rpartition(".")[0]
-        names = (parts[0], *(f"{parent}.{p}" if parent else p for p in parts[1:]))
+        names = segment_paths(unit)
         for name in names:
             if name not in self.modules:
                 raise BudgetError(
@@ -360,6 +358,8 @@ class ActivationReport:
             "scaled_total": self.scaled_total,
             "rows": [asdict(r) for r in self.rows],
             "blocks": list(self.blocks()),
+            "segments": self.segments(),
+            "in_place": [p for p, i in self.modules.items() if i.mutates_input],
             "notes": list(self.notes),
         }
 
@@ -460,6 +460,14 @@ def _check_antichain(plan: list[str]) -> None:
                     f"modules {q!r} and {p!r} are nested; a plan checkpoints modules none of "
                     "which is inside another"
                 )
+
+
+def segment_paths(unit: str) -> tuple[str, ...]:
+    """The module names of a plan entry: ``("layer1.0.conv1", "layer1.0.bn1")`` for
+    ``layer1.0.conv1..bn1``; ``(unit,)`` for a module name."""
+    parts = unit.split(SEGMENT)
+    parent = parts[0].rpartition(".")[0]
+    return (parts[0], *(f"{parent}.{p}" if parent else p for p in parts[1:]))
 
 
 def segment_name(members: Sequence[str]) -> str:

@@ -362,8 +362,10 @@ def test_report_json_and_table_escape_module_names(tmp_path):
             super().__init__()
             self.add_module("[red]x[/red]", nn.Linear(4, 4))
 
+            self.add_module("1", nn.Tanh())
+
         def forward(self, x):
-            return getattr(self, "[red]x[/red]")(x).tanh()
+            return getattr(self, "1")(getattr(self, "[red]x[/red]")(x))
 
     model = Odd()
     rep = gs.activation_report(model, torch.randn(3, 4))
@@ -376,6 +378,8 @@ def test_report_json_and_table_escape_module_names(tmp_path):
     data = json.loads(path.read_text())
     assert data["total"] == rep.total
     assert [r["path"] for r in data["rows"]] == [r.path for r in rep.rows]
+    assert data["segments"] == rep.segments() == ["[red]x[/red]..1"]
+    assert data["in_place"] == []
 
 
 def test_sweep_and_plot(tmp_path):
