@@ -15,6 +15,7 @@ sibling modules, runs under a non-reentrant ``torch.utils.checkpoint``; the hand
 
 from __future__ import annotations
 
+import copyreg
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -87,9 +88,17 @@ def _segment_class(cls: type, segment: _Segment, k: int) -> type:
     def __call__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         return segment.call(k, self, args, kwargs)
 
+    def __reduce_ex__(self: torch.nn.Module, protocol: Any) -> Any:
+        # a copy (copy.deepcopy, pickle) is of the plain class: it has no segment to run
+        reduced = cls.__reduce_ex__(self, protocol)
+        if isinstance(reduced, tuple) and len(reduced) > 1 and reduced[1][:1] == (type(self),):
+            # copyreg's own reconstructor (no import of gradscope needed to load it)
+            reduced = (copyreg._reconstructor, (cls, object, None), *reduced[2:])
+        return reduced
+
     return type(cls.__name__, (cls,), {
-        "__call__": __call__, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
-        "_gradscope_segment": segment.name,
+        "__call__": __call__, "__reduce_ex__": __reduce_ex__, "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__, "_gradscope_segment": segment.name,
     })
 
 

@@ -517,3 +517,27 @@ def test_modules_that_change_their_input_in_place_start_no_checkpoint():
         with apply_checkpoints(model, plan.modules):
             model.zero_grad()
             loss_fn(model(x)).backward()  # every plan the search gives runs its backward
+
+
+def test_a_copy_of_a_model_with_segments_applied_is_the_plain_model():
+    import copy
+    import io
+
+    torch.manual_seed(0)
+    model = Chains()
+    x = torch.randn(16, 8)
+    out0 = model(x)
+    with apply_checkpoints(model, ["a..b..c"]):
+        twin = copy.deepcopy(model)
+        buf = io.BytesIO()
+        torch.save(model, buf)
+    assert type(twin.a) is nn.Linear and type(twin.b) is nn.Tanh
+    assert b"gradscope" not in buf.getvalue()  # loading needs no gradscope
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert type(loaded.b) is nn.Tanh
+    for other in (twin, loaded):
+        assert torch.equal(other(x), out0)
+        with torch.no_grad():
+            other.a.weight.zero_()  # its own modules, not the original's
+        assert not torch.equal(other(x), out0) and torch.equal(model(x), out0)
