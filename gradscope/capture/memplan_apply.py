@@ -84,16 +84,20 @@ class _Segment:
         return tensor
 
 
+_RECONSTRUCT: Any = vars(copyreg)["_reconstructor"]  # what pickle protocols 0-1 use
+
+
 def _segment_class(cls: type, segment: _Segment, k: int) -> type:
+    plain: Any = cls
     def __call__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         return segment.call(k, self, args, kwargs)
 
     def __reduce_ex__(self: torch.nn.Module, protocol: Any) -> Any:
         # a copy (copy.deepcopy, pickle) is of the plain class: it has no segment to run
-        reduced = cls.__reduce_ex__(self, protocol)
+        reduced = plain.__reduce_ex__(self, protocol)
         if isinstance(reduced, tuple) and len(reduced) > 1 and reduced[1][:1] == (type(self),):
             # copyreg's own reconstructor (no import of gradscope needed to load it)
-            reduced = (copyreg._reconstructor, (cls, object, None), *reduced[2:])
+            reduced = (_RECONSTRUCT, (cls, object, None), *reduced[2:])
         return reduced
 
     return type(cls.__name__, (cls,), {
