@@ -5,8 +5,9 @@ The file follows the model-file contract (a module and its inputs); when it defi
 the loss, as in a training step. torch and gradscope are imported inside the command, so
 ``gradscope --help`` stays cheap.
 
-Exit codes: 0 done (and, with ``--budget``, the plan measured within its budget); 1 the applied
-plan measured above its budget; 2 the file, the budget or an option could not be used.
+Exit codes: 0 done (and, with ``--budget``, the plan measured within its budget, its outputs
+equal to the model's without it); 1 the applied plan measured above its budget, or its outputs
+differ; 2 the file, the budget or an option could not be used.
 """
 
 from __future__ import annotations
@@ -95,14 +96,15 @@ def memory(
         else:
             verification = mf.call("measuring the plan", plan.verify, model, *args,
                                    loss_fn=loss_fn)
-            code = 0 if verification.fits else 1
+            code = 0 if verification.fits and verification.outputs_equal is not False else 1
         out.print(plan.render(verification, every))
         data["plan"] = plan.to_dict()
         data["every_block"] = every.to_dict() if every is not None else None
         if verification is not None:
             data["verification"] = {"measured": verification.measured,
                                     "measured_baseline": verification.measured_baseline,
-                                    "method": verification.method}
+                                    "method": verification.method,
+                                    "outputs_equal": verification.outputs_equal}
     if json_out is not None:
         report.write_json(json_out, **data)
         err.print(f"wrote {json_path}", markup=False)

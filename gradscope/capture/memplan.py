@@ -187,12 +187,27 @@ class CheckpointPlan(Plan):
 
     def verify(self, model: torch.nn.Module, *inputs: Any, loss_fn: LossFn = None
                ) -> Verification:
-        """Measure the forward with and without the plan (``measure_forward``)."""
+        """Measure the forward with and without the plan (``measure_forward``), and compare
+        their outputs (the loss, with ``loss_fn``), both run from the same RNG state."""
+        plain: list[torch.Tensor] = []
+        planned: list[torch.Tensor] = []
         with _preserved(model):
-            base, method = _measure(model, inputs, loss_fn)
+            with _preserved(model):  # the same RNG state and buffers for the second run
+                base, method = _measure(model, inputs, loss_fn, plain)
             with self.apply(model):
-                measured, _ = _measure(model, inputs, loss_fn)
-        return Verification(self.predicted, self.baseline, measured, base, method, self.budget)
+                measured, _ = _measure(model, inputs, loss_fn, planned)
+        same = len(plain) == len(planned) and all(
+            _bitwise_equal(a, b) for a, b in zip(plain, planned, strict=True))
+        return Verification(self.predicted, self.baseline, measured, base, method, self.budget,
+                            same)
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
+    return torch.equal(a, b)
 
 
 def plan_checkpoints(

@@ -27,8 +27,10 @@ def measure_forward(model: torch.nn.Module, *inputs: Any, loss_fn: LossFn = None
         return _measure(model, inputs, loss_fn)[0]
 
 
-def _measure(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn
-             ) -> tuple[int, str]:
+def _measure(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
+             keep: list[torch.Tensor] | None = None) -> tuple[int, str]:
+    """(bytes, method); with ``keep``, detached copies of the output tensors are appended to
+    it, once the measurement is taken."""
     device = _device_of(model, inputs)
     if device.type == "meta":
         raise GradscopeError(
@@ -44,6 +46,7 @@ def _measure(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn
         torch.cuda.synchronize(device)
         after = torch.cuda.memory_allocated(device)
         outs = {_key(t)[0]: _key(t)[1] for _, t in iter_tensors(root) if t.device == device}
+        _keep(root, keep)
         del root
         return after - before - sum(outs.values()), "cuda"
     from torch._C._profiler import _EventType
@@ -78,8 +81,14 @@ def _measure(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn
             live[ptr] = size
         else:
             live.pop(ptr, None)
+    _keep(root, keep)
     del root
     return sum(n for p, n in live.items() if p not in out_ptrs), "profiler"
+
+
+def _keep(root: Any, keep: list[torch.Tensor] | None) -> None:
+    if keep is not None:
+        keep.extend(t.detach().clone() for _, t in iter_tensors(root))
 
 
 @contextlib.contextmanager

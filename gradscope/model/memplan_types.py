@@ -206,6 +206,9 @@ class Verification:
             (outputs apart).
         measured_baseline: the same without the plan.
         method: how it was measured (``profiler`` or ``cuda``).
+        budget: the plan's budget (None: none given).
+        outputs_equal: the forward's outputs (the loss, with ``loss_fn``) with the plan equal
+            those without, bitwise, from the same RNG state (None: not compared).
     """
 
     predicted: int
@@ -214,6 +217,7 @@ class Verification:
     measured_baseline: int
     method: str
     budget: int | None = None
+    outputs_equal: bool | None = None
 
     @property
     def error(self) -> float:
@@ -228,9 +232,11 @@ class Verification:
         fit = ""
         if self.budget is not None:
             fit = "; fits the budget" if self.fits else "; does NOT fit the budget"
+        same = {None: "", True: "; outputs equal",
+                False: "; outputs DIFFER from the model's without the plan"}[self.outputs_equal]
         return (f"measured ({self.method}): {format_bytes(self.measured_baseline)} without the "
                 f"plan, {format_bytes(self.measured)} with it; predicted "
-                f"{format_bytes(self.predicted)} ({100 * self.error:+.1f}%){fit}")
+                f"{format_bytes(self.predicted)} ({100 * self.error:+.1f}%){fit}{same}")
 
 
 def format_flops(n: int) -> str:

@@ -543,3 +543,46 @@ def test_a_copy_of_a_model_with_segments_applied_is_the_plain_model():
         with torch.no_grad():
             other.a.weight.zero_()  # its own modules, not the original's
         assert not torch.equal(other(x), out0) and torch.equal(model(x), out0)
+
+
+class Sneaky(nn.Module):
+    """Reads an inner output's values outside autograd: the graph cannot show that use."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        with torch.no_grad():
+            scale = h.abs().mean()
+        return self.c(self.b(h)) * scale
+
+
+def test_verify_compares_outputs_and_catches_a_use_the_graph_cannot_see():
+    torch.manual_seed(0)
+    model, x = Sneaky(), torch.randn(64, 8)
+    rep = gs.activation_report(model, x)
+    assert "a..b" in rep.segments()  # the no_grad read leaves no trace in the graph
+    from gradscope.capture.memplan import as_checkpoint_plan
+
+    bad = as_checkpoint_plan(rep.evaluate(["a..b"]))
+    check = bad.verify(model, x)
+    assert check.outputs_equal is False
+    assert "outputs DIFFER" in check.summary()
+    good = as_checkpoint_plan(rep.evaluate(["b..c"]))
+    assert good.verify(model, x).outputs_equal is True
+
+
+def test_verify_compares_outputs_from_the_same_rng_state():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Dropout(0.5), nn.Tanh(), nn.Linear(32, 4))
+    model.train()  # dropout on: both runs must draw the same mask
+    x = torch.randn(512, 8)
+    rep = gs.activation_report(model, x)
+    plan = rep.plan("50%")
+    assert plan.modules
+    from gradscope.capture.memplan import as_checkpoint_plan
+
+    check = as_checkpoint_plan(plan).verify(model, x)
+    assert check.outputs_equal is True, plan.modules
