@@ -78,7 +78,8 @@ class _Recorder(_Listener):
         self.frames: list[tuple[str | None, Any, Any] | None] = [None]
         self.links: list[tuple[str, str, int, int]] = []  # (a, b, tag of a's node, b's node)
         self.chain: dict[str, str] = {}  # the links the graph confirmed (``_check_links``)
-        self.versions: list[list[tuple[torch.Tensor, int]]] = []  # per open call: its inputs'
+        # per open call: its inputs' versions
+        self.versions: list[list[tuple[torch.Tensor, int | None]]] = []
         self.mutating: set[str | None] = set()  # modules that changed an input in place
 
     def path_stack(self) -> tuple[str, ...]:
@@ -95,7 +96,7 @@ class _Recorder(_Listener):
         path = self.names.get(id(module))
         self.stack.append((id(module), path))
         self.frames.append(None)
-        self.versions.append([(t, getattr(t, "_version", 0)) for _, t in iter_tensors(args)])
+        self.versions.append([(t, torchcompat.tensor_version(t)) for _, t in iter_tensors(args)])
         if path is not None:
             if path not in self.calls:
                 self.order.append(path)
@@ -106,7 +107,7 @@ class _Recorder(_Listener):
             return
         _, path = self.stack.pop()
         self.frames.pop()
-        if any(getattr(t, "_version", 0) != v for t, v in self.versions.pop()):
+        if any(torchcompat.tensor_version(t) != v for t, v in self.versions.pop()):
             self.mutating.add(path)  # torch's checkpoint cannot recompute from a changed input
         self._chain(path, args, kwargs, output)
         if path is None:
@@ -155,8 +156,8 @@ _tags = itertools.count(1)
 def _tag(node: Any) -> int | None:
     """A number on ``node`` (in its ``metadata``), to find it again in the graph without
     keeping it alive; None when this torch's nodes have no ``metadata``."""
-    meta = getattr(node, "metadata", None)
-    if not isinstance(meta, dict):
+    meta = torchcompat.node_metadata(node)
+    if meta is None:
         return None
     if _TAG not in meta:
         meta[_TAG] = next(_tags)
@@ -200,8 +201,8 @@ def _check_links(rec: _Recorder, roots: list[Any]) -> dict[str, str]:
 
 
 def _known_tag(node: Any, wanted: set[int]) -> int | None:
-    meta = getattr(node, "metadata", None)
-    tag = meta.get(_TAG) if isinstance(meta, dict) and meta else None
+    meta = torchcompat.node_metadata(node)
+    tag = meta.get(_TAG) if meta else None
     return tag if tag in wanted else None
 
 
@@ -360,7 +361,8 @@ def _report(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
             inclusive[path] = inclusive.get(path, 0) + sizes[k]
     device = _device_of(model, inputs)
     rep = ActivationReport(total=total, rows=[], storages=storages, modules=modules,
-                           overhead=_rng_bytes(), device=str(device))
+                           overhead=_rng_bytes(), device=str(device),
+                           notes=torchcompat.notes("tensor_version", "node_metadata"))
     rep.rows = [ModuleRow(p, inclusive.get(p, 0), rep.checkpoint_saves(p), modules[p].flops,
                           modules[p].calls) for p in rec.order]
     del rec

@@ -55,9 +55,10 @@ def note(key: str, text: str) -> None:
     _NOTES.setdefault(key, f"{text} (torch {torch.__version__})")
 
 
-def notes() -> list[str]:
-    """One line per feature this torch lacks (in the order they were found), else []."""
-    return list(_NOTES.values())
+def notes(*keys: str) -> list[str]:
+    """One line per feature this torch lacks (in the order they were found; only ``keys``
+    when given), else []."""
+    return [text for key, text in _NOTES.items() if not keys or key in keys]
 
 
 def torch_version() -> tuple[int, int]:
@@ -121,6 +122,28 @@ _hooks_push: Any = _get(_AUTOGRAD, "_push_saved_tensors_default_hooks")
 _hooks_top: Any = _get(_AUTOGRAD, "_top_saved_tensors_default_hooks")
 _hooks_pop: Any = _get(_AUTOGRAD, "_pop_saved_tensors_default_hooks")
 HAS_SAVED_HOOKS = None not in (_hooks_enabled, _hooks_push, _hooks_top, _hooks_pop)
+
+
+def tensor_version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter (bumped by every in-place change), or None where this torch's
+    tensors have none (in-place changes then go unseen; noted)."""
+    version = getattr(t, "_version", None)
+    if isinstance(version, int):
+        return version
+    note("tensor_version", "tensors have no _version: checkpoint plans cannot tell modules "
+         "that change their input in place")
+    return None
+
+
+def node_metadata(node: Any) -> dict[str, Any] | None:
+    """``node.metadata`` (a dict per autograd node), or None where this torch's nodes have
+    none (checkpoint plans then offer no segments; noted)."""
+    meta = getattr(node, "metadata", None)
+    if isinstance(meta, dict):
+        return meta
+    note("node_metadata", "autograd nodes have no metadata: checkpoint plans offer no "
+         "segments of sibling modules")
+    return None
 
 
 def forget_kwargs_flag(handle: Any) -> None:

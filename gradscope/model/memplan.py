@@ -32,6 +32,7 @@ from .memplan_types import (
     INPUT,
     OUTPUT,
     PARAM,
+    SEGMENT,
     ModuleInfo,
     ModuleRow,
     Plan,
@@ -42,7 +43,9 @@ from .memplan_types import (
 )
 from .nodes import format_bytes
 
-__all__ = ["ACTIVATION", "INPUT", "OUTPUT", "PARAM", "ActivationReport", "BudgetError",
+LONGEST_SEGMENT = 16  # modules in a segment the search tries, at most
+
+__all__ = ["ACTIVATION", "INPUT", "OUTPUT", "PARAM", "SEGMENT", "ActivationReport", "BudgetError",
            "ModuleInfo", "ModuleRow", "Plan", "Storage", "Verification", "format_flops",
            "parse_size"]
 
@@ -138,7 +141,7 @@ class ActivationReport:
                 )
         return names
 
-    def segments(self, longest: int = 16) -> list[str]:
+    def segments(self, longest: int = LONGEST_SEGMENT) -> list[str]:
         """Every run of 2 to ``longest`` sibling modules that can be checkpointed as one: each
         called once, one right after the other, each call's only argument the previous one's
         only output, which nothing else in the graph used; the first does not change its input
@@ -398,8 +401,6 @@ class ActivationReport:
                                             title=title)
 
 
-SEGMENT = ".."  # joins a segment's module names: no module name holds it
-LONGEST_SEGMENT = 16  # modules in a segment the search tries, at most
 _ROOT = "\x00root"  # the tree's root above the model's own module ("")
 _TIE = 1 << 20  # recompute cost = flops * _TIE + modules: fewer modules among equal FLOPs
 _MAX_FRONT = 256

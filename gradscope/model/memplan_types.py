@@ -14,6 +14,7 @@ from ..errors import BudgetError
 from .nodes import format_bytes
 
 ACTIVATION, PARAM, INPUT, OUTPUT = "activation", "param", "input", "output"
+SEGMENT = ".."  # joins a segment's module names (``conv1..bn1``): no module name holds it
 
 
 # ====================================================================== sizes
@@ -170,7 +171,7 @@ class Plan:
         return self.baseline - self.predicted
 
     def summary(self) -> str:
-        segments = sum(".." in m for m in self.modules)
+        segments = sum(SEGMENT in m for m in self.modules)
         single = len(self.modules) - segments
         counts = [f"{n} {word}{'s' * (n != 1)}" for n, word in
                   ((single, "module"), (segments, "segment")) if n]

@@ -14,7 +14,14 @@ from rich.text import Text
 from ..errors import MissingExtraError
 from ..model.files import atomic_path
 from ..model.formats import register_renderer
-from ..model.memplan import ActivationReport, ModuleRow, Plan, Verification, format_flops
+from ..model.memplan import (
+    SEGMENT,
+    ActivationReport,
+    ModuleRow,
+    Plan,
+    Verification,
+    format_flops,
+)
 from ..model.nodes import format_bytes
 
 
@@ -73,7 +80,7 @@ def render_plan(plan: Plan, verification: Verification | None = None,
     the verification run."""
     parts: list[Any] = [Text(plan.summary())]
     for m in plan.modules:
-        n = m.count("..") + 1
+        n = m.count(SEGMENT) + 1
         parts.append(Text(f"  {_label(m)}" + (f"  (segment: {n} modules as one)" if n > 1 else "")))
     if every_block is not None and every_block.modules:
         parts.append(Text(

@@ -113,3 +113,25 @@ def test_a_function_without_forward_class_is_noted_not_raised(monkeypatch):
 
     assert torchcompat.custom_forward_code(NoForwardCls()) is None
     assert len(torchcompat.notes()) == 1 and "forward lines" in torchcompat.notes()[0]
+
+
+def test_without_node_metadata_or_versions_plans_lose_segments_and_say_so(monkeypatch):
+    monkeypatch.setattr(torchcompat, "_NOTES", {})
+    assert torchcompat.node_metadata(object()) is None
+    assert torchcompat.tensor_version(object()) is None  # type: ignore[arg-type]
+    x = torch.randn(2)
+    assert torchcompat.tensor_version(x) == x._version
+    assert torchcompat.node_metadata((x.requires_grad_() * 2).grad_fn) == {}
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(inplace=True),
+                                torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    x = torch.randn(64, 8)
+    assert gs.activation_report(model, x).segments()  # the torch under test has both
+    monkeypatch.setattr(torchcompat, "node_metadata", lambda node: None)
+    monkeypatch.setattr(torchcompat, "tensor_version", lambda t: None)
+    rep = gs.activation_report(model, x)
+    assert rep.segments() == []
+    assert not any(i.mutates_input for i in rep.modules.values())
+    assert all(".." not in m for plan in rep.sweep() for m in plan.modules)
+    lines = torchcompat.notes("tensor_version", "node_metadata")
+    assert len(lines) == 2 and all("\n" not in line for line in lines)
+    assert rep.notes == lines
