@@ -62,3 +62,42 @@ def test_every_name_exported_before_the_layout_still_is():
     for name in BEFORE_THE_LAYOUT:
         assert getattr(gs, name) is not None
     assert gs.FORMATS == ("dot", "json", "html", "svg", "png", "pdf")
+
+
+def _readme_api_names() -> set[str]:
+    """The names in the first column of the README's API tables (section "Python API" and its
+    subsections): each backticked identifier, with its call signature left off."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    start = text.index("\n## Python API\n")
+    end = text.find("\n## ", start + 1)
+    section = text[start:end if end != -1 else None]
+    names: set[str] = set()
+    in_table = False
+    for line in section.splitlines():
+        if re.match(r"^\| name \| what it does \|", line):
+            in_table = True
+            continue
+        if not line.startswith("|"):
+            in_table = False
+            continue
+        if not in_table or line.startswith("| ---"):
+            continue
+        first = line.split(" | ")[0].lstrip("| ")
+        for code in re.findall(r"`([^`]+)`", first):
+            m = re.match(r"(?:gs\.)?([A-Za-z_][A-Za-z0-9_]*)", code)
+            if m:
+                names.add(m.group(1))
+    return names
+
+
+def test_all_is_sorted_and_equals_the_readme_api_tables():
+    """httpx's test_exported_members, both ways: every exported name has a row in the README's
+    API tables, and every name there is exported."""
+    assert list(gs.__all__) == sorted(gs.__all__)
+    documented = _readme_api_names()
+    exported = set(gs.__all__) - {"__version__"}
+    assert sorted(exported - documented) == [], "exported, but not in the README's API tables"
+    assert sorted(documented - exported) == [], "in the README's API tables, but not exported"

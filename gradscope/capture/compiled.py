@@ -36,19 +36,6 @@ import torch
 
 from ..model import paths
 from . import torchcompat
-from .dynamo import (  # noqa: F401  (re-exported: the recorders reach them as compiled.X)
-    _MARKED,
-    ModuleHooks,
-    arm,
-    compiling,
-    dynamo_loaded,
-    eager_only,
-    mode_on_top,
-    plain_name,
-    pop_mode,
-    push_mode,
-    unwrap,
-)
 
 REGION_NODE = "CompiledFunctionBackward"
 #: The module-path component of a compiled region (``<compiled>``, ``<compiled>#1``...).

@@ -7,7 +7,7 @@ full Python stack for every node and checks every gradient for NaN with a host s
 
 Under ``torch.compile`` the mode must not change what Dynamo compiles: a torch function mode
 is part of Dynamo's guards, so while a ``torch.compile(module)`` wrapper runs the mode is taken
-off the stack (global module hooks, ``compiled.ModuleHooks``) and the compiled region's node is
+off the stack (global module hooks, ``dynamo.ModuleHooks``) and the compiled region's node is
 stamped with the line that called the module; the ops inside get their lines from the
 compiled graph's own ``stack_trace``. Traced anyway (a compiled function, ``module.compile()``),
 ``__torch_function__`` only calls through.
@@ -26,7 +26,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..model.backward import ForwardNonFinite
-from . import compiled, torchcompat
+from . import compiled, dynamo, torchcompat
 from .handles import HookHandle
 from .stamps import (
     CREATED_KEY,
@@ -75,7 +75,7 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _INTERNAL: dict[str, bool] = {}  # by file name: hashing a code object hashes its bytecode
 _CUSTOM_DEPTH = 8  # how far above a grad-disabled torch call a custom forward is looked for
 _UNSET = object()
-compiling = compiled.compiling
+compiling = dynamo.compiling
 
 
 def _internal(filename: str) -> bool:
@@ -120,7 +120,7 @@ class _ForwardMode(TorchFunctionMode):
         self.flags: list[torch.Tensor] = []
         self.made_by: list[tuple[str, Any, tuple[str, int] | None]] = []
         self.paused: list[Any] = []  # torch.compile wrappers running with the mode off
-        compiled.eager_only(_ForwardMode.__torch_function__)
+        dynamo.eager_only(_ForwardMode.__torch_function__)
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if compiling():  # Dynamo traces this: call through, stamp nothing
@@ -184,8 +184,8 @@ class _ForwardMode(TorchFunctionMode):
     # ---------------------------------------------------------------- compiled modules
     def before_module(self, module: Any, args: Any) -> None:
         """Off the stack while a ``torch.compile`` wrapper runs (Dynamo guards on modes)."""
-        if compiled.unwrap(module) is not None and compiled.mode_on_top(self):
-            compiled.pop_mode()
+        if dynamo.unwrap(module) is not None and dynamo.mode_on_top(self):
+            dynamo.pop_mode()
             self.paused.append(module)
 
     def after_module(self, module: Any, args: Any, output: Any) -> None:
@@ -204,7 +204,7 @@ class _ForwardMode(TorchFunctionMode):
                     if t.grad_fn is not None:
                         compiled.remember(t.grad_fn)  # its graph, while the metadata is intact
         finally:
-            compiled.push_mode(self)
+            dynamo.push_mode(self)
 
     def _stamp_outputs(self, out: Any, frame: Any = None) -> None:
         if isinstance(out, torch.Tensor):
@@ -291,7 +291,7 @@ class RecordForward:
     def __enter__(self) -> RecordForward:
         mode = _ForwardMode(self.check_finite)
         # hooks first: a compile inside the block then sees neither the mode nor the hooks
-        self.handle.add(compiled.ModuleHooks(mode.before_module, mode.after_module).install())
+        self.handle.add(dynamo.ModuleHooks(mode.before_module, mode.after_module).install())
         try:
             mode.__enter__()
         except BaseException:

@@ -32,7 +32,7 @@ from ..model.memory import (
     StorageUse,
     add_use,
 )
-from . import compiled, torchcompat
+from . import dynamo, torchcompat
 from .handles import HookHandle
 from .scopes import ScopeRecorder
 from .stamps import LEAK_KEY
@@ -50,7 +50,7 @@ _LISTENERS: list[_Listener] = []
 
 
 def _pack(tensor: torch.Tensor) -> torch.Tensor:
-    if compiled.compiling():  # a tensor of a graph being traced, not one the program saves
+    if dynamo.compiling():  # a tensor of a graph being traced, not one the program saves
         return tensor
     # Returning ``tensor`` itself would make a saved output hold its own grad_fn: a reference
     # cycle through C++ that Python's GC cannot break. A detached alias shares the storage
@@ -97,7 +97,7 @@ class _HooksGuard:
             )
         # a compiled region saves its tensors while its frame runs: Dynamo must not compile
         # these hooks as frames of their own
-        compiled.eager_only(_pack, _unpack)
+        dynamo.eager_only(_pack, _unpack)
         torchcompat.push_saved_hooks(_pack, _unpack)
         _LISTENERS.append(self.listener)
         self.pushed = True
@@ -206,7 +206,7 @@ class SavedMemory(_Listener):
             self._cuda.append(cuda_snapshot("before forward", self._device))
         handles = self._handles
         try:
-            handles.add(compiled.ModuleHooks(self._pre, self._post).install())
+            handles.add(dynamo.ModuleHooks(self._pre, self._post).install())
             self._guard.push()
             handles.add(self._guard.pop)  # removed first: the newest hook goes first
         except BaseException:

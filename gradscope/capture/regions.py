@@ -35,7 +35,7 @@ import torch
 
 from ..model.graph import Edge, Graph, Node, Region, SavedTensor
 from ..model.paths import levels, strip_calls
-from . import compiled, torchcompat
+from . import compiled, dynamo, torchcompat
 from .forward import location_text
 
 
@@ -94,7 +94,7 @@ class _Names:
             return None
         if self.names is None:
             self.names = {
-                str(id(mod)): compiled.plain_name(name)
+                str(id(mod)): dynamo.plain_name(name)
                 for name, mod in self.model.named_modules(remove_duplicate=False)
             }
         return self.names.get(key)

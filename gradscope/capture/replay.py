@@ -29,10 +29,11 @@ from typing import Any
 import torch
 
 from ..model.incident import OpInput
-from .compiled import compiling
+from .dynamo import compiling
 from .nest import iter_tensors
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
+_version = torchcompat.tensor_version
 
 
 class MicroBatch:
@@ -49,7 +50,7 @@ class MicroBatch:
         self.cpu_rng: torch.Tensor | None = None
         self.cuda_rng: list[tuple[int, torch.Tensor]] = []
         self.autocast: list[tuple[str, torch.dtype]] = []
-        self.versions: list[tuple[torch.Tensor, int]] = []
+        self.versions: list[tuple[torch.Tensor, int | None]] = []
         self.grads: dict[str, torch.Tensor] = {}  # output path -> gradient that arrived
         self.target: tuple[Any, ...] | None = None
         self.run: Callable[[], Any] | None = None  # a framework's own step (Lightning)
@@ -145,7 +146,7 @@ class Replayer:
         self.loss_fn = loss_fn
         self.batches: list[MicroBatch] = []
         self.flags: list[torch.Tensor] = []  # per backward: sum of the gradient norms
-        self.param_versions: list[int] | None = None
+        self.param_versions: list[int | None] | None = None
         self.replaying = False
         self.runs_only = False  # a framework gives each micro-batch as a run (Lightning)
         self.next_target: tuple[Any, ...] | None = None
@@ -193,9 +194,9 @@ class Replayer:
             for dt in _AUTOCAST_DEVICES
             if torch.is_autocast_enabled(dt)
         ]
-        mb.versions = [(t, t._version) for _, t in iter_tensors((args, kwargs))]
+        mb.versions = [(t, _version(t)) for _, t in iter_tensors((args, kwargs))]
         if self.param_versions is None:
-            self.param_versions = [p._version for p in self.params]
+            self.param_versions = [_version(p) for p in self.params]
         self.batches.append(mb)
         return None
 
@@ -228,7 +229,7 @@ class Replayer:
         if self.cuda_devices:
             mb.cuda_rng = [(d, torch.cuda.get_rng_state(d)) for d in self.cuda_devices]
         if self.param_versions is None:
-            self.param_versions = [p._version for p in self.params]
+            self.param_versions = [_version(p) for p in self.params]
         self.batches.append(mb)
 
     def note_backward(self, norms: torch.Tensor) -> None:
@@ -251,7 +252,7 @@ class Replayer:
                 "as a whole: give GradMonitor the torch.compile wrapper the loop calls)"
             )
         if self.param_versions is not None and self.param_versions != [
-            p._version for p in self.params
+            _version(p) for p in self.params
         ]:
             return (
                 "not replayed: parameters were changed in place between the forward and the "
@@ -260,7 +261,7 @@ class Replayer:
         return None
 
     def _changed_input(self, mb: MicroBatch) -> bool:
-        return any(t._version != v for t, v in mb.versions)
+        return any(_version(t) != v for t, v in mb.versions)
 
     def bad_index(self) -> int | None:
         """The first micro-batch after whose backward the gradients were non-finite, when

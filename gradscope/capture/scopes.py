@@ -24,7 +24,7 @@ The hooks are global (``torch.nn.modules.module.register_module_forward_*``), so
 own hook dicts are never touched, and they are removed when the block ends, even when the
 forward raises. Single-threaded forwards only: sequence numbers are per thread.
 
-Under ``torch.compile`` the hooks stay out of Dynamo's way (``compiled.ModuleHooks``: no graph
+Under ``torch.compile`` the hooks stay out of Dynamo's way (``dynamo.ModuleHooks``: no graph
 break, no recompile): a compiled module's call is one scope, its wrapper (``OptimizedModule``)
 and the module it wraps being one frame with the module's name (``_orig_mod`` never appears in
 a path); what happens inside the compiled graph is read from the graph's own FX metadata when
@@ -43,7 +43,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..errors import ScopesError
 from ..model.paths import levels, strip_calls
-from . import compiled, torchcompat
+from . import compiled, dynamo, torchcompat
 from .handles import HookHandle
 from .nest import iter_tensors
 from .stamps import (
@@ -82,7 +82,7 @@ def _on_stack(frame: Any) -> bool:
 
 def _hook_caller() -> Any:
     """The frame that runs the global hooks (``Module._call_impl``): the first one outside
-    gradscope (the hook may be reached through ``compiled.ModuleHooks``)."""
+    gradscope (the hook may be reached through ``dynamo.ModuleHooks``)."""
     return outside_gradscope(sys._getframe(2))
 
 
@@ -101,7 +101,7 @@ class _HookMode(TorchFunctionMode):
         self.active = True
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if compiled.compiling():  # Dynamo traces this: call through
+        if dynamo.compiling():  # Dynamo traces this: call through
             return func(*args, **(kwargs or {}))
         out = func(*args, **(kwargs or {}))
         if self.active:
@@ -127,13 +127,13 @@ class ScopeRecorder:
         self.names: dict[int, str] = {}
         self.classes: dict[str, str] = {}
         for name, mod in model.named_modules(remove_duplicate=True):
-            name = compiled.plain_name(name)  # a torch.compile wrapper is its module
+            name = dynamo.plain_name(name)  # a torch.compile wrapper is its module
             self.names[id(mod)] = name
             self.classes[name] = type(mod).__name__
         self.owner: dict[int, str] = {}  # id(parameter) -> owning module's name
         for name, mod in model.named_modules():
             for p in mod.parameters(recurse=False):
-                self.owner.setdefault(id(p), compiled.plain_name(name))
+                self.owner.setdefault(id(p), dynamo.plain_name(name))
         self.first_call: dict[str, str] = {}  # module name -> call path of its first call
         self.stack = [_Frame(None, None, None, 0)]
         self.stamped_acc: set[Any] = set()  # AccumulateGrad nodes stamped in this block
@@ -144,7 +144,7 @@ class ScopeRecorder:
         """The module's name in the model; a ``torch.compile`` wrapper has its module's."""
         name = self.names.get(id(module))
         if name is None:
-            inner = compiled.unwrap(module)
+            inner = dynamo.unwrap(module)
             if inner is not None:
                 name = self.names.get(id(inner))
         return name
@@ -152,7 +152,7 @@ class ScopeRecorder:
     def in_wrapper(self, module: torch.nn.Module) -> bool:
         """``module`` is what the running ``torch.compile`` wrapper wraps: one frame for both."""
         top = self.stack[-1].module
-        return top is not None and top is not module and compiled.unwrap(top) is module
+        return top is not None and top is not module and dynamo.unwrap(top) is module
 
     def pre(self, module: torch.nn.Module, args: Any) -> None:
         if self.hook_modes:
@@ -199,7 +199,7 @@ class ScopeRecorder:
         ``Module._call_impl`` that runs the hooks, leaves the stack), a torch-function mode
         stamps each new node with the module's path."""
         mode = _HookMode(self, frame, caller)
-        compiled.eager_only(_HookMode.__torch_function__)
+        dynamo.eager_only(_HookMode.__torch_function__)
         mode.__enter__()
         self.hook_modes.append(mode)
 
@@ -210,7 +210,7 @@ class ScopeRecorder:
             mode = self.hook_modes[-1]
             if mode.active and _on_stack(mode.caller):
                 return
-            if not compiled.mode_on_top(mode):
+            if not dynamo.mode_on_top(mode):
                 return
             self.hook_modes.pop()
             mode.active = False
@@ -321,7 +321,7 @@ class Scopes:
         handle.add(rec.stamped_acc.clear)
         handle.add(rec.close)
         try:
-            handle.add(compiled.ModuleHooks(rec.pre, rec.post).install())
+            handle.add(dynamo.ModuleHooks(rec.pre, rec.post).install())
         except BaseException:
             handle.remove()
             raise

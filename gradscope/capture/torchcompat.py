@@ -189,6 +189,56 @@ is_functorch_wrapped: Callable[[torch.Tensor], bool] = (
 )
 
 
+# ---------------------------------------------------------------------------- the monitor
+def _no_graph_task() -> int:
+    note("graph_task_id", "the autograd graph task id cannot be read: GradMonitor ends a "
+         "step at the callback it queued, and a backward that raised can delay the next one")
+    return -2
+
+
+#: The id of the autograd graph task running on this thread (one per backward call).
+current_graph_task_id: Callable[[], int] = _get(_C, "_current_graph_task_id") or _no_graph_task
+
+_engine: Any = _get(torch.autograd, "Variable", "_execution_engine")
+#: Queue ``fn`` to run when the current backward's graph task ends (the autograd engine's
+#: final callbacks; what DDP queues its gradient averaging with).
+queue_engine_callback: Callable[[Callable[[], None]], None] | None = _get(
+    _engine, "queue_callback"
+)
+
+#: A guard for inference mode without ``torch.inference_mode``'s Python wrapper (it costs a
+#: few microseconds per use, on every logged step).
+inference_mode: Callable[[bool], Any] = (
+    getattr(_C, "_InferenceMode", None) or torch.inference_mode
+)
+
+
+def grad_scaler_scale(scaler: Any) -> torch.Tensor | None:
+    """A ``torch.amp.GradScaler``'s scale as a device tensor (no host sync), or None before
+    its first ``scale()``; where the tensor cannot be read, ``get_scale()`` (a host sync;
+    noted)."""
+    scale = getattr(scaler, "_scale", False)
+    if scale is None or isinstance(scale, torch.Tensor):
+        return scale
+    note("grad_scaler_scale", "a GradScaler's scale tensor cannot be read: GradMonitor reads "
+         "get_scale() (one host sync more per logged step)")
+    value = scaler.get_scale()
+    return torch.tensor(float(value), dtype=torch.float64) if value else None
+
+
+def grad_scaler_unscaled(scaler: Any, optimizer: Any) -> bool:
+    """Whether ``scaler`` already unscaled ``optimizer``'s gradients in this step
+    (``unscale_``, ``step``); False where its per-optimizer state cannot be read (noted)."""
+    states = getattr(scaler, "_per_optimizer_states", None)
+    ready = _get(sys.modules.get("torch.amp.grad_scaler"), "OptState", "READY")
+    if not isinstance(states, dict) or ready is None:
+        note("grad_scaler_state", "a GradScaler's per-optimizer state cannot be read: "
+             "GradMonitor takes the gradients at optimizer.step() as still scaled")
+        return False
+    state = states.get(id(optimizer))
+    return state is not None and state.get("stage") is not ready
+
+
 # ---------------------------------------------------------------------------- storages
 def _storage_key_fallback(t: torch.Tensor) -> int:
     return int(t.untyped_storage()._cdata)

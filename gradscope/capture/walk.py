@@ -26,7 +26,7 @@ import torch
 
 from ..errors import GradscopeError, NoGradError
 from ..model.graph import Edge, Graph, Node, SavedTensor, TensorInfo
-from . import compiled, torchcompat
+from . import compiled, dynamo, torchcompat
 from .nest import iter_tensors
 from .stamps import MODULE_CLASSES_KEY, MODULE_KEY
 from .tensor_facts import _dim, _nbytes, _shape, _storage_key, _Storages
@@ -150,7 +150,7 @@ def _param_names(params: Any) -> dict[int, str]:
         return {}
     if isinstance(params, torch.nn.Module):
         # a torch.compile wrapper names its parameters as its module does (no `_orig_mod.`)
-        return {id(p): compiled.plain_name(name) for name, p in params.named_parameters()}
+        return {id(p): dynamo.plain_name(name) for name, p in params.named_parameters()}
     if isinstance(params, Mapping):
         # map() keeps the per-entry work in C: a dict of every parameter of a big model is
         # common, and this runs on every trace

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import formats, memory, schema, transforms
+from . import formats, memory, schema, schema_write, transforms
 from .nodes import (
     KINDS,
     Box,
@@ -120,11 +120,11 @@ class Graph:
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready dict of the current schema version (see ``gradscope.model.schema``)."""
-        return schema.graph_to_dict(self)
+        return schema_write.graph_to_dict(self)
 
     def to_json(self) -> str:
         """JSON text, one node or edge per line for readable diffs (strict JSON)."""
-        return schema.graph_to_json(self)
+        return schema_write.graph_to_json(self)
 
     @classmethod
     def from_dict(cls, d: Any) -> Graph:

@@ -52,19 +52,14 @@ from typing import Any, Literal, overload
 
 from ..errors import SchemaError
 from .nodes import KINDS, Box, Edge, Node, Region, SavedTensor, TensorInfo
-from .schema_write import (  # noqa: F401  (the format's names, re-exported from here)
-    _SURROGATE,
+from .schema_write import (
     ALIAS_KINDS,
     EDGE_KINDS,
     MAX_DEPTH,
     NODE_ID,
-    NODE_OPTIONAL,
     NONFINITE_KINDS,
     READABLE_VERSIONS,
     SCHEMA_VERSION,
-    float_to_json,
-    graph_to_dict,
-    graph_to_json,
 )
 
 _V1_BOX = ("class", "nodes", "saved_bytes", "repeat")

@@ -14,7 +14,6 @@ others. A graph without module paths gives exactly the DOT it gave before cluste
 This module holds ``to_dot`` (the graph statement, its edges) and registers the ``dot`` format;
 the parts it puts together are in ``dot_tokens`` (quoted strings, box ids), ``dot_nodes`` (a
 node's label, colours and saved boxes), ``dot_clusters`` (module clusters) and ``dot_legend``.
-Their public names are importable from here too.
 """
 
 from __future__ import annotations
@@ -24,45 +23,14 @@ import os
 
 from ..model.formats import FormatKind, OutputFormat, register_format
 from ..model.graph import Edge, Graph
-from .dot_clusters import MAX_INDENT, MAX_TOOLTIP, _cluster_keys, _cluster_lines
+from .dot_clusters import _cluster_keys, _cluster_lines
 from .dot_legend import legend_line
 from .dot_nodes import (
-    BAD_OTHER_COLOR,
-    OP_COLOR,
     _node_lines,
     _Options,
-    annotate,
-    attr_entries,
-    attr_table,
-    node_style,
-    saved_style,
-    short_location,
-    wrap_location,
 )
-from .dot_tokens import MAX_QUOTED, _Ids, quote
+from .dot_tokens import _Ids, quote
 from .style import format_norm, norm_color
-
-#: ``to_dot`` and its options, and the names of its parts that other views and users import from
-#: here (``from gradscope.views.dot import short_location``), as before the parts had modules.
-__all__ = [
-    "BAD_OTHER_COLOR",
-    "DOT_OPTIONS",
-    "MAX_INDENT",
-    "MAX_QUOTED",
-    "MAX_TOOLTIP",
-    "NODE_ATTR",
-    "OP_COLOR",
-    "annotate",
-    "attr_entries",
-    "attr_table",
-    "legend_line",
-    "node_style",
-    "quote",
-    "saved_style",
-    "short_location",
-    "to_dot",
-    "wrap_location",
-]
 
 NODE_ATTR = (
     'style=filled shape=box align=left fontsize=10 ranksep=0.1 height=0.2 fontname=monospace'

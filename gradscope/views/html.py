@@ -30,7 +30,7 @@ from typing import Any
 
 from ..model.formats import FormatKind, OutputFormat, register_format, register_renderer
 from ..model.graph import Graph
-from ..model.schema import float_to_json
+from ..model.schema_write import float_to_json
 from .containers import CHUNK, MAX_LEVELS
 from .page_data import (
     BUDGET,

@@ -13,9 +13,9 @@ from typing import Any
 
 from ..model.graph import Graph, Node, SavedTensor, format_bytes
 from ..model.nodes import KINDS, saved_bytes_of
-from ..model.schema import EDGE_KINDS, NODE_OPTIONAL, float_to_json
+from ..model.schema_write import EDGE_KINDS, NODE_OPTIONAL, float_to_json
 from .containers import CHUNK, ContainerTree
-from .dot import BAD_OTHER_COLOR, OP_COLOR, attr_entries, short_location
+from .dot_nodes import BAD_OTHER_COLOR, OP_COLOR, attr_entries, short_location
 from .style import (
     BAD_COLOR,
     BASE_COLOR,
@@ -36,7 +36,8 @@ BUDGET = 600
 #: The page's data contract: every row of the page is a list whose positions are named here
 #: (the page reads the names from ``fields`` in its data, never a position of its own), and trailing
 #: fields at their default are left out. Node and edge kinds are written as indices into the
-#: model's own tables (``model.nodes.KINDS``, ``model.schema.EDGE_KINDS``), sent with the data.
+#: model's own tables (``model.nodes.KINDS``, ``model.schema_write.EDGE_KINDS``), sent with the
+#: data.
 #: A new field is a name here and a value where the rows are written.
 FIELDS: dict[str, tuple[str, ...]] = {
     "nodes": ("id", "name", "kind", "container", "info"),
@@ -105,7 +106,7 @@ class InfoField:
     """One field of a node's info, the last field of a node's row: a dict, only the fields set.
 
     Attributes:
-        name: what the page calls it: the schema's key (``model.schema.NODE_OPTIONAL``, a
+        name: what the page calls it: the schema's key (``model.schema_write.NODE_OPTIONAL``, a
             ``Node`` attribute) where ``Graph.to_json`` writes the field too.
         key: its key in the page's JSON, short: it is written once per node.
         label: the heading of a row of the details panel that shows the value as it is; ""
@@ -119,7 +120,7 @@ class InfoField:
 
 #: The node info the page knows, in the order it is written. The table travels with the data
 #: (``info``): the viewer reads a field by its name, never by a key of its own. A key of
-#: ``model.schema.NODE_OPTIONAL`` not here (but in ``NOT_PER_NODE``) is written under its own
+#: ``model.schema_write.NODE_OPTIONAL`` not here (but in ``NOT_PER_NODE``) is written under its own
 #: name, in the schema's JSON form, and shown in the panel as it is: a new ``Node`` field is a
 #: change in the model, and in this table only to draw it some other way.
 INFO: tuple[InfoField, ...] = (
@@ -146,7 +147,7 @@ _KEY = {f.name: f.key for f in INFO}
 
 
 def info_fields() -> list[InfoField]:
-    """``INFO`` and, after it, a field for each key of ``model.schema.NODE_OPTIONAL`` that the
+    """``INFO`` and, after it, a field for each key of ``model.schema_write.NODE_OPTIONAL`` that the
     page has no code for (its name as key and as label)."""
     known = {f.name for f in INFO} | NOT_PER_NODE
     return list(INFO) + [InfoField(k, k, k) for k in NODE_OPTIONAL if k not in known]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..model.graph import Graph
-from .dot import attr_entries, attr_table
+from .dot_nodes import attr_entries, attr_table
 from .style import BASE_COLOR, LEAF_COLOR, OUTPUT_COLOR, SAVED_COLOR, var_label
 
 

@@ -20,7 +20,7 @@ from torch._dynamo.utils import counters
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-from gradscope.capture import compiled, torchcompat
+from gradscope.capture import compiled, dynamo, torchcompat
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -140,8 +140,8 @@ def test_dynamo_path():
 def test_plain_name_and_unwrap():
     model = nn.Linear(2, 2)
     opt = torch.compile(model, backend="aot_eager")
-    assert compiled.unwrap(opt) is model and compiled.unwrap(model) is None
-    assert [compiled.plain_name(n) for n, _ in opt.named_parameters()] == ["weight", "bias"]
+    assert dynamo.unwrap(opt) is model and dynamo.unwrap(model) is None
+    assert [dynamo.plain_name(n) for n, _ in opt.named_parameters()] == ["weight", "bias"]
 
 
 def test_unknown_torch_version_is_drawn_opaque_with_a_note(monkeypatch):
@@ -246,7 +246,7 @@ def test_module_hooks_add_no_graph_break_recompile_or_warning(make, warm):
     if warm:
         opt(x)
     seen = []
-    hooks = compiled.ModuleHooks(lambda m, a: seen.append(("pre", type(m).__name__)),
+    hooks = dynamo.ModuleHooks(lambda m, a: seen.append(("pre", type(m).__name__)),
                                  lambda m, a, o: seen.append(("post", type(m).__name__)))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # any warning (Dynamo's, OptimizedModule's) fails
@@ -268,8 +268,8 @@ def test_eager_only_marks_code_once_dynamo_is_loaded():
     def hook():
         return None
 
-    compiled.eager_only(hook)
-    assert hook.__code__ in compiled._MARKED
+    dynamo.eager_only(hook)
+    assert hook.__code__ in dynamo._MARKED
 
 
 def test_region_under_inductor_matches_the_graph_inductor_compiled():
@@ -317,7 +317,7 @@ def test_module_hooks_stay_hidden_after_dynamo_reset():
     them (no recompile once they are gone)."""
     model = Plain()
     x = torch.randn(3, 4)
-    hooks = compiled.ModuleHooks(lambda m, a: None, lambda m, a, o: None).install()
+    hooks = dynamo.ModuleHooks(lambda m, a: None, lambda m, a, o: None).install()
     try:
         torch._dynamo.reset()
         counters.clear()

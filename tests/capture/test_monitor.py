@@ -787,7 +787,7 @@ def test_a_logged_step_makes_no_blocking_host_to_device_copy(monkeypatch):
         p.grad = torch.ones_like(p)
     monkeypatch.setattr(torch.Tensor, "to", spy)
     monkeypatch.setattr(torch, "tensor", no_device_tensor)
-    from gradscope.capture.monitor_stats import UpdateSample
+    from gradscope.capture.monitor.stats import UpdateSample
 
     with torch.inference_mode():
         measured = mon._measure("optimizer")
@@ -1190,7 +1190,7 @@ def test_parameters_replaced_after_the_monitor_was_built() -> None:
 
 
 def test_an_internal_failure_stops_the_monitor_not_the_training(monkeypatch) -> None:
-    from gradscope.capture import monitor_stats
+    from gradscope.capture.monitor import stats as monitor_stats
 
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -89,7 +89,7 @@ def test_without_the_mode_stack_record_forward_still_works(monkeypatch):
     monkeypatch.setattr(torchcompat, "_NOTES", {})
     model = torch.nn.Linear(3, 2)
     with gs.record_forward():
-        assert forward.compiled.mode_on_top(object()) is False
+        assert forward.dynamo.mode_on_top(object()) is False
         out = model(torch.randn(2, 3)).sum()
     assert gs.trace(out).nodes
     (line,) = torchcompat.notes()

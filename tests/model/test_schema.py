@@ -12,7 +12,7 @@ import pytest
 from graphs import ALL
 
 import gradscope as gs
-from gradscope.model.schema import MAX_DEPTH, SCHEMA_VERSION
+from gradscope.model.schema_write import MAX_DEPTH, SCHEMA_VERSION
 
 V1 = Path(__file__).resolve().parent.parent / "golden" / "v1"
 #: what version 1 kept in attrs, now typed fields

@@ -1,6 +1,6 @@
 """One data contract for the page (issue 19, item 3): the rows' fields, the node info's keys and
 the kinds are named in Python (``views.page_data``: ``FIELDS``, ``INFO``, ``CONTAINER_KINDS``;
-``model.nodes.KINDS``, ``model.schema.EDGE_KINDS``) and sent with the data; ``viewer.js``
+``model.nodes.KINDS``, ``model.schema_write.EDGE_KINDS``) and sent with the data; ``viewer.js``
 reads them by name and spells no key of its own. Checked from the script's source, and in
 Chromium: a field added to the schema's table of optional node keys reaches the page's details
 panel with no change to the page's code."""
@@ -16,9 +16,9 @@ import pytest
 from viewer_page import Page, embedded_data, launch_browser
 
 import gradscope as gs
-from gradscope.model import schema
+from gradscope.model import schema_write
 from gradscope.model.nodes import KINDS, Node
-from gradscope.model.schema import EDGE_KINDS, NODE_OPTIONAL
+from gradscope.model.schema_write import EDGE_KINDS, NODE_OPTIONAL
 from gradscope.views.html import ASSETS
 from gradscope.views.page_data import (
     CONTAINER_KINDS,
@@ -91,7 +91,7 @@ class _Stamped(Node):
 def test_a_new_node_field_reaches_the_panel(browser, tmp_path: Path, monkeypatch) -> None:
     """A new field in the schema's table of optional node keys is written by ``to_json`` and
     shown in the page's details panel, with no change to page_data's INFO or to viewer.js."""
-    monkeypatch.setitem(schema.NODE_OPTIONAL, "checksum", str.upper)
+    monkeypatch.setitem(schema_write.NODE_OPTIONAL, "checksum", str.upper)
     leaf = _Stamped("n1", "x", "leaf", checksum="c0ffee")
     graph = gs.Graph([_Stamped("n0", "MulBackward0", "op"), leaf], [gs.Edge("n0", "n1", 0)],
                      roots=["n0"])

@@ -182,7 +182,7 @@ def test_legend_lists_what_the_picture_uses(deep: gs.Graph) -> None:
 
 
 def test_forward_lines_are_short_and_wrapped() -> None:
-    from gradscope.views.dot import short_location, wrap_location
+    from gradscope.views.dot_nodes import short_location, wrap_location
 
     where = "/home/u/proj/models/net.py:12: y = torch.where(h > 0, h.sqrt(), torch.zeros_like(h))"
     assert short_location(where, "/home/u/proj") == (

@@ -30,7 +30,7 @@ from ...model.alerts import AlertRules
 from ...model.formats import renderer
 from ...model.incident import Incident
 from ...model.monitor import Alert, DroppedSummary, MonitorLog, StepStats, Thresholds
-from .. import compiled
+from .. import dynamo
 from ..handles import HookHandle
 from ..incidents import IncidentWatch
 from ..nest import iter_tensors
@@ -140,7 +140,7 @@ class GradMonitor:
     ) -> None:
         check_args(model, every, norm_type, full_every, measure)
         # a torch.compile wrapper: its module's names (the wrapper is what the loop calls)
-        called, model = model, compiled.unwrap(model) or model
+        called, model = model, dynamo.unwrap(model) or model
         check_options(replicated, update_sample, history)
         self.every = every
         self.full_every = full_every
@@ -231,7 +231,7 @@ class GradMonitor:
         self._act_index = (
             {id(mod): i for i, (_, mod) in enumerate(model.named_modules())} if activations else {}
         )
-        self._global_hooks = compiled.ModuleHooks(self._forward_pre, self._forward_done)
+        self._global_hooks = dynamo.ModuleHooks(self._forward_pre, self._forward_done)
         add(self._global_hooks.install())
         # a parameter or submodule registered anywhere (a re-assigned weight, an added layer)
         # marks the model as possibly changed: it is re-read before the next logged step
@@ -243,7 +243,7 @@ class GradMonitor:
         self._changed = True
 
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
-        if not self._checked_params and (compiled.unwrap(module) or module) is self._model:
+        if not self._checked_params and (dynamo.unwrap(module) or module) is self._model:
             first_forward(self)
 
     def _forward_done(self, module: torch.nn.Module, args: Any, output: Any) -> None:
