@@ -24,25 +24,33 @@ training ends (or fails) the monitor's hooks are removed; its history stays on
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import math
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
-try:
-    import lightning.pytorch as pl
-except ImportError:  # the older package name
-    import pytorch_lightning as pl  # type: ignore[no-redef]
-
 from ..capture.monitor import GradMonitor
 from ..errors import UnsupportedSetupError
 from ._options import AlertRelay, check_options
 
+
+def _lightning() -> Any:
+    """``lightning.pytorch``, or the older package ``pytorch_lightning``. Imported by name, so
+    the type check reads the same whichever of them (or neither) is installed."""
+    try:
+        return importlib.import_module("lightning.pytorch")
+    except ImportError:
+        return importlib.import_module("pytorch_lightning")
+
+
+_Callback: Any = _lightning().Callback
+
 logger = logging.getLogger("lightning.pytorch")
 
 
-class GradscopeCallback(pl.Callback):
+class GradscopeCallback(_Callback):
     """Watch gradients during ``Trainer.fit()``.
 
     Args:
