@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up used by the README's commands and by CI: a virtual environment, a pinned
-# torch, gradscope (editable; pip compiles the optional C walk, gradscope/capture/_cwalk.c,
-# when a C compiler is present) with the extras asked for, and the Graphviz binary.
+# torch, gradscope (editable, or the wheel GRADSCOPE_WHEEL names; pip compiles the optional C
+# walk, gradscope/capture/_cwalk.c, when a C compiler is present) with the extras asked for,
+# and the Graphviz binary.
 #
 #   GRADSCOPE_VENV      the environment's folder (default .venv)
 #   GRADSCOPE_TORCH     what to install first (default "torch==2.13.0", the CPU build here:
@@ -10,6 +11,8 @@
 #   GRADSCOPE_EXTRAS    gradscope's extras (default test; empty: gradscope and its
 #                       dependencies only, what rendering needs)
 #   GRADSCOPE_PACKAGES  more packages installed after gradscope (e.g. timm)
+#   GRADSCOPE_WHEEL     a built wheel (dist/gradscope-*.whl) to install instead of the
+#                       editable checkout: what users get from pip (scripts/test.sh sets it)
 # Everything after the first step is installed with torch (and torchvision) held at the
 # versions the first step installed, so nothing downloads another torch.
 set -euo pipefail
@@ -19,6 +22,7 @@ VENV=${GRADSCOPE_VENV:-.venv}
 TORCH_SPEC=${GRADSCOPE_TORCH:-torch==2.13.0}
 EXTRAS=${GRADSCOPE_EXTRAS-test}
 PACKAGES=${GRADSCOPE_PACKAGES:-}
+WHEEL=${GRADSCOPE_WHEEL:-}
 pip_q() { "$VPY" -m pip install -q --disable-pip-version-check "$@" >&2; }
 
 if [ ! -x "$VENV/bin/python" ]; then
@@ -26,11 +30,18 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 VPY=$VENV/bin/python
-target=.
-[ -n "$EXTRAS" ] && target=".[$EXTRAS]"
+if [ -n "$WHEEL" ]; then
+  target=$WHEEL
+  [ -n "$EXTRAS" ] && target="$WHEEL[$EXTRAS]"
+  wheel_id=$(sha1sum "$WHEEL" | cut -c1-12)
+else
+  target=.
+  [ -n "$EXTRAS" ] && target=".[$EXTRAS]"
+  wheel_id=editable
+fi
 # the stamp covers everything the install builds from, so an edited C file is rebuilt
 stamp="$VENV/.gradscope-setup-$( (cat pyproject.toml setup.py gradscope/capture/_cwalk.c \
-  scripts/setup.sh; echo "$TORCH_SPEC|$EXTRAS|$PACKAGES") | sha1sum | cut -c1-12)"
+  scripts/setup.sh; echo "$TORCH_SPEC|$EXTRAS|$PACKAGES|$wheel_id") | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   echo "setup: installing $TORCH_SPEC and gradscope${EXTRAS:+[$EXTRAS]}${PACKAGES:+ and $PACKAGES} into $VENV" >&2
   pip_q --upgrade pip || true
@@ -45,13 +56,19 @@ for name in ("torch", "torchvision"):
     except metadata.PackageNotFoundError:
         pass
 EOF
-  pip_q -c "$held" -e "$target"
+  if [ -n "$WHEEL" ]; then
+    pip_q -c "$held" "$target"
+    # the same version may be installed already (editable, or an older wheel): replace it
+    pip_q --force-reinstall --no-deps "$WHEEL"
+  else
+    pip_q -c "$held" -e "$target"
+  fi
   # shellcheck disable=SC2086
   [ -z "$PACKAGES" ] || pip_q -c "$held" $PACKAGES
   rm -f "$VENV"/.gradscope-setup-*
   touch "$stamp"
 fi
-if ! "$VPY" -c "import gradscope.capture._cwalk" 2>/dev/null; then
+if ! (cd / && "$VPY" -c "import gradscope.capture._cwalk") 2>/dev/null; then
   echo "setup: the compiled walk (gradscope/capture/_cwalk.c) is not built, so gs.trace uses its slower pure-Python walker; install a C compiler and the Python headers (apt-get install gcc python3-dev) and run: $VENV/bin/pip install -e ." >&2
 fi
 

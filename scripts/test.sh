@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # The README's test command (and CI's, through .ci/run): sets everything up and runs the whole
-# suite twice, once per supported torch, each in its own virtual environment made by
-# scripts/setup.sh:
-#   2.13  .venv       torch 2.13.0 (CPU build) + gradscope[test]; also scripts/checks.sh
+# suite twice, once per supported torch, against what users install: it builds the sdist and
+# the wheel (python -m build, in .venv-build; the wheel is built from the sdist) and installs
+# the WHEEL, not the checkout, into each leg's virtual environment (scripts/setup.sh):
+#   2.13  .venv       torch 2.13.0 (CPU build) + the wheel with [test]; also scripts/checks.sh
 #                     (lint, types, doctests) when that file exists
-#   2.14  .venv-2.14  torch 2.14.1 + torchvision 0.29.1 (installed first), then gradscope[test]
-#                     and timm with torch held; the outside-model tests (tests/outside/) run here
-# plus Graphviz and Chromium (the HTML viewer test). Extra arguments go to pytest, on each leg.
+#   2.14  .venv-2.14  torch 2.14.1 + torchvision 0.29.1 (installed first), then the wheel with
+#                     [test] and timm with torch held; the outside-model tests (tests/outside/)
+#                     run here
+# plus Graphviz and Chromium (the HTML viewer test). pytest runs from the checkout's root (the
+# tests read samples/ by relative paths) with PYTHONSAFEPATH=1, so neither pytest nor the
+# `python -c` / `-m` subprocesses of the tests put the checkout on sys.path: `import gradscope`
+# is the installed wheel's (tests/test_wheel.py checks it, and that the wheel holds every
+# package folder). GRADSCOPE_INSTALL=editable installs the checkout instead (a developer's
+# quick loop). Each leg runs on GRADSCOPE_WORKERS pytest-xdist workers (default 2, one per core
+here; 0 runs in one process), a test file per worker (--dist loadfile). Extra arguments go to
+pytest, on each leg.
 # GRADSCOPE_LEGS="2.13" (or "2.14") runs one leg. Exits non-zero if any leg fails, after a
 # summary line per leg.
 set -uo pipefail
@@ -18,6 +27,24 @@ export GRADSCOPE_REQUIRE_CWALK=${GRADSCOPE_REQUIRE_CWALK:-1}
 logdir=$(mktemp -d "${TMPDIR:-/tmp}/gradscope-test.XXXXXX")
 summary=()
 status=0
+INSTALL=${GRADSCOPE_INSTALL:-wheel}
+WORKERS=${GRADSCOPE_WORKERS:-2}
+xdist=()
+[ "$WORKERS" = 0 ] || xdist=(-n "$WORKERS" --dist loadfile)
+
+build_wheel() {  # the sdist, and the wheel built from it, into dist/; sets WHEEL
+  local t0=$SECONDS bvenv=.venv-build
+  echo "==== building the sdist and the wheel (python -m build)" >&2
+  if [ ! -x "$bvenv/bin/python" ]; then "${PYTHON:-python3}" -m venv "$bvenv"; fi
+  if ! "$bvenv/bin/python" -c "import build" 2>/dev/null; then
+    "$bvenv/bin/python" -m pip install -q --disable-pip-version-check "build==1.6.1" >&2 || return 1
+  fi
+  rm -rf dist
+  "$bvenv/bin/python" -m build --outdir dist . > "$logdir/build.log" 2>&1 \
+    || { tail -n 30 "$logdir/build.log" >&2; return 1; }
+  WHEEL=$(ls "$PWD"/dist/gradscope-*.whl)
+  echo "built $(basename "$(ls dist/gradscope-*.tar.gz)") and $(basename "$WHEEL") in $(( SECONDS - t0 )) s" >&2
+}
 
 leg() {  # leg NAME VENV TORCH PACKAGES [pytest args...]
   local name=$1 venv=$2 torch_spec=$3 packages=$4
@@ -26,7 +53,7 @@ leg() {  # leg NAME VENV TORCH PACKAGES [pytest args...]
   echo "==== torch $name leg ($venv): set-up" >&2
   t0=$(date +%s)
   if ! GRADSCOPE_VENV=$venv GRADSCOPE_TORCH=$torch_spec GRADSCOPE_EXTRAS=test \
-      GRADSCOPE_PACKAGES=$packages bash scripts/setup.sh; then
+      GRADSCOPE_PACKAGES=$packages GRADSCOPE_WHEEL=${WHEEL:-} bash scripts/setup.sh; then
     summary+=("torch $name: set-up FAILED after $(( $(date +%s) - t0 )) s")
     status=1
     return
@@ -40,7 +67,8 @@ leg() {  # leg NAME VENV TORCH PACKAGES [pytest args...]
     fi
   fi
   echo "==== torch $name leg: pytest ($("$venv/bin/python" -c 'import torch; print(torch.__version__)'))" >&2
-  "$venv/bin/python" -m pytest "$@" 2>&1 | tee "$logdir/$name.log"
+  PYTHONSAFEPATH=1 GRADSCOPE_WHEEL=${WHEEL:-} "$venv/bin/python" -m pytest "${xdist[@]}" "$@" 2>&1 \
+    | tee "$logdir/$name.log"
   rc=${PIPESTATUS[0]}
   t2=$(date +%s)
   counts=$(grep -E '[0-9]+ (passed|failed|error)' "$logdir/$name.log" | tail -n 1 \
@@ -49,6 +77,14 @@ leg() {  # leg NAME VENV TORCH PACKAGES [pytest args...]
   summary+=("torch $name: $([ "$rc" = 0 ] && echo ok || echo "FAILED (pytest exit $rc)") - ${counts:-no result}; set-up $(( t1 - t0 )) s, tests $(( t2 - t1 )) s")
 }
 
+WHEEL=
+if [ "$INSTALL" = wheel ]; then
+  if ! build_wheel; then
+    echo "==== summary"
+    echo "the sdist/wheel build FAILED"
+    exit 1
+  fi
+fi
 if [ -f scripts/setup-browser.sh ]; then bash scripts/setup-browser.sh; fi
 for name in $LEGS; do
   case $name in
