@@ -14,8 +14,8 @@
 # is the installed wheel's (tests/test_wheel.py checks it, and that the wheel holds every
 # package folder). GRADSCOPE_INSTALL=editable installs the checkout instead (a developer's
 # quick loop). Each leg runs on GRADSCOPE_WORKERS pytest-xdist workers (default 2, one per core
-here; 0 runs in one process), a test file per worker (--dist loadfile). Extra arguments go to
-pytest, on each leg.
+# here; 0 runs in one process), a test file per worker (--dist loadfile). Extra arguments go to
+# pytest, on each leg.
 # GRADSCOPE_LEGS="2.13" (or "2.14") runs one leg. Exits non-zero if any leg fails, after a
 # summary line per leg.
 set -uo pipefail
