@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ..model.incident import OpInput
+from . import torchcompat
 from .dynamo import compiling
 from .nest import iter_tensors
 
