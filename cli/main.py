@@ -30,7 +30,7 @@ EXIT_INTERRUPTED, EXIT_PIPE_CLOSED = 130, 141
 
 #: The modules whose ``register(app)`` adds commands, in the order ``--help`` lists them
 #: (``render`` adds ``render`` and ``tree``).
-COMMANDS: tuple[str, ...] = ("render", "report", "check", "memory", "diff")
+COMMANDS: tuple[str, ...] = ("render", "report", "check", "memory", "diff", "doctor")
 
 def make_app() -> typer.Typer:
     """The typer application with every command of ``COMMANDS`` registered."""

@@ -40,6 +40,7 @@ from typing import Any
 
 from . import views as _views  # noqa: F401  (registers the output formats; no torch there)
 from .errors import (
+    AutogradError,
     BudgetError,
     CheckInputError,
     ExplainInputError,
@@ -170,6 +171,8 @@ _LAZY = {
     "Verification": ".model.memplan",
     "parse_size": ".model.memplan",
     "diff": ".model.diff",
+    "doctor": ".capture.doctor",
+    "Finding": ".model.doctor",
     "GraphDiff": ".model.diff",
 }
 
@@ -190,6 +193,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "ActivationReport",
     "Alert",
+    "AutogradError",
     "BackwardRun",
     "BackwardTrace",
     "Box",
@@ -203,6 +207,7 @@ __all__ = [
     "ExplainInputError",
     "Explanation",
     "FORMATS",
+    "Finding",
     "FormatError",
     "FormatKind",
     "GradMonitor",
@@ -252,6 +257,7 @@ __all__ = [
     "check",
     "collapse",
     "diff",
+    "doctor",
     "dot_binary",
     "explain",
     "fold",

@@ -21,6 +21,8 @@ Hierarchy::
     │                               DTensors sharded over several mesh dimensions...)
     ├── MemoryHooksError        saved-tensor hooks could not be installed or removed in order
     ├── BudgetError             a checkpoint budget that cannot be read or reached
+    ├── AutogradError           an autograd error in a ``gs.doctor`` block, explained (also a
+    │                           ``RuntimeError``; torch's message is its first line)
     └── MissingExtraError       an optional dependency (an extra of the package) is missing
 
     UserWarning
@@ -31,6 +33,8 @@ The CLI turns each ``GradscopeError`` into one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class GradscopeError(Exception):
@@ -109,6 +113,20 @@ class MissingExtraError(GradscopeError):
     """An optional dependency (an extra of the gradscope package) is not installed."""
 
 
+class AutogradError(GradscopeError, RuntimeError):
+    """An autograd error torch raised inside a ``gs.doctor`` block, explained: the first line
+    is torch's own message, the next ones the doctor's finding (``.finding``: the ops, lines
+    and fix). A ``RuntimeError`` too, so ``except RuntimeError`` code still catches it."""
+
+    def __init__(self, torch_message: str, finding: Any = None) -> None:
+        self.torch_message = torch_message
+        self.finding = finding
+        text = torch_message
+        if finding is not None:
+            text += f"\ngradscope doctor: {finding.title()}: {finding.message}\nfix: {finding.fix}"
+        super().__init__(text)
+
+
 class GraphLeakWarning(UserWarning):
     """An autograd graph from an earlier training step is still alive."""
 
@@ -119,6 +137,7 @@ class MonitorWarning(UserWarning):
 
 
 __all__ = [
+    "AutogradError",
     "CheckInputError",
     "ExplainInputError",
     "FormatError",

@@ -36,6 +36,7 @@ import torch
 
 from ..errors import ModelFileError, ReportError
 from ..model.backward import BackwardTrace, ForwardNonFinite
+from ..model.doctor import torch_error_kind
 
 TEMPLATE = """\
     import torch
@@ -152,7 +153,15 @@ def _user_code(path: Path, doing: str) -> Iterator[None]:
     except BaseException as exc:  # the user's code may raise anything, even non-Exceptions
         raise ModelFileError(
             f"{_where(exc, path)}: {_describe(exc)} (raised while {doing})"
+            f"{_doctor_hint(exc, path)}"
         ) from exc
+
+
+def _doctor_hint(exc: BaseException, path: Path) -> str:
+    """For autograd's in-place / second-backward / no-grad_fn errors: where to look next."""
+    if isinstance(exc, RuntimeError) and torch_error_kind(str(exc)) is not None:
+        return f"; gradscope doctor {path} shows which lines did it"
+    return ""
 
 
 def _zero_arg(obj: Any) -> bool:
@@ -360,7 +369,8 @@ class ModelFile:
             trace = trace_backward(root, model=fwd.model, saved=saved, keep=fwd.outputs)
         except RuntimeError as exc:
             first = (str(exc).strip().splitlines() or [""])[0]
-            raise ModelFileError(f"{self.path}: backward raised RuntimeError: {first}") from exc
+            raise ModelFileError(f"{self.path}: backward raised RuntimeError: {first}"
+                                 f"{_doctor_hint(exc, self.path)}") from exc
         return BackwardRun(trace, forward.first_nonfinite)
 
     # ------------------------------------------------------------------ training

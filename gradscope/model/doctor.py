@@ -198,3 +198,29 @@ def names(items: list[str], most: int = 4) -> str:
     """``a, b, c and 2 more``."""
     shown = ", ".join(items[:most])
     return shown + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """What one ``gs.doctor`` block found: its findings (none for a healthy step) and how many
+    backward calls and optimizer steps it watched."""
+
+    findings: tuple[Finding, ...]
+    backwards: int = 0
+    steps: int = 0
+
+    @property
+    def healthy(self) -> bool:
+        return not self.findings
+
+    def to_json(self) -> str:
+        return findings_json(self.findings)
+
+    def render(self) -> Any:
+        """A rich renderable: one panel per finding (``gradscope doctor`` prints it)."""
+        from .formats import renderer
+
+        return renderer("doctor")(self)
+
+    def __rich__(self) -> Any:
+        return self.render()

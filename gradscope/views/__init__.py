@@ -10,5 +10,5 @@ from __future__ import annotations
 # the import order is the registration order (gs.FORMATS), so the import sorter leaves it alone
 # isort: off
 from . import dot, json_text, html, graphviz  # noqa: F401  (formats, in gs.FORMATS order)
-from . import check, diff, explain, memory, memplan, monitor, tree  # noqa: F401  (record renderers)
+from . import check, diff, doctor, explain, memory, memplan, monitor, tree  # noqa: F401  (record renderers)
 # isort: on

@@ -1,0 +1,230 @@
+"""``gs.doctor(model=None, optimizer=None)``: explain autograd's errors and silent failures.
+
+A context manager around one training step (or several)::
+
+    with gs.doctor(model, optimizer=opt) as doc:
+        loss = loss_fn(model(x), y)
+        loss.backward()      # an autograd error comes out as gs.AutogradError, explained
+        opt.step()
+    for f in doc.findings: print(f)
+
+While the block runs, ``doctor_record._DoctorMode`` records every torch call (lineage bitsets,
+in-place writes, the nodes made and what they saved); global module hooks keep the module path
+of each call and which modules ran (in which mode); the optimizer's step hooks check the
+training loop. Backward calls (``Tensor.backward``, ``torch.autograd.grad``) are run by the
+doctor: a torch error it can explain is re-raised as ``AutogradError`` (torch's message first),
+and after a good ``backward()`` each parameter left without a gradient gets a ``grad_none``
+finding (``doctor_explain``). Nothing the doctor does changes a value or a gradient; every hook
+and the mode are removed when the block ends, also when it raises.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+
+from ..errors import AutogradError, GradscopeError
+from ..model.doctor import DoctorReport, Finding, Site, findings_json, torch_error_kind
+from . import doctor_explain as explain
+from .doctor_record import _DoctorMode, user_line
+from .dynamo import ModuleHooks
+from .handles import HookHandle
+from .stamps import outside_gradscope
+
+_line = user_line
+
+
+def _here() -> str | None:
+    """The user's line that (through torch) called the hook running now."""
+    return _line(outside_gradscope(sys._getframe(1)))
+
+
+class Doctor:
+    """An open-able ``gs.doctor`` block (see ``doctor``).
+
+    Attributes:
+        findings: what the block found so far (``Finding`` records), in the order found.
+        backwards: backward calls the block ran; ``steps``: optimizer steps it saw.
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None,
+                 optimizer: torch.optim.Optimizer | None = None) -> None:
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise GradscopeError(f"doctor(model=...) takes an nn.Module, got "
+                                 f"{type(model).__name__}; pass the model, or nothing")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise GradscopeError(f"doctor(optimizer=...) takes a torch.optim.Optimizer, got "
+                                 f"{type(optimizer).__name__}")
+        self.model = model
+        self.optimizer = optimizer
+        self.findings: list[Finding] = []
+        self.backwards = 0
+        self.steps = 0
+        self.names: list[str] = []
+        self.params: list[torch.Tensor] = []
+        self.bits: dict[int, int] = {}
+        if model is not None:
+            for name, p in model.named_parameters():
+                self.bits[id(p)] = len(self.params)
+                self.names.append(name)
+                self.params.append(p)
+        self.module_names: dict[int, str] = (
+            {id(m): n for n, m in model.named_modules()} if model is not None else {})
+        self.stack: list[str | None] = []
+        #: per module run since the last step: (its training flag, the line that called it)
+        self.ran: dict[str, tuple[bool, str | None]] = {}
+        self.backward_lines: list[str | None] = []
+        self.steps_since_backward = 0
+        self.mode: _DoctorMode | None = None
+        self._said: set[tuple[Any, ...]] = set()
+        self.handle = HookHandle()
+
+    # ---------------------------------------------------------------- the block
+    def __enter__(self) -> Doctor:
+        mode = _DoctorMode(self.bits, self._backward, self.module_now)
+        self.mode = mode
+        try:
+            self.handle.add(ModuleHooks(self._pre_module, self._post_module).install())
+            if self.optimizer is not None:
+                self.handle.add(self.optimizer.register_step_pre_hook(self._pre_step))
+                self.handle.add(self.optimizer.register_step_post_hook(self._post_step))
+            mode.__enter__()
+        except BaseException:
+            self.handle.remove()
+            raise
+        self.handle.add(lambda: mode.__exit__(None, None, None))
+        return self
+
+    def __exit__(self, etype: Any, exc: BaseException | None, tb: Any) -> None:
+        self.handle.remove()
+        if isinstance(exc, RuntimeError) and not isinstance(exc, AutogradError):
+            kind = torch_error_kind(str(exc))
+            if kind is not None:  # a backward the doctor did not run (a C++ extension...)
+                finding = self._explain(kind, exc, [], None)
+                raise AutogradError(str(exc), finding) from exc
+
+    def module_now(self) -> str | None:
+        return self.stack[-1] if self.stack else None
+
+    # ---------------------------------------------------------------- results
+    def report(self) -> DoctorReport:
+        """The findings as a plain ``DoctorReport`` (``.render()``: a rich renderable)."""
+        return DoctorReport(tuple(self.findings), self.backwards, self.steps)
+
+    def findings_json(self) -> str:
+        """The findings as JSON text (``{"gradscope_doctor": 1, "findings": [...]}``)."""
+        return findings_json(self.findings)
+
+    def add(self, finding: Finding, key: tuple[Any, ...] | None = None) -> None:
+        """Keep ``finding`` (once per ``key``: the same slip seen at every step is one)."""
+        key = key if key is not None else (finding.kind, finding.param, finding.line)
+        if key in self._said:
+            return
+        self._said.add(key)
+        self.findings.append(finding)
+
+    # ---------------------------------------------------------------- module hooks
+    def _pre_module(self, module: Any, args: Any) -> None:
+        name = self.module_names.get(id(module))
+        self.stack.append(name)
+        if name is not None and name not in self.ran:
+            self.ran[name] = (module.training, _here())
+
+    def _post_module(self, module: Any, args: Any, output: Any) -> None:
+        if self.stack:
+            self.stack.pop()
+
+    # ---------------------------------------------------------------- backward
+    def _backward(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """Run one backward call for the mode: checks before, explanation on error, the
+        parameters without a gradient after."""
+        assert self.mode is not None
+        line = _line(sys._getframe(2))  # 2: the mode's frame, then the user's call
+        plain = func is not torch.autograd.grad and kwargs.get("inputs") is None
+        roots = explain.roots_of(func, args, kwargs)
+        if self.optimizer is not None and self.steps_since_backward:
+            explain.check_accumulate(self, line)
+        try:
+            result = func(*args, **kwargs)
+        except RuntimeError as exc:
+            kind = torch_error_kind(str(exc))
+            if kind is None:
+                raise
+            finding = self._explain(kind, exc, roots, line)
+            raise AutogradError(str(exc), finding) from exc
+        self.mode.iteration += 1
+        self.backwards += 1
+        self.backward_lines.append(line)
+        self.steps_since_backward = 0
+        if plain and self.params:
+            explain.check_grad_none(self, roots)
+        return result
+
+    def _explain(self, kind: str, exc: BaseException, roots: list[Any],
+                 line: str | None) -> Finding:
+        finding = explain.explain_error(self, kind, str(exc), roots, line)
+        self.add(finding, key=(kind, finding.line, len(self.findings)))
+        return finding
+
+    # ---------------------------------------------------------------- optimizer hooks
+    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        line = _here()
+        explain.check_step(self, optimizer, line)
+        self.ran.clear()
+        if self.mode is not None:
+            self.mode.paused = True  # the update is not the model's forward
+
+    def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.steps += 1
+        self.steps_since_backward += 1
+        if self.mode is not None:
+            self.mode.paused = False
+
+    # ---------------------------------------------------------------- naming
+    def param_site(self, bit: int) -> str | None:
+        """The module path that owns parameter ``bit`` (None for a parameter of the root)."""
+        name = self.names[bit]
+        return name.rsplit(".", 1)[0] if "." in name else None
+
+    def site_line(self, site: Site | None) -> str | None:
+        return site.line if site is not None else None
+
+
+def doctor(model: torch.nn.Module | None = None,
+           optimizer: torch.optim.Optimizer | None = None) -> Doctor:
+    """Watch a forward and backward (one training step or several) and explain what autograd
+    refused or silently skipped.
+
+    In the block, an autograd error torch raises in backward (a tensor saved for backward and
+    then modified in place, a second backward through a freed graph, a loss without a graph)
+    comes out as ``gs.AutogradError``: torch's own message first, then the finding (the ops and
+    lines that saved and modified the tensor, the tensor carried from an earlier iteration, the
+    line where the loss lost its graph). It is a ``RuntimeError`` too, so ``except
+    RuntimeError`` still catches it. After each good ``backward()``, every parameter of
+    ``model`` that requires grad and got none is a ``grad_none`` finding saying why (``unused``,
+    ``no_grad``, ``cut`` with the op and line of the cut, ``frozen_upstream``). With
+    ``optimizer``, each ``step()`` is checked: parameters with gradients in no param group,
+    frozen ones in a group, gradients carried over from the last step (no ``zero_grad``), and
+    dropout/normalisation modules left in ``eval()`` mode.
+
+    Args:
+        model: the ``nn.Module`` whose parameters are watched (module paths come from it).
+        optimizer: the optimizer whose ``step()`` the block calls.
+
+    Returns:
+        A context manager; ``.findings`` (``Finding`` records), ``.findings_json()``,
+        ``.report()`` (a ``DoctorReport``, ``.render()`` for a rich renderable).
+
+    Example:
+        >>> import torch, gradscope as gs
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+        >>> with gs.doctor(net) as doc:
+        ...     with torch.no_grad():
+        ...         h = net[0](torch.randn(2, 4))
+        ...     net[1](h).sum().backward()
+        >>> [(f.kind, f.reason, f.param) for f in doc.findings]
+        [('grad_none', 'no_grad', '0.weight'), ('grad_none', 'no_grad', '0.bias')]
+    """
+    return Doctor(model, optimizer)

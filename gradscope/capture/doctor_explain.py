@@ -1,0 +1,382 @@
+"""The autograd doctor's explanations: from what ``doctor_record`` kept to ``Finding`` records.
+
+- ``explain_error``: torch's ``inplace`` / ``backward_twice`` / ``no_grad_fn`` errors, read back
+  against the failing graph's own nodes (their ``NodeRecord`` stamps) and the lineage.
+- ``check_grad_none``: after a good ``backward()``, every watched parameter that requires grad
+  and has no ``.grad``, with the reason.
+- ``check_step`` / ``check_accumulate``: the training loop, at ``optimizer.step()`` and before
+  the next backward.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..model.doctor import (
+    Finding,
+    Site,
+    describe_tensor,
+    names,
+    parse_inplace,
+)
+from .doctor_record import DOCTOR_KEY, CutEvent, NodeRecord, _DoctorMode, bits_of
+from .stamps import walk_nodes
+
+if TYPE_CHECKING:
+    from .doctor import Doctor
+
+_WHY = {
+    "no_grad": "ran under torch.no_grad()",
+    "inference_mode": "ran under torch.inference_mode()",
+    "detach": "returns a tensor without a graph (.detach())",
+    "data": "returns a tensor without a graph (.data)",
+    "item": "turns the tensor into a Python value, which carries no graph",
+    "integer": "returns integers or booleans (argmax, a comparison, an integer cast), "
+               "through which no gradient flows",
+    "nondiff": "is not differentiable, so no gradient flows through it",
+}
+_CUT_FIX = {
+    "no_grad": "run it outside torch.no_grad() / inference_mode() if its parameters should "
+               "learn; if they should not, set requires_grad_(False) on them",
+    "detach": "drop the .detach() (or keep it and freeze those parameters on purpose with "
+              "requires_grad_(False))",
+    "data": "use the tensor itself instead of .data",
+    "item": "keep the value a tensor (no .item() / .tolist() / .numpy()) so that the graph "
+            "goes on",
+    "integer": "use a differentiable stand-in (softmax or a straight-through estimator "
+               "instead of argmax, a float mask instead of a comparison)",
+    "nondiff": "use a differentiable op in its place",
+}
+_CUT_FIX["inference_mode"] = _CUT_FIX["no_grad"]
+_MODE_MODULES = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm,
+                 torch.nn.modules.instancenorm._InstanceNorm)
+
+
+def roots_of(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
+    """The tensors a backward call starts from."""
+    first = args[0] if args else kwargs.get("outputs", kwargs.get("tensors"))
+    items = first if isinstance(first, (list, tuple)) else [first]
+    return [t for t in items if isinstance(t, torch.Tensor)]
+
+
+def _record(fn: Any) -> NodeRecord | None:
+    meta = getattr(fn, "metadata", None)
+    return meta.get(DOCTOR_KEY) if isinstance(meta, dict) else None
+
+
+def _where(site: Site | None) -> str:
+    if site is None or site.line is None:
+        return ""
+    return f" at {site.line}" + (f" ({site.module})" if site.module else "")
+
+
+def explain_error(doc: Doctor, kind: str, message: str, roots: list[torch.Tensor],
+                  line: str | None) -> Finding:
+    first = (message.strip().splitlines() or [""])[0]
+    if kind == "inplace":
+        found = _inplace(doc, message, roots)
+    elif kind == "backward_twice":
+        found = _backward_twice(doc, roots, line)
+    else:
+        found = _no_grad_fn(doc, roots, line)
+    return Finding(**{**found, "torch_error": first})
+
+
+# ---------------------------------------------------------------------------- inplace
+def _same_node(creator: str | None, named: str) -> bool:
+    """torch names the node ``SigmoidBackward0`` or, in some versions, ``Sigmoid``."""
+    if creator is None:
+        return False
+    return creator == named or creator.rstrip("0123456789").removesuffix("Backward") == named
+
+
+def _inplace(doc: Doctor, message: str, roots: list[torch.Tensor]) -> dict[str, Any]:
+    parsed = parse_inplace(message)
+    fix = ("use the out-of-place form (y = y * 2 rather than y *= 2, relu rather than relu_, "
+           "inplace=False in modules), or modify a .clone() of the tensor")
+    if parsed is None:
+        return dict(kind="inplace", message="A tensor saved for backward was modified in place "
+                    "afterwards.", op=None, line=None, module=None, fix=fix)
+    mode = doc.mode
+    assert mode is not None
+    best: tuple[Any, ...] | None = None
+    for fn in walk_nodes(t.grad_fn for t in roots):
+        rec = _record(fn)
+        if rec is None:
+            continue
+        for saved in rec.saved:
+            if saved.shape != parsed.shape or saved.version != parsed.expected:
+                continue
+            if parsed.node is not None and (not _same_node(saved.creator, parsed.node)
+                                            or saved.output_nr != parsed.output_nr):
+                continue
+            writes = [w for w in mode.writes.get(saved.storage or -1, ())
+                      if parsed.expected < w.version <= parsed.found]
+            rank = (bool(writes), fn._sequence_nr())
+            if best is None or rank > best[0]:
+                best = (rank, rec, type(fn).__name__, writes)
+    what = describe_tensor(parsed.tensor_type, parsed.shape, parsed.output_nr, parsed.node)
+    if best is None:
+        return dict(kind="inplace", message=f"{what[0].upper()}{what[1:]} was saved for backward "
+                    f"at version {parsed.expected} and modified in place afterwards (version "
+                    f"{parsed.found}); the doctor did not see where.", op=None, line=None,
+                    module=None, fix=fix)
+    _, rec, saver_node, writes = best
+    saved_site = Site("saved", rec.op, rec.site.line, rec.site.module)
+    text = (f"{what[0].upper()}{what[1:]} was saved for backward by {rec.op}{_where(rec.site)} "
+            f"({saver_node}) at version {parsed.expected}")
+    if not writes:
+        return dict(kind="inplace", message=text + f", and changed in place afterwards (version "
+                    f"{parsed.found} at backward) by an op the doctor did not see.",
+                    op=rec.op, line=rec.site.line, module=rec.site.module, fix=fix,
+                    sites=(saved_site,))
+    w = min(writes, key=lambda x: x.version)
+    view = " through a view" if w.shape != parsed.shape else ""
+    more = (f"; {len(writes) - 1} more in-place change(s) followed" if len(writes) > 1 else "")
+    text += (f"; then {w.site.op}{_where(w.site)} modified it in place{view} (version "
+             f"{w.version}){more}, so its backward found version {parsed.found}.")
+    return dict(kind="inplace", message=text, op=w.site.op, line=w.site.line,
+                module=w.site.module, fix=fix, sites=(w.site, saved_site))
+
+
+# ---------------------------------------------------------------------------- backward twice
+def _backward_twice(doc: Doctor, roots: list[torch.Tensor], line: str | None) -> dict[str, Any]:
+    fix_twice = ("pass retain_graph=True to the first backward if a second one through the same "
+                 "graph is really wanted, or recompute the forward")
+    mode = doc.mode
+    assert mode is not None
+    now = mode.iteration
+    starts = [t.grad_fn for t in roots if t.grad_fn is not None]
+    old: dict[Any, Any] = {}  # old node -> the newer node that points to it (None: a root)
+    for fn in starts:
+        rec = _record(fn)
+        if rec is not None and rec.iteration < now:
+            old.setdefault(fn, None)
+
+    def enter(fn: Any) -> bool:
+        rec = _record(fn)
+        if rec is not None and rec.iteration < now:
+            return False  # old: the boundary, not below it
+        for nxt, _ in fn.next_functions:
+            r = _record(nxt) if nxt is not None else None
+            if r is not None and r.iteration < now:
+                old.setdefault(nxt, fn)
+        return True
+
+    for _ in walk_nodes(starts, enter=enter):
+        pass
+    if not old:
+        return dict(kind="backward_twice", message="Backward reached a part of the graph whose "
+                    "saved tensors were already freed by an earlier backward, made before the "
+                    "doctor started watching.", op=None, line=line, module=None, fix=fix_twice,
+                    sites=(Site("backward", "backward", line),))
+    fn, user = max(old.items(), key=lambda kv: kv[0]._sequence_nr())
+    rec = _record(fn)
+    assert rec is not None
+    freed_by = doc.backward_lines[rec.iteration] if rec.iteration < len(doc.backward_lines) \
+        else None
+    by = f"the backward at {freed_by}" if freed_by else "an earlier backward"
+    if user is None:  # the root itself: the same graph again
+        return dict(kind="backward_twice", message=(
+            f"This backward runs through the same graph (its root {type(fn).__name__} was made "
+            f"by {rec.op}{_where(rec.site)}) that {by} already ran through and freed."),
+            op="backward", line=line, module=None, fix=fix_twice,
+            sites=(Site("backward", "backward", line), Site("freed", "backward", freed_by)))
+    urec = _record(user)
+    used = Site("used", urec.op if urec else type(user).__name__,
+                urec.site.line if urec else None, urec.site.module if urec else None)
+    made = Site("made", rec.op, rec.site.line, rec.site.module)
+    message = (f"A tensor made by {rec.op}{_where(rec.site)} in iteration {rec.iteration + 1} "
+               f"(before backward #{rec.iteration + 1}) was carried into this graph"
+               f"{' by ' + used.op if used.op else ''}{_where(used)} in iteration {now + 1}; "
+               f"its node {type(fn).__name__} belongs to the earlier graph, which {by} "
+               "already freed.")
+    fix = ("detach what is carried over between iterations (h = h.detach() at the start of "
+           "each step, running = running.detach()), or pass retain_graph=True if gradients "
+           "should really flow into the earlier step")
+    return dict(kind="backward_twice", message=message, op=rec.op, line=rec.site.line,
+                module=rec.site.module, fix=fix,
+                sites=(made, used, Site("freed", "backward", freed_by)))
+
+
+# ---------------------------------------------------------------------------- no grad_fn
+def _first_event(mode: _DoctorMode, cuts: int, bits: int | None = None) -> tuple[CutEvent, int]:
+    events = [mode.events[i] for i in bits_of(cuts)
+              if bits is None or mode.events[i].lost & bits]
+    events.sort(key=lambda e: e.index)
+    return events[0], len(events)
+
+
+def _no_grad_fn(doc: Doctor, roots: list[torch.Tensor], line: str | None) -> dict[str, Any]:
+    mode = doc.mode
+    assert mode is not None
+    dep = cuts = 0
+    for t in roots:
+        d, _, c = mode.tag(t)
+        dep |= d
+        cuts |= c
+    base = dict(kind="no_grad_fn", module=None)
+    if cuts:
+        event, count = _first_event(mode, cuts)
+        more = f" ({count - 1} more such op(s) on its path)" if count > 1 else ""
+        return {**base, "message": (
+            f"The loss has no graph: it depends on the model's parameters through "
+            f"{event.site.op}{_where(event.site)}, which {_WHY[event.why]}{more}."),
+            "op": event.site.op, "line": event.site.line, "module": event.site.module,
+            "fix": _CUT_FIX[event.why], "sites": (event.site,)}
+    frozen = [b for b in bits_of(dep) if b in mode.frozen_use]
+    if frozen:
+        site = mode.frozen_use[frozen[0]]
+        return {**base, "message": (
+            f"The loss has no graph: every parameter it depends on "
+            f"({names([doc.names[b] for b in frozen])}) had requires_grad=False when the "
+            f"forward used it (first{_where(site)})."), "op": site.op, "line": site.line,
+            "module": site.module, "fix": "set requires_grad_(True) on the parameters that "
+            "should learn before the forward", "sites": (Site("frozen", site.op, site.line,
+                                                              site.module),)}
+    if doc.params and not any(p.requires_grad for p in doc.params):
+        return {**base, "message": "The loss has no graph: every parameter of the model is "
+                "frozen (requires_grad=False).", "op": None, "line": line,
+                "fix": "unfreeze the parameters that should learn (requires_grad_(True))"}
+    return {**base, "message": (
+        "The loss has no graph: it depends on no parameter that requires grad (computed from "
+        "inputs and constants only, or from tensors made before the doctor started)."),
+        "op": None, "line": line, "fix": "compute the loss from the model's output, inside "
+        "the block, with gradients enabled"}
+
+
+# ---------------------------------------------------------------------------- grad None
+def check_grad_none(doc: Doctor, roots: list[torch.Tensor]) -> None:
+    """A ``grad_none`` finding for every watched parameter left without a gradient."""
+    mode = doc.mode
+    assert mode is not None
+    missing = [b for b, p in enumerate(doc.params) if p.requires_grad and p.grad is None]
+    if not missing:
+        return
+    dep = live = cuts = 0
+    for t in roots:
+        d, lv, c = mode.tag(t)
+        dep |= d
+        live |= lv
+        cuts |= c
+    for bit in missing:
+        mask = 1 << bit
+        if live & mask:
+            continue  # on the loss's gradient path: a hook or inputs= kept its gradient away
+        name = doc.names[bit]
+        owner = doc.param_site(bit)
+        if not dep & mask:
+            doc.add(_unused(doc, bit, name, owner))
+            continue
+        hit = [i for i in bits_of(cuts) if mode.events[i].lost & mask]
+        if hit:
+            event, _ = _first_event(mode, cuts, mask)
+            reason = "no_grad" if event.why in ("no_grad", "inference_mode") else "cut"
+            doc.add(Finding(
+                "grad_none", f"{name} influences the loss, but only through "
+                f"{event.site.op}{_where(event.site)}, which {_WHY[event.why]}; its .grad "
+                "stayed None.", event.site.op, event.site.line, event.site.module,
+                _CUT_FIX[event.why], reason=reason, param=name, sites=(event.site,)))
+            continue
+        site = mode.frozen_use.get(bit)
+        doc.add(Finding(
+            "grad_none", f"{name} influences the loss, but it had requires_grad=False when "
+            f"the forward used it{_where(site)} (frozen then, unfrozen since), so no graph "
+            "reaches it; its .grad stayed None.", site.op if site else None,
+            site.line if site else None, site.module if site else owner,
+            "unfreeze it before the forward (requires_grad_(True) before the step, not after)",
+            reason="frozen_upstream", param=name,
+            sites=(Site("frozen", site.op, site.line, site.module),) if site else ()))
+
+
+def _unused(doc: Doctor, bit: int, name: str, owner: str | None) -> Finding:
+    mode = doc.mode
+    assert mode is not None
+    site = mode.first_use.get(bit)
+    ran = owner is None or owner in doc.ran or any(
+        k == owner or k.startswith(owner + ".") for k in doc.ran)
+    fix = ("call the module in the forward and use its output in the loss, or remove it "
+           "(or freeze it with requires_grad_(False) if it is meant to sit out)")
+    if site is not None:
+        return Finding("grad_none", f"{name} was used by {site.op}{_where(site)}, but that "
+                       "output never reached the loss (dropped, or overwritten); its .grad "
+                       "stayed None.", site.op, site.line, site.module, fix, reason="unused",
+                       param=name, sites=(Site("used", site.op, site.line, site.module),))
+    what = (f"module {owner} was never called in the forward" if not ran and owner else
+            "no op of the forward used it")
+    return Finding("grad_none", f"{name} never reached the loss: {what}; its .grad stayed "
+                   "None.", None, None, owner, fix, reason="unused", param=name)
+
+
+# ---------------------------------------------------------------------------- the loop
+def check_step(doc: Doctor, optimizer: Any, line: str | None) -> None:
+    """At ``optimizer.step()``: parameters outside every group, frozen ones inside one, and
+    mode-dependent modules left in eval mode."""
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    outside = [b for b, p in enumerate(doc.params) if p.grad is not None and id(p) not in held]
+    step = Site("step", "optimizer.step", line)
+    if outside:
+        listed = [doc.names[b] for b in outside]
+        owner = doc.param_site(outside[0])
+        doc.add(Finding(
+            "not_in_optimizer", f"{len(listed)} parameter(s) got gradients but are in no param "
+            f"group of the optimizer, so step() never updates them: {names(listed)}.",
+            "optimizer.step", line, owner, "build the optimizer after adding every module "
+            "(or optimizer.add_param_group({'params': new_module.parameters()}))",
+            param=listed[0], sites=(step,)), key=("not_in_optimizer", tuple(listed)))
+    bit_of = doc.bits
+    frozen = [p for g in optimizer.param_groups for p in g["params"] if not p.requires_grad]
+    if frozen:
+        listed = [doc.names[bit_of[id(p)]] if id(p) in bit_of else f"a {list(p.shape)} tensor"
+                  for p in frozen]
+        first = bit_of.get(id(frozen[0]))
+        doc.add(Finding(
+            "frozen_in_optimizer", f"{len(listed)} frozen parameter(s) (requires_grad=False) "
+            f"are in the optimizer's param groups: {names(listed)}. They never get a gradient; "
+            "weight decay and momentum state are kept for them, and unfreezing them later "
+            "trains them with that stale state.", "optimizer.step", line,
+            doc.param_site(first) if first is not None else None,
+            "hand the optimizer only trainable parameters: "
+            "(p for p in model.parameters() if p.requires_grad)", param=listed[0],
+            sites=(step,)), key=("frozen_in_optimizer", tuple(listed)))
+    if doc.model is None:
+        return
+    modules = dict(doc.model.named_modules())
+    evals = [(n, at) for n, (training, at) in doc.ran.items()
+             if not training and isinstance(modules.get(n), _MODE_MODULES)]
+    if evals:
+        listed = [n or type(doc.model).__name__ for n, _ in evals]
+        at = evals[0][1]
+        doc.add(Finding(
+            "eval_mode", f"{len(listed)} module(s) ran in eval mode in a step that updates the "
+            f"model: {names(listed)} (dropout off, normalisation using running statistics).",
+            type(modules[evals[0][0]]).__name__, at, evals[0][0] or None,
+            "call model.train() before the training steps (and model.eval() only for "
+            "evaluation)", sites=(Site("forward", type(modules[evals[0][0]]).__name__, at,
+                                       evals[0][0] or None),)),
+            key=("eval_mode", tuple(listed)))
+
+
+def check_accumulate(doc: Doctor, line: str | None) -> None:
+    """Before a backward that follows an optimizer step: gradients still held from before the
+    step mean no ``zero_grad`` ran, and this backward adds to them."""
+    opt = doc.optimizer
+    stepped = {id(p) for g in opt.param_groups for p in g["params"]} if opt is not None else set()
+    held = [(b, p.grad) for b, p in enumerate(doc.params)
+            if p.grad is not None and id(p) in stepped]
+    if not held:
+        return
+    with torch.no_grad():
+        flags = torch.stack([g.ne(0).any() for _, g in held]).tolist()
+    stale = [doc.names[b] for (b, _), nonzero in zip(held, flags) if nonzero]
+    if stale:
+        doc.add(Finding(
+            "grads_accumulate", f"This backward adds to gradients left from before the last "
+            f"optimizer step ({len(stale)} parameter(s): {names(stale)}): no zero_grad() ran "
+            "in between, so each step uses the sum of every step's gradients so far.",
+            "backward", line, doc.param_site(doc.names.index(stale[0])),
+            "call optimizer.zero_grad() once per step, before backward (or after step())",
+            param=stale[0], sites=(Site("backward", "backward", line),)),
+            key=("grads_accumulate",))

@@ -1,0 +1,346 @@
+"""What the autograd doctor records while the forward runs (``gs.doctor``'s torch function mode).
+
+For every torch call in the block, a ``TorchFunctionMode`` (``_DoctorMode``) keeps:
+
+- **lineage**: three Python ints per tensor, kept in a weak dictionary (an entry dies with its
+  tensor): ``dep``, a bitset over the watched parameters the tensor depends on *by value*, through
+  any op (``.detach()``, ``.item()``, ``argmax``, integer casts, ops under ``no_grad`` included);
+  ``live``, the bits of parameters a gradient can still reach it from; ``cuts``, a bitset over the
+  *cut events* upstream of it. A cut event is one call where some parameter's bit was live in the
+  inputs but not in the outputs: the op, its line, its module and why (``no_grad``,
+  ``inference_mode``, ``detach``, ``data``, ``item``, ``integer``, ``nondiff``). Memory is three
+  ints per live tensor (a bit per parameter) and one record per cut event, never sets of tensors.
+  Python numbers, lists and arrays that ``.item()`` / ``.tolist()`` / ``.numpy()`` return keep
+  their lineage while the same object is handed to a later torch call.
+- **versions**: each tensor argument's version counter (``torchcompat.tensor_version``) before and
+  after the call; a call that bumped one is an in-place write, logged per storage (the op, the
+  user's line and module, the version it left), through a view too (``y[0].zero_()``).
+- **new autograd nodes**: each node the call created is stamped (``node.metadata``) with a
+  ``NodeRecord``: the backward count when it was made, the op, the line, the module, and the
+  tensors it saved for backward (read from the graph's own ``_saved_*`` attributes, with their
+  version counters at save time). The graph's own saved tensors are read, not
+  ``saved_tensors_hooks``: with hooks torch no longer checks versions, and the doctor must leave
+  torch's error as it is. While the user has saved-tensor hooks of their own (checkpointing,
+  offloading), saved tensors are not read (unpacking would run their hooks).
+
+The user's line is ``forward._user_frame``'s: the innermost frame outside torch and gradscope.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ..model.doctor import Site
+from . import dynamo, torchcompat
+from .forward import _user_frame
+from .stamps import NO_SEQUENCE_NR
+
+#: The ``node.metadata`` key of the doctor's ``NodeRecord``.
+DOCTOR_KEY = "gradscope.doctor"
+#: In-place writes kept per storage (the newest).
+_WRITES_KEPT = 8
+_HOST_TYPES = (int, float, bool, complex, list, tuple)
+_CUT_OPS = {"detach": "detach", "detach_": "detach", "item": "item", "tolist": "item",
+            "numpy": "item", "__get__": "data"}
+_BACKWARD = "backward"
+
+
+@dataclass(frozen=True)
+class SavedRecord:
+    """A tensor a backward node saved: its storage, version at save time, shape, dtype, and
+    which output of which node it is (``creator`` None for a leaf)."""
+
+    storage: int | None
+    version: int | None
+    shape: tuple[int, ...]
+    dtype: str
+    creator: str | None
+    output_nr: int
+
+
+@dataclass
+class NodeRecord:
+    """What the doctor knows of one autograd node it saw made."""
+
+    iteration: int
+    op: str
+    site: Site
+    saved: list[SavedRecord] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Write:
+    """An in-place write: the version it left on the storage's counter, the op, where."""
+
+    version: int
+    index: int
+    site: Site
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CutEvent:
+    """A call where a gradient path from some parameters ended (see the module docstring)."""
+
+    index: int
+    lost: int
+    why: str
+    site: Site
+
+
+def user_line(frame: Any) -> str | None:
+    """``file.py:NN`` of the user's line at or above ``frame`` (``forward._user_frame``: the
+    first frame outside torch; None when gradscope itself made the call)."""
+    frame = _user_frame(frame)
+    if frame is None:
+        return None
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def op_name(func: Any) -> str:
+    """``sigmoid``, ``Tensor.data`` for the ``.data`` getter, ``__setitem__``..."""
+    name = getattr(func, "__name__", None) or str(func)
+    if name == "__get__":
+        owner = getattr(getattr(func, "__self__", None), "__name__", None)
+        return f"Tensor.{owner}" if owner else name
+    return name
+
+
+def _tensors(args: Any, kwargs: Any) -> list[torch.Tensor]:
+    """The tensor arguments of a call (one level into lists and tuples: ``torch.cat``)."""
+    found = []
+    for value in (*args, *(kwargs.values() if kwargs else ())):
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(v for v in value if isinstance(v, torch.Tensor))
+    return found
+
+
+def _outputs(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for t in out if isinstance(t, torch.Tensor)]
+    return []
+
+
+_SAVED_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _saved_names(node: Any) -> tuple[str, ...]:
+    cls = type(node)
+    names = _SAVED_NAMES.get(cls)
+    if names is None:
+        names = tuple(n for n in dir(cls) if n.startswith("_saved_"))
+        _SAVED_NAMES[cls] = names
+    return names
+
+
+def _saved_record(t: torch.Tensor) -> SavedRecord:
+    try:
+        storage: int | None = torchcompat.storage_key(t)
+    except (RuntimeError, NotImplementedError, TypeError):
+        storage = None
+    fn = t.grad_fn
+    return SavedRecord(storage, torchcompat.tensor_version(t), tuple(t.shape),
+                       str(t.dtype), type(fn).__name__ if fn is not None else None,
+                       t.output_nr if fn is not None else 0)
+
+
+def saved_of(node: Any) -> list[SavedRecord]:
+    """The tensors ``node`` saved for backward, read from the graph itself."""
+    found: list[SavedRecord] = []
+    values: list[Any] = []
+    if torchcompat.is_custom_ctx(node):
+        try:
+            values.extend(node.saved_tensors)
+        except RuntimeError:
+            pass
+    else:
+        for name in _saved_names(node):
+            try:
+                value = getattr(node, name)
+            except RuntimeError:  # released, or not a saved value of this node
+                continue
+            if isinstance(value, (list, tuple)):
+                values.extend(value)
+            else:
+                values.append(value)
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+            found.append(_saved_record(value))
+    return found
+
+
+class _DoctorMode(TorchFunctionMode):
+    """The doctor's torch function mode (see the module docstring). ``on_backward`` is the
+    owner's: backward calls (``Tensor.backward``, ``torch.autograd.grad``) go to it."""
+
+    def __init__(self, bits: dict[int, int], on_backward: Callable[..., Any],
+                 module_now: Callable[[], str | None]) -> None:
+        super().__init__()
+        self.bits = bits  # id(parameter) -> its bit
+        self.on_backward = on_backward
+        self.module_now = module_now
+        self.iteration = 0
+        self.index = 0
+        self.tags: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> (dep, live, cuts)
+        self.host: dict[int, tuple[Any, int, int]] = {}  # id -> (object, dep, cuts)
+        self.events: list[CutEvent] = []
+        self.writes: dict[int, list[Write]] = {}
+        self.first_use: dict[int, Site] = {}  # bit -> where the parameter was first used
+        self.frozen_use: dict[int, Site] = {}  # bit -> first use while requires_grad=False
+        self.touched = 0
+        self.paused = False  # an optimizer step runs: calls go through unrecorded
+        self.last_seq = torchcompat.next_sequence_nr() - 1
+        dynamo.eager_only(_DoctorMode.__torch_function__)
+
+    # ---------------------------------------------------------------- lineage
+    def tag(self, t: torch.Tensor) -> tuple[int, int, int]:
+        """``(dep, live, cuts)`` of a tensor (a watched parameter: its own bit)."""
+        bit = self.bits.get(id(t))
+        if bit is not None:
+            mask = 1 << bit
+            return mask, (mask if t.requires_grad else 0), 0
+        found = self.tags.get(t)
+        return found if found is not None else (0, 0, 0)
+
+    def _host_in(self, args: Any, kwargs: Any) -> tuple[int, int]:
+        dep = cuts = 0
+        for value in (*args, *(kwargs.values() if kwargs else ())):
+            if isinstance(value, _HOST_TYPES) or type(value).__module__ == "numpy":
+                hit = self.host.get(id(value))
+                if hit is not None and hit[0] is value:
+                    dep |= hit[1]
+                    cuts |= hit[2]
+        return dep, cuts
+
+    # ---------------------------------------------------------------- the mode
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self.paused or dynamo.compiling():
+            return func(*args, **kwargs)
+        name = op_name(func)
+        if name == _BACKWARD or func is torch.autograd.grad:
+            return self.on_backward(func, args, kwargs)
+        ins = _tensors(args, kwargs)
+        versions = [torchcompat.tensor_version(t) for t in ins]
+        grad_on = torch.is_grad_enabled()
+        out = func(*args, **kwargs)
+        self.index += 1
+        caller = sys._getframe(1)
+        site: list[Site] = []
+
+        def where() -> Site:  # looked up once per call, only when needed
+            if not site:
+                site.append(Site("op", name, user_line(caller), self.module_now()))
+            return site[0]
+
+        dep = live = cuts = 0
+        for t in ins:
+            d, lv, c = self.tag(t)
+            dep |= d
+            live |= lv
+            cuts |= c
+            if d and not lv and id(t) in self.bits and not t.requires_grad:
+                self.frozen_use.setdefault(self.bits[id(t)], where())
+        if self.host:
+            hd, hc = self._host_in(args, kwargs)
+            dep |= hd
+            cuts |= hc
+        if dep & ~self.touched:
+            for bit in _bits(dep & ~self.touched):
+                self.first_use[bit] = where()
+            self.touched |= dep
+        outs = _outputs(out)
+        for t, before in zip(ins, versions):
+            after = torchcompat.tensor_version(t)
+            if after is not None and after != before:
+                self._wrote(t, after, where())
+        if grad_on and outs:
+            self._new_nodes(outs, name, where)
+        if not dep:
+            return out
+        live_out = 0
+        for t in outs:
+            if t.requires_grad:
+                live_out = live
+        lost = live & ~live_out
+        if lost and (outs or isinstance(out, _HOST_TYPES) or type(out).__module__ == "numpy"):
+            why = _CUT_OPS.get(getattr(func, "__name__", ""), None)
+            if not grad_on:
+                why = "inference_mode" if torch.is_inference_mode_enabled() else "no_grad"
+            elif why is None:
+                why = "integer" if any(not (t.is_floating_point() or t.is_complex())
+                                       for t in outs) or not outs else "nondiff"
+            at = where()
+            self.events.append(CutEvent(self.index, lost, why, Site("cut", name, at.line,
+                                                                    at.module)))
+            cuts |= 1 << (len(self.events) - 1)
+        for t in outs:
+            self.tags[t] = (dep, live_out if t.requires_grad else 0, cuts)
+        if not outs and out is not None:
+            self.host[id(out)] = (out, dep, cuts)
+        return out
+
+    def _wrote(self, t: torch.Tensor, version: int, at: Site) -> None:
+        try:
+            key = torchcompat.storage_key(t)
+        except (RuntimeError, NotImplementedError, TypeError):
+            return
+        log = self.writes.setdefault(key, [])
+        log.append(Write(version, self.index, Site("modified", at.op, at.line, at.module),
+                         tuple(t.shape)))
+        del log[:-_WRITES_KEPT]
+
+    def _new_nodes(self, outs: list[torch.Tensor], name: str, where: Callable[[], Site]) -> None:
+        """Stamp the nodes this call made with a ``NodeRecord`` (saved tensors included)."""
+        floor = self.last_seq
+        stack: list[Any] = [t.grad_fn for t in outs if t.grad_fn is not None]
+        if not stack:
+            return
+        read_saved = torchcompat.HAS_SAVED_HOOKS and torchcompat.top_saved_hooks() is None
+        seen: set[int] = set()
+        while stack:
+            fn = stack.pop()
+            if fn is None:
+                continue
+            seq = fn._sequence_nr()
+            if seq <= floor or seq == NO_SEQUENCE_NR or id(fn) in seen:
+                continue
+            seen.add(id(fn))
+            meta = torchcompat.node_metadata(fn)
+            if meta is None or DOCTOR_KEY in meta:
+                continue
+            at = where()
+            record = NodeRecord(self.iteration, name, Site("made", name, at.line, at.module))
+            if read_saved:
+                record.saved = saved_of(fn)
+            meta[DOCTOR_KEY] = record
+            self.last_seq = max(self.last_seq, seq)
+            stack.extend(nxt for nxt, _ in fn.next_functions)
+
+
+def _bits(mask: int) -> list[int]:
+    found = []
+    i = 0
+    while mask:
+        if mask & 1:
+            found.append(i)
+        mask >>= 1
+        i += 1
+    return found
+
+
+def bits_of(mask: int) -> list[int]:
+    """The positions of the set bits of ``mask``, lowest first."""
+    return _bits(mask)

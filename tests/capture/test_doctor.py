@@ -1,0 +1,212 @@
+"""The autograd doctor on its planted bugs (samples/doctor/): for every variant, the finding's
+lines are the lines marked ``# doctor: VARIANT`` in the sample's source, and the error it
+explains is the one torch raises for the same program without the doctor (both runs here).
+Where the bug raises nothing (grad_none, the training loop), the gradients and parameters are
+bitwise those of the run without the doctor."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import SAMPLES
+
+import gradscope as gs
+from gradscope.model.doctor import findings_from_json, parse_inplace, torch_error_kind
+
+DOCTOR = SAMPLES / "doctor"
+_MARK = re.compile(r"#\s*doctor:\s*([\w, ]+)")
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"doctor_sample_{name}", DOCTOR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def marked(name: str, variant: str) -> set[str]:
+    """``file.py:NN`` of every line whose ``# doctor:`` comment names ``variant``."""
+    lines = set()
+    path = DOCTOR / f"{name}.py"
+    for n, text in enumerate(path.read_text().splitlines(), 1):
+        hit = _MARK.search(text)
+        if hit and variant in [v.strip() for v in hit.group(1).split(",")]:
+            lines.add(f"{path.name}:{n}")
+    return lines
+
+
+def run(sample, variant: str, doctored: bool):
+    """The sample's program with or without the doctor: (its doctor or None, the error or
+    None, the model)."""
+    docs: list[gs.Doctor] = []
+
+    def watch(model, optimizer=None):
+        if not doctored:
+            return contextlib.nullcontext()
+        doc = gs.doctor(model, optimizer=optimizer)
+        docs.append(doc)
+        return doc
+
+    try:
+        model = sample.program(watch, variant)
+    except RuntimeError as exc:
+        return (docs[0] if docs else None), exc, None
+    return (docs[0] if docs else None), None, model
+
+
+def lines_of(findings) -> set[str]:
+    return {line for f in findings for line in f.lines}
+
+
+ERRORS = [("inplace", v) for v in load("inplace").VARIANTS] + \
+    [("backward_twice", v) for v in load("backward_twice").VARIANTS] + \
+    [("no_grad_fn", v) for v in load("no_grad_fn").VARIANTS]
+
+
+@pytest.mark.parametrize(("name", "variant"), ERRORS)
+def test_an_autograd_error_is_torchs_own_explained_at_the_marked_lines(name, variant):
+    sample = load(name)
+    _, plain, _ = run(sample, variant, doctored=False)
+    assert plain is not None and not isinstance(plain, gs.GradscopeError)
+    assert torch_error_kind(str(plain)) == name
+    doc, err, _ = run(sample, variant, doctored=True)
+    assert isinstance(err, gs.AutogradError)
+    assert isinstance(err, RuntimeError) and isinstance(err, gs.GradscopeError)
+    assert err.torch_message == str(plain)  # torch's own message, whole
+    assert str(err).splitlines()[0] == str(plain).splitlines()[0]
+    assert [f.kind for f in doc.findings] == [name]
+    finding = doc.findings[0]
+    assert err.finding is finding and finding.torch_error == str(plain).splitlines()[0]
+    assert set(finding.lines) == marked(name, variant), finding
+    assert finding.line in marked(name, variant) and finding.fix
+
+
+def test_the_inplace_finding_names_the_saver_modifier_and_versions():
+    doc, err, _ = run(load("inplace"), "view", doctored=True)
+    f = doc.findings[0]
+    assert f.op == "zero_" and [s.role for s in f.sites] == ["modified", "saved"]
+    assert f.sites[1].op == "sigmoid"
+    assert "through a view" in f.message and "version 0" in f.message
+    parsed = parse_inplace(str(err))
+    assert parsed is not None and parsed.shape == (16, 8) and (parsed.expected,
+                                                               parsed.found) == (0, 1)
+
+
+def test_backward_twice_names_the_carried_tensor_and_its_iteration():
+    doc, _, _ = run(load("backward_twice"), "state", doctored=True)
+    f = doc.findings[0]
+    assert [s.role for s in f.sites] == ["made", "used", "freed"]
+    assert "iteration 1" in f.message and "iteration 2" in f.message
+    assert "detach" in f.fix
+    assert f.module == ""  # the root module's own op (scopes' convention)
+    again, _, _ = run(load("backward_twice"), "again", doctored=True)
+    assert "retain_graph=True" in again.findings[0].fix
+
+
+GRAD_NONE = {"cut": "cut", "argmax": "cut", "no_grad": "no_grad", "unused": "unused",
+             "never_called": "unused", "frozen_upstream": "frozen_upstream"}
+
+
+@pytest.mark.parametrize("variant", list(GRAD_NONE))
+def test_each_parameter_without_a_gradient_says_why_at_the_marked_line(variant):
+    sample = load("grad_none")
+    doc, err, model = run(sample, variant, doctored=True)
+    assert err is None
+    missing = sorted(n for n, p in model.named_parameters() if p.grad is None)
+    assert missing  # the planted bug: torch gives these no gradient
+    assert sorted(f.param for f in doc.findings) == missing  # one finding per parameter
+    assert {(f.kind, f.reason) for f in doc.findings} == {("grad_none", GRAD_NONE[variant])}
+    assert lines_of(doc.findings) == marked("grad_none", variant)
+    _, _, plain = run(sample, variant, doctored=False)
+    for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if p.grad is not None:
+            assert torch.equal(p.grad, q.grad), name
+
+
+@pytest.mark.parametrize("variant", load("training_loop").VARIANTS)
+def test_training_loop_slips_are_found_at_the_marked_lines(variant):
+    sample = load("training_loop")
+    doc, err, model = run(sample, variant, doctored=True)
+    assert err is None
+    assert [f.kind for f in doc.findings] == [variant]
+    assert lines_of(doc.findings) == marked("training_loop", variant)
+    assert doc.steps == 2 and doc.backwards == 2
+    _, _, plain = run(sample, variant, doctored=False)
+    for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+        assert torch.equal(p, q), name
+        assert (p.grad is None) == (q.grad is None) and (p.grad is None or
+                                                         torch.equal(p.grad, q.grad)), name
+
+
+def test_findings_round_trip_through_json():
+    doc, _, _ = run(load("inplace"), "hook", doctored=True)
+    assert findings_from_json(doc.findings_json()) == doc.findings
+    assert doc.report().findings == tuple(doc.findings)
+
+
+def test_a_healthy_step_has_no_findings_and_equal_gradients():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    twin = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    twin.load_state_dict(net.state_dict())
+    x = torch.randn(32, 8)
+    opt = torch.optim.AdamW(net.parameters())
+    opt2 = torch.optim.AdamW(twin.parameters())
+    with gs.doctor(net, optimizer=opt) as doc:
+        for _ in range(3):
+            opt.zero_grad()
+            out = net(x)
+            out.pow(2).mean().backward()
+            opt.step()
+    for _ in range(3):
+        opt2.zero_grad()
+        out2 = twin(x)
+        out2.pow(2).mean().backward()
+        opt2.step()
+    assert doc.findings == [] and doc.report().healthy
+    assert torch.equal(out, out2)
+    for p, q in zip(net.parameters(), twin.parameters()):
+        assert torch.equal(p, q) and torch.equal(p.grad, q.grad)
+
+
+def test_other_errors_pass_through_unchanged_and_hooks_are_removed():
+    net = torch.nn.Linear(4, 2)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as info:
+        with gs.doctor(net):
+            net(torch.randn(3, 5))
+    assert not isinstance(info.value, gs.GradscopeError)
+    assert torch._C._len_torch_function_stack() == 0
+    from torch.nn.modules import module
+
+    assert not module._global_forward_pre_hooks and not module._global_forward_hooks
+    with pytest.raises(gs.GradscopeError, match="nn.Module"):
+        gs.doctor("not a model")
+
+
+def test_a_cut_through_a_python_number_keeps_its_lineage():
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    x = torch.randn(8, 4)
+    with gs.doctor(net) as doc:
+        scale = net[0](x).mean().item()  # the first layer only through a float
+        (net[1](x) * scale).sum().backward()
+    assert {(f.param, f.reason) for f in doc.findings} == {("0.weight", "cut"),
+                                                           ("0.bias", "cut")}
+    assert all(f.op == "item" for f in doc.findings)
+
+
+def test_intended_gradient_accumulation_is_no_finding():
+    net = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with gs.doctor(net, optimizer=opt) as doc:
+        for step in range(4):  # two micro-batches per step, zero_grad after each step
+            net(torch.randn(2, 4)).sum().backward()
+            if step % 2:
+                opt.step()
+                opt.zero_grad()
+    assert doc.findings == []
