@@ -31,9 +31,10 @@ class IncidentWatch:
     event (gradients turning non-finite, the norm exploding) into one ``Incident``.
 
     The monitor calls: ``after_backward`` (each backward of a logged step, with the device
-    norms), ``before_step`` (logged steps, at ``optimizer.step()``'s pre-hook, with the
-    norms it will record), ``record`` (each logged step's stats and new alerts; returns the
-    alerts with the origin named), ``end_step`` (every step boundary).
+    norms), ``before_step`` (logged steps, at ``optimizer.step()``'s pre-hook, with what
+    moves the step to the host and says whether its norms are finite: the step's one
+    transfer, done there), ``record`` (each logged step's stats and new alerts; returns the
+    incident the step starts, or None), ``end_step`` (every step boundary).
     """
 
     def __init__(
@@ -49,7 +50,6 @@ class IncidentWatch:
         if loss_fn is not None and not callable(loss_fn):
             raise MonitorError(f"loss_fn= must be callable, got {type(loss_fn).__name__}")
         self.norm_type = norm_type
-        self.incidents: list[Any] = []
         self.replayer = Replayer(model, hook_target, params, loss_fn) if replay else None
         self.no_replay = None
         if not replay:
@@ -94,35 +94,39 @@ class IncidentWatch:
         if self.replayer is not None and not self.replayer.replaying:
             self.replayer.note_backward(norms)
 
-    def before_step(self, pending: Callable[[], Any], args: Any, kwargs: Any) -> Any:
-        """At ``optimizer.step()``'s pre-hook of a logged step (``pending()``: the monitor's
-        measurement, or None): if the gradients are not finite and the previous logged
-        step's were, replay now (parameters untouched yet). With ``step(closure)`` (the
-        backward runs inside the step: Lightning), the check runs when the closure returns:
-        returns the hook's new ``(args, kwargs)``, else None."""
-        if self.replayer is None or self.bad:
+    def wants_check(self) -> bool:
+        """Whether this step's norms are needed before ``optimizer.step()`` (a replay may
+        have to run there; never on one rank of several, where it is refused)."""
+        return self.replayer is not None and not self.bad and not self.replayer.distributed()
+
+    def before_step(self, finite: Callable[[], bool | None], args: Any, kwargs: Any) -> Any:
+        """At ``optimizer.step()``'s pre-hook of a logged step (``finite()``: moves the
+        step's figures to the host, its one transfer, and says whether its norms are finite;
+        None when nothing was measured): if they are not and the previous logged step's
+        were, replay now (parameters untouched yet). With ``step(closure)`` (the backward
+        runs inside the step: Lightning), the check runs when the closure returns: returns
+        the hook's new ``(args, kwargs)``, else None."""
+        if not self.wants_check():
             return None
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
         if closure is None:
-            self.check(pending())
+            self.check(finite())
             return None
 
         def checked() -> Any:
             loss = closure()
-            self.check(pending())
+            self.check(finite())
             return loss
 
         if "closure" in kwargs:
             return args, dict(kwargs, closure=checked)
         return (args[0], checked, *args[2:]), kwargs
 
-    def check(self, pending: Any) -> None:
-        """Replay now if ``pending`` (a measurement) holds non-finite gradients."""
-        if self.replayer is None or pending is None or self.bad:
+    def check(self, finite: bool | None) -> None:
+        """Replay now if the step's gradients are not ``finite`` (None: not measured)."""
+        if self.replayer is None or finite is None or self.bad:
             return
-        # one host read more on a logged step: the replay must run before the step
-        total = float(pending.matrix[0].sum())
-        if math.isfinite(total):
+        if finite:
             self.checked = True
             return
         self.pending = self.replayer.replay()
@@ -131,18 +135,20 @@ class IncidentWatch:
         if self.replayer is not None:
             self.replayer.clear()
 
-    def record(self, st: Any, alerts: list[Any]) -> list[Any]:
-        """Make this logged step's incident, if it starts an event. Returns the alerts
-        unchanged (the views name the origin in the alert line: ``alert_line``)."""
+    def record(self, st: Any, alerts: list[Any]) -> Incident | None:
+        """This logged step's incident, if it starts an event (the views name the origin in
+        the alert line: ``alert_line``)."""
         if st.skipped:
-            return alerts
+            return None
         norms = {n: ps.norm for n, ps in st.params.items()}
         finite = math.isfinite(st.total_norm)
         incident = None
         if not finite and not self.bad:
             res = self.pending or ReplayResult()
             if self.pending is None:
-                res.note = self.no_replay or (
+                rp = self.replayer
+                ranks = rp.why_not() if rp is not None and rp.distributed() else None
+                res.note = self.no_replay or ranks or (
                     "not replayed: the gradients were finite when the backward ended and "
                     "turned non-finite after it (changed by hand or by a hook)"
                     if self.checked
@@ -170,6 +176,4 @@ class IncidentWatch:
         self.hot = any(a.kind == "exploding" for a in alerts)  # one incident per explosion
         if finite and incident is None:
             self.last_good = norms
-        if incident is not None:
-            self.incidents.append(incident)
-        return alerts
+        return incident

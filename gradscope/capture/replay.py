@@ -239,10 +239,15 @@ class Replayer:
         self.flags.append(norms.sum())
 
     # ------------------------------------------------------------------ checks
+    @staticmethod
+    def distributed() -> bool:
+        """Whether this is one rank of several (a replay is refused there)."""
+        dist = torch.distributed
+        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
     def why_not(self) -> str | None:
         """One line on why this step cannot be replayed exactly, or None."""
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        if self.distributed():
             return (
                 "not replayed: a distributed run (a replay on one rank would re-enter the "
                 "model's collectives)"

@@ -82,6 +82,10 @@ class AlertRules:
         self.forward_bad = False
         self.nan = self.inf = False
 
+    def recount(self, numels: dict[str, int]) -> None:
+        """The element counts of the parameters watched from now on."""
+        self.numels = numels
+
     def update(self, st: StepStats) -> list[Alert]:
         th = self.thresholds
         vanish, vanish_ratio, explode = th.vanish, th.vanish_ratio, th.explode

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import MonitorError
+from .formats import renderer
 from .incident import Incident
 
 #: the kinds an ``Alert`` can have, most severe first
@@ -172,6 +173,134 @@ class MonitorLog:
     thresholds: Thresholds = field(default_factory=Thresholds)
     dropped: DroppedSummary = field(default_factory=DroppedSummary)
     incidents: list[Incident] = field(default_factory=list)
+    #: the logged steps ``append`` keeps in ``steps`` (None: all); older ones are summed up
+    cap: int | None = None
+    #: the alert rules ``append`` runs (``gradscope.model.alerts.AlertRules``); None: none
+    rules: Any = field(default=None, repr=False, compare=False)
+    _sink: JsonlSink | None = field(default=None, init=False, repr=False, compare=False)
+    _held: list[tuple[StepStats, int, Incident | None]] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
+
+    # ------------------------------------------------------------ a live log
+    def append(self, st: StepStats, incident_for: Any = None, *, hold: bool = False) -> list[Alert]:
+        """Record one logged step: keep it (the oldest beyond ``cap`` folded into
+        ``dropped``), run the alert rules, ask ``incident_for(st, alerts)`` for the event it
+        starts (an ``Incident`` or None), and write its line to the JSON Lines sink (``hold``:
+        not before ``complete`` gives its update ratios). Returns the new alerts."""
+        self.steps.append(st)
+        new = self.rules.update(st) if self.rules is not None else []
+        self.alerts.extend(new)
+        incident = incident_for(st, new) if incident_for is not None else None
+        if incident is not None:
+            self.incidents.append(incident)
+        if self._sink is not None:
+            self._held.append((st, len(self.alerts), incident))
+            if not hold:
+                self._flush()
+        self._trim()
+        return new
+
+    def add_alert(self, alert: Alert) -> None:
+        """An alert that comes from outside the statistics (a leak): in the next step's line."""
+        self.alerts.append(alert)
+
+    def complete(self, step: int, ratios: dict[str, float]) -> None:
+        """Give the update ratios of logged step ``step`` (measured after its record)."""
+        for k in range(len(self.steps) - 1, -1, -1):
+            st = self.steps[k]
+            if st.step == step:
+                self.steps[k] = _with_ratios(st, ratios)
+                break
+        self._held = [(_with_ratios(h, ratios) if h.step == step else h, n, inc)
+                      for h, n, inc in self._held]
+        self._flush()
+
+    def rewatch(self, names: list[str], numels: dict[str, int]) -> None:
+        """The monitor watches other parameters from now on."""
+        self.names = list(names)
+        self.numels = dict(numels)
+        if self.rules is not None:
+            self.rules.recount(self.numels)
+
+    def stream_to(self, path: str | Path) -> None:
+        """Write each logged step to the JSON Lines file ``path`` as it is recorded (the file
+        is replaced; ``read_jsonl`` reads it back)."""
+        self._sink = JsonlSink(path)
+
+    def close(self) -> None:
+        """Write what is held and close the sink (idempotent)."""
+        if self._sink is not None:
+            self._flush()
+            self._sink.close()
+
+    def _flush(self) -> None:
+        sink = self._sink
+        if sink is None or sink.closed:
+            self._held = []
+            return
+        for st, n_alerts, incident in self._held:
+            obj = step_record(st, self.alerts[sink.alerts_written : n_alerts], incident)
+            sink.alerts_written = n_alerts
+            if sink.lines == 0:
+                obj["log"] = log_header(self)
+            sink.write(obj)
+        self._held = []
+
+    def _trim(self) -> None:
+        steps, cap = self.steps, self.cap
+        if cap is not None and len(steps) > cap:
+            for old in steps[: len(steps) - cap]:
+                self.dropped.add(old)
+            del steps[: len(steps) - cap]
+
+    # ------------------------------------------------------------ views
+    def report(self, *, width: int = 24) -> Any:
+        """A rich renderable (``GradMonitor.report``), live or read back with ``read_jsonl``."""
+        return renderer("monitor_report")(self, width=width)
+
+    def to_jsonl(self, path: str | Path) -> Path:
+        """Write one JSON object per logged step (``read_jsonl`` reads it back)."""
+        return renderer("monitor_jsonl")(self, Path(path))
+
+    def to_csv(self, path: str | Path) -> Path:
+        """Write one CSV row per (logged step, parameter)."""
+        return renderer("monitor_csv")(self, Path(path))
+
+
+def _with_ratios(st: StepStats, ratios: dict[str, float]) -> StepStats:
+    params = {
+        n: replace(ps, update_ratio=ratios[n]) if n in ratios else ps
+        for n, ps in st.params.items()
+    }
+    return replace(st, params=params)
+
+
+class JsonlSink:
+    """A JSON Lines file written one flushed line at a time (a live monitor's ``jsonl=``)."""
+
+    def __init__(self, path: str | Path) -> None:
+        target = Path(path)
+        try:
+            self._file = open(target, "w", encoding="utf-8")  # noqa: SIM115 - close()
+        except OSError as exc:
+            raise MonitorError(
+                f"jsonl={str(target)!r} cannot be written: {exc.strerror}"
+            ) from None
+        self.lines = 0
+        self.alerts_written = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
+    def write(self, obj: dict[str, Any]) -> None:
+        self._file.write(json.dumps(obj, allow_nan=False) + "\n")
+        self._file.flush()
+        self.lines += 1
+
+    def close(self) -> None:
+        self._file.close()
 
 
 # ---------------------------------------------------------------- JSON Lines, both ways

@@ -222,7 +222,7 @@ def _fsdp(rank: int, use_opt: bool, calls: list[str]) -> dict:
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    from gradscope.capture import monitor as _monitor
+    from gradscope.capture.monitor import distributed as _monitor
 
     calls: list[str] = []
     real = _monitor._gather_into

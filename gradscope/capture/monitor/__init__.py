@@ -1,12 +1,15 @@
 """``GradMonitor``: per-parameter gradient statistics while a model trains.
 
-The package's parts: ``core`` (the public class, its hooks, the step boundary), ``checks``
-(set-up checks and unwrapping), ``rewatch`` (the watched parameters read again when the model
-changes), ``measure`` (device figures and the packet of the step's one transfer, a named
-``Packet``), ``transfer`` (the end of a logged step: the transfer, the ``StepStats``, its
-record), ``stats`` (the statistics kernels), ``distributed`` (across processes), ``records``
-(host rows to plain records); the alert rules are ``gradscope.model.alerts``, the incidents
-``gradscope.capture.incidents`` (with the replay, ``gradscope.capture.replay``).
+The package's parts: ``core`` (the public class, its hooks, the order of a step), ``checks``
+(set-up checks and unwrapping), ``watched`` (the watched parameters: one immutable snapshot,
+replaced when the model changes), ``step`` (the step clock and what a step accumulates),
+``measure`` (device figures and the packet of the step's one transfer, a named ``Packet``),
+``transfer`` (the one transfer and the ``StepStats``), ``stats`` (the statistics kernels),
+``distributed`` (across processes: ``Topology``), ``records`` (host rows to plain records);
+the history, its cap, the alert rules and the JSON Lines sink are ``gradscope.model.monitor.
+MonitorLog`` (rules in ``gradscope.model.alerts``), the incidents
+``gradscope.capture.incidents`` (with the replay, ``gradscope.capture.replay``). No module of
+the package imports ``core``.
 
 Cost (see ``stats`` for the detail): a logged step reads the gradients once for the
 per-parameter norms (``torch._foreach_norm``) and moves one packed vector to the host; NaN and
@@ -53,7 +56,6 @@ from __future__ import annotations
 from ...model.alerts import SPIKE_FACTOR, SPIKE_MIN_HISTORY, VANISH_PATIENCE, Thresholds
 from .checks import MEASURE_POINTS
 from .core import FULL_EVERY, GradMonitor
-from .distributed import _gather_into
 
 __all__ = [
     "FULL_EVERY",
@@ -63,5 +65,4 @@ __all__ = [
     "VANISH_PATIENCE",
     "GradMonitor",
     "Thresholds",
-    "_gather_into",
 ]

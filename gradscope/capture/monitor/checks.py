@@ -9,7 +9,7 @@ import fnmatch
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 
@@ -161,15 +161,14 @@ def check_options(replicated: Any, update_sample: Any, history: Any) -> None:
         )
 
 
-def open_stream(path: Any) -> IO[str]:
-    """The JSON Lines file of ``jsonl=``, opened for writing now (a path that cannot be
-    written is said here, before training starts)."""
+def check_stream_path(path: Any) -> Path:
+    """The JSON Lines file of ``jsonl=``, checked (not opened: the monitor opens it once every
+    other argument is accepted, so a refused monitor leaves an existing log as it was)."""
     if not isinstance(path, (str, os.PathLike)):
         raise MonitorError(f"jsonl={path!r} must be a file path")
     target = Path(path)
     if target.exists() and not target.is_file():
         raise MonitorError(f"jsonl={str(target)!r} exists and is not a regular file")
-    try:
-        return open(target, "w", encoding="utf-8")  # noqa: SIM115 - closed by remove()
-    except OSError as exc:
-        raise MonitorError(f"jsonl={str(target)!r} cannot be written: {exc.strerror}") from None
+    if not target.parent.is_dir():
+        raise MonitorError(f"jsonl={str(target)!r} cannot be written: its folder does not exist")
+    return target

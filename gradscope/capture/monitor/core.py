@@ -6,18 +6,20 @@ optimizer's step pre/post hooks, the scaler's ``update``, one global forward hoo
 step boundary (which hook ends a step, which measures it), the module and activation hooks of
 ``modules=`` and ``activations=``, and the views (``report``, ``to_jsonl``...).
 
-The parts: ``checks`` (arguments, which parameters, unwrapping), ``rewatch`` (the parameters
-read again when the model changes), ``measure`` (the device figures and the packet of the
-step's one transfer), ``transfer`` (the end of a logged step: the transfer and the record),
-``stats`` (the kernels), ``distributed`` (across processes), ``records`` (host rows to
-``ParamStats``); the alert rules are plain data in ``gradscope.model.alerts``, the incidents
-in ``gradscope.capture.incidents``.
+The order of a logged step: measure (``measure``) -> transfer (``transfer.transfer``: ONE
+move to the host, at ``optimizer.step()``'s pre-hook when the incident watch needs the norms
+there, else at the step's end) -> ``transfer.finish`` (the ``StepStats``) -> the log
+(``MonitorLog.append``: history, cap, alert rules, JSON Lines) -> the incident -> the clock
+(``step.StepClock``) -> the parameters re-read (``watched.WatchedParams.refreshed``), after the
+record, so every step is named from the snapshot it was measured with. Each piece of state has
+one owner: ``WatchedParams`` (which tensors), ``StepClock`` (which step), ``StepBuffers`` (what
+a step accumulates), ``Topology`` (across processes), ``MonitorLog`` (what was recorded),
+``IncidentWatch`` (the events); the monitor holds them and the hooks.
 """
 
 from __future__ import annotations
 
 import warnings
-import zlib
 from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
@@ -29,8 +31,8 @@ from ...errors import GradscopeError, MonitorWarning, UnsupportedSetupError
 from ...model.alerts import AlertRules
 from ...model.formats import renderer
 from ...model.incident import Incident
-from ...model.monitor import Alert, DroppedSummary, MonitorLog, StepStats, Thresholds
-from .. import dynamo
+from ...model.monitor import Alert, MonitorLog, StepStats, Thresholds
+from .. import dynamo, torchcompat
 from ..handles import HookHandle
 from ..incidents import IncidentWatch
 from ..nest import iter_tensors
@@ -38,29 +40,38 @@ from .checks import (
     check_args,
     check_options,
     check_scaler,
-    open_stream,
+    check_stream_path,
     select_modules,
     select_params,
     unwrap_optimizer,
 )
-from .distributed import initialised, sharding_of
+from .distributed import Topology
 from .measure import Measure, inverse_scale, measure
-from .rewatch import first_forward, on_registration, refresh
-from .stats import UPDATE_SAMPLE, UpdateSample, local, module_row, sample_size
-from .transfer import finish
+from .stats import UPDATE_SAMPLE, UpdateSample, local, module_row
+from .step import Drained, StepBuffers, StepClock
+from .transfer import Deferred, HostStep, finish, transfer
+from .watched import WatchedParams, on_registration
 
 #: logged steps kept in ``GradMonitor.history`` by default (older ones are summed up)
 HISTORY = 1000
 #: full statistics (max/mean abs, zero fraction, update ratios) on one logged step in this many
 FULL_EVERY = 50
 
-# bound once: they run on every backward (the hooks) or every logged step
-_engine_callback = torch.autograd.Variable._execution_engine.queue_callback
-_graph_task_id = torch._C._current_graph_task_id
-# the C++ guard behind torch.inference_mode(), without its Python wrapper
-_InferenceMode = torch._C._InferenceMode
-_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+# bound once (through torchcompat, which probes them): they run on every backward (the hooks)
+# or every logged step
+_graph_task_id = torchcompat.current_graph_task_id
+_inference_mode = torchcompat.inference_mode
+_wrapped = torchcompat.is_functorch_wrapped
 
+
+def _queue_callback(fn: Any) -> None:
+    queue = torchcompat.queue_engine_callback
+    if queue is None:
+        raise UnsupportedSetupError(
+            "this torch's autograd engine takes no final callback, so GradMonitor cannot see "
+            "when a backward ends; pass optimizer= (the step then ends at optimizer.step())"
+        )
+    queue(fn)
 
 class GradMonitor:
     """Watch gradients while training; read ``.history``, ``.alerts`` and ``.report()`` after.
@@ -138,12 +149,12 @@ class GradMonitor:
         replay: bool = True,
         loss_fn: Any = None,
     ) -> None:
+        # every argument is checked before anything is installed or opened
         check_args(model, every, norm_type, full_every, measure)
         # a torch.compile wrapper: its module's names (the wrapper is what the loop calls)
         called, model = model, dynamo.unwrap(model) or model
         check_options(replicated, update_sample, history)
-        self.every = every
-        self.full_every = full_every
+        stream = check_stream_path(jsonl) if jsonl is not None else None
         self.norm_type = float(norm_type)
         self.vanish = vanish
         self.vanish_ratio = vanish_ratio
@@ -155,67 +166,100 @@ class GradMonitor:
         self._scaler = check_scaler(scaler)
         self._model = model
         chosen = select_params(model, params)
-        self._patterns = None if params is None else (
+        patterns = None if params is None else (
             [params] if isinstance(params, str) else list(params)
         )
-        # the names still watched when the model changed in a way the monitor cannot follow
-        self._frozen: set[str] | None = None
-        self.names = [n for n, _ in chosen]
-        self._params = [p for _, p in chosen]
-        self._numels = [p.numel() for p in self._params]
-        # per tensor, lowered on a large model with many tensors (the sample's memory bound)
-        self._sample_k = sample_size(self._numels, update_sample)
-        self._sharding, self._replicated = sharding_of(chosen, replicated)
-        # declared (or DTensor) rather than detected: what the log's description says
-        self._declared = replicated is not None
-        # the step's gradients are measured when the last backward ends, or at the step
-        self._point = measure if self.optimizer is not None else "backward"
-        # one-off: are hand-all-reduced gradients identical only at optimizer.step()?
-        self._dp_probe = self.optimizer is not None and measure == "backward"
-        # the same lattice on every run and rank (str hash() is salted per process)
-        self._seeds = [zlib.crc32(n.encode("utf-8", "surrogatepass")) for n in self.names]
+        self._watched = WatchedParams(model, chosen, patterns, update_sample)
+        self._topology = Topology(chosen, replicated, self.optimizer is not None, measure)
         self._modules = select_modules(model, modules)
         self._module_names = [n for n, _ in self._modules]
-        self._module_calls: list[list[torch.Tensor]] = [[] for _ in self._modules]
         self._act_names = (
             [n or type(model).__name__ for n, _ in model.named_modules()] if activations else []
         )
-        self._act_flags: list[tuple[int, torch.Tensor]] = []
-        self.step = 0
-        self._logged_steps = 0
-        self.history: list[StepStats] = []
-        self.alerts: list[Alert] = []
-        self._cap = history
-        self._dropped = DroppedSummary()
-        self._stream = open_stream(jsonl) if jsonl is not None else None
-        self._streamed = 0  # alerts already written to the stream
-        self._handles = HookHandle()
-        self._queued = -1
-        self._pending: Measure | None = None
-        self._probe: Measure | None = None
-        self._sample: UpdateSample | None = None
+        self._incidents = IncidentWatch(
+            model, called, self._watched.params, self.norm_type, replay, self.optimizer, loss_fn
+        )
+        self._clock = StepClock(every, full_every)
+        self._buffers = StepBuffers(len(self._modules))
+        numels = dict(self._watched.numel_of)
+        self._log = MonitorLog(
+            names=list(self._watched.names), every=every, full_every=full_every,
+            norm_type=self.norm_type, steps=[], alerts=[], numels=numels,
+            thresholds=self.thresholds, cap=history,
+            rules=AlertRules(self.thresholds, self.norm_type, numels),
+        )
+        # the step's transfer when the incident watch needed it before optimizer.step()
+        self._host: HostStep | None = None
+        # the update rows of such a step, moved with the next transfer
+        self._deferred: Deferred | None = None
         self._stepped = False
         self._checked_params = False
-        self._numel_of = dict(zip(self.names, self._numels, strict=True))
-        self._rules = AlertRules(self.thresholds, self.norm_type, self._numel_of)
+        self._entered = 0
+        self._handles = HookHandle()
         self._leak_check: Any = None
         self._leak_alerted: set[int] = set()
-        self.distributed: str | None = None
         if leaks:
             from ..memory import LeakCheck  # saved-tensor hooks: only when asked for
 
             self._leak_check = LeakCheck(grace=1, warn=False).start()
-        self._incidents = IncidentWatch(
-            model, called, self._params, self.norm_type, replay, self.optimizer, loss_fn
-        )
         self._attach(model, activations)
         self._handles.add(self._incidents.install())
+        if stream is not None:  # last: a refused monitor leaves an existing file as it was
+            try:
+                self._log.stream_to(stream)
+            except BaseException:
+                self.remove()
+                raise
+
+    # ------------------------------------------------------------------ state, read-only
+    @property
+    def every(self) -> int:
+        return self._clock.every
+
+    @property
+    def full_every(self) -> int:
+        return self._clock.full_every
+
+    @property
+    def step(self) -> int:
+        """The steps seen so far (logged or not)."""
+        return self._clock.step
+
+    @property
+    def names(self) -> list[str]:
+        """The watched parameters' names, in model order."""
+        return list(self._watched.names)
+
+    @property
+    def history(self) -> list[StepStats]:
+        """The last ``history=`` logged steps (the log's list)."""
+        return self._log.steps
+
+    @property
+    def alerts(self) -> list[Alert]:
+        return self._log.alerts
+
+    @property
+    def distributed(self) -> str | None:
+        """What the figures mean across processes (None without torch.distributed)."""
+        return self._topology.description
+
+    @property
+    def log(self) -> MonitorLog:
+        """The recorded history as plain data (the monitor's own log, the same lists)."""
+        self._settle_deferred()
+        return self._log
+
+    @property
+    def incidents(self) -> list[Incident]:
+        """One ``Incident`` per event (non-finite gradients, an explosion): its first step."""
+        return self._log.incidents
 
     # ------------------------------------------------------------------ hooks
     def _attach(self, model: torch.nn.Module, activations: bool) -> None:
         add = self._handles.add
-        if self._point == "backward":
-            for p in self._params:
+        if self._topology.point == "backward":
+            for p in self._watched.params:
                 add(p.register_post_accumulate_grad_hook(self._on_accumulate))
         if self.optimizer is not None:
             add(self.optimizer.register_step_pre_hook(self._before_step))
@@ -234,7 +278,7 @@ class GradMonitor:
         self._global_hooks = dynamo.ModuleHooks(self._forward_pre, self._forward_done)
         add(self._global_hooks.install())
         # a parameter or submodule registered anywhere (a re-assigned weight, an added layer)
-        # marks the model as possibly changed: it is re-read before the next logged step
+        # marks the model as possibly changed: it is re-read after the next logged step
         self._changed = False
         for handle in on_registration(self._mark_changed):
             add(handle)
@@ -244,7 +288,7 @@ class GradMonitor:
 
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
         if not self._checked_params and (dynamo.unwrap(module) or module) is self._model:
-            first_forward(self)
+            self._checked_params = self._watched.first_forward()
 
     def _forward_done(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._incidents.replaying:  # the replay's forward is not a step's
@@ -259,16 +303,20 @@ class GradMonitor:
 
     def _wrap_scaler_update(self) -> Any:
         """Shadow the scaler instance's ``update`` (the end of a step it may have skipped);
-        returns what undoes it."""
+        returns what undoes it. Once undone it only calls through (another monitor's wrapper
+        may have wrapped it since: it stays, and this one records nothing more)."""
         scaler, original = self._scaler, self._scaler.update
+        active = [True]
 
         def update(new_scale: Any = None) -> None:
-            self._guard(self._on_scaler_update)
+            if active[0]:
+                self._guard(self._on_scaler_update)
             original(new_scale)
 
         scaler.update = update
 
         def unwrap() -> None:
+            active[0] = False
             if scaler.__dict__.get("update") is update:
                 del scaler.__dict__["update"]
 
@@ -279,40 +327,20 @@ class GradMonitor:
         self._handles.remove()
         if self._leak_check is not None:
             self._leak_check.remove()
-        self._pending = self._probe = self._sample = None
-        self._act_flags.clear()
-        for calls in self._module_calls:
-            calls.clear()
-        if self._stream is not None:
-            self._stream.close()
+        self._buffers.clear()
+        self._host = None
+        self._settle_deferred()
+        self._log.close()
 
     def __enter__(self) -> GradMonitor:
+        self._entered += 1
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.remove()
-
-    @property
-    def log(self) -> MonitorLog:
-        """The recorded history as plain data (shares the lists with the monitor)."""
-        return MonitorLog(
-            names=self.names,
-            every=self.every,
-            full_every=self.full_every,
-            norm_type=self.norm_type,
-            steps=self.history,
-            alerts=self.alerts,
-            distributed=self.distributed,
-            numels=self._numel_of,
-            thresholds=self.thresholds,
-            dropped=self._dropped,
-            incidents=self.incidents,
-        )
-
-    @property
-    def incidents(self) -> list[Incident]:
-        """One ``Incident`` per event (non-finite gradients, an explosion): its first step."""
-        return self._incidents.incidents
+        # entered twice (a helper that enters the monitor it is given): the outer exit ends it
+        self._entered -= 1
+        if self._entered <= 0:
+            self.remove()
 
     def target(self, *values: Any) -> None:
         """The targets of the micro-batch just run, for ``loss_fn(output, *values)``."""
@@ -339,114 +367,180 @@ class GradMonitor:
             )
             return None
 
-    def _logged(self) -> bool:
-        return self.step % self.every == 0
-
-    def _full_due(self) -> bool:
-        return self._logged_steps % self.full_every == 0
-
-    def _advance(self) -> None:
-        """End the current step: count it, and look for graphs of earlier steps still alive."""
-        if not (self._module_index or self._act_index):
-            # only the first-forward check needed them, and its forward is over (idempotent)
-            self._global_hooks.remove()
-        step = self.step
-        if self._logged():
-            self._logged_steps += 1
-        self.step += 1
-        self._pending = self._probe = self._sample = None
-        if self._changed and self._checked_params and self._logged():
-            self._changed = False
-            refresh(self)
-        self._incidents.end_step()
-        if self._leak_check is None:
-            return
-        for leak in self._leak_check.step().leaks:
-            if leak.step not in self._leak_alerted:
-                self._leak_alerted.add(leak.step)
-                self.alerts.append(Alert("leak", step, f"step {leak.step}", str(leak)))
-
+    # ------------------------------------------------------------------ the step boundary
     def _on_accumulate(self, param: torch.Tensor) -> None:
-        # one callback per backward: compare graph-task ids rather than keep a flag, so a
-        # backward that raised (and never ran its callbacks) cannot block later steps
-        task = _graph_task_id()
-        if task != self._queued:
-            self._queued = task
-            _engine_callback(self._backward_done)
+        if self._clock.new_task(_graph_task_id()):
+            _queue_callback(self._backward_done)
 
     def _backward_done(self) -> None:
-        if not self._logged():
+        self._clock.backward_ended()
+        if not self._clock.logged():
             if self.optimizer is None:
-                self._advance()
+                self._end_step()
             return
         # measure in a second callback, queued now: it runs after every callback queued during
         # the backward (DDP's gradient averaging is one), so it sees the final .grad
-        _engine_callback(self._after_backward)
+        _queue_callback(self._after_backward)
 
     def _after_backward(self) -> None:
         self._guard(self._measure_after_backward)
 
     def _measure_after_backward(self) -> None:
-        with _InferenceMode(True):
+        with _inference_mode(True):
             measured = self._measure("backward")
             self._incidents.after_backward(measured.matrix[0])
         if self.optimizer is None:
-            finish(self, measured, None)
+            self._buffers.pending = measured
+            self._finish_step(False)
         else:
-            self._pending = measured  # the last backward before the step counts
+            self._buffers.pending = measured  # the last backward before the step counts
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
-        if self._logged():
-            self._guard(self._measure_before_step, args, kwargs)
-            return self._guard(self._incidents.before_step, lambda: self._pending, args, kwargs)
-        return None
+        if not self._clock.logged():
+            return None
+        self._guard(self._measure_before_step, args, kwargs)
+        if not self._incidents.wants_check():
+            return None  # the step's transfer waits for its end
+        return self._guard(self._incidents.before_step, self._transfer_now, args, kwargs)
 
     def _measure_before_step(self, args: Any, kwargs: Any) -> None:
         # the hook's args are step()'s, self first
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
-        with _InferenceMode(True):
-            if self._point == "optimizer":
+        topology = self._topology
+        with _inference_mode(True):
+            if topology.point == "optimizer":
                 if closure is not None:
                     raise UnsupportedSetupError(
                         "optimizer.step(closure) runs the backward inside the step, so "
                         "measure='optimizer' cannot see the gradients it is given; use "
                         "measure='backward' (the default)"
                     )
-                self._pending = self._measure("optimizer")
-            elif self._dp_probe and initialised() and self._needs_check() and closure is None:
-                self._probe = self._measure("optimizer")
-            if self.optimizer is not None and self._full_due():
-                self._sample = UpdateSample(self._params, self._sample_k, self._seeds)
+                self._buffers.pending = self._measure("optimizer")
+            elif topology.probe_now(closure is not None):
+                self._buffers.probe = self._measure("optimizer")
+            if self._clock.full_due():
+                w = self._watched
+                self._buffers.sample = UpdateSample(w.params, w.sample_k, w.seeds)
+
+    def _transfer_now(self) -> bool | None:
+        """At ``optimizer.step()``'s pre-hook, for the incident watch: the step's one
+        transfer, now; whether its norms are finite (None: nothing measured yet)."""
+        pending = self._buffers.pending
+        if pending is None:
+            return None
+        if self._host is None or self._host.m is not pending:  # (a closure's later backward)
+            with _inference_mode(True):
+                d = self._buffers.drain()
+                self._buffers.sample = d.sample  # taken after the step
+                self._host = self._transfer(pending, None, d)
+        return self._host.finite()
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._stepped = True
-        if not self._logged():
-            self._advance()
+        if not self._clock.logged():
+            self._end_step()
             return
         self._guard(self._finish_step, False)
-
-    def _finish_step(self, skipped: bool) -> None:
-        with _InferenceMode(True):
-            measured = self._pending
-            if measured is None:  # no backward since the last step: gradients set by hand
-                measured = self._measure("optimizer")
-            update = None
-            if self._sample is not None and not skipped:
-                update = self._sample.rows(measured.cols)
-        finish(self, measured, update, skipped=skipped)
 
     def _on_scaler_update(self) -> None:
         stepped, self._stepped = self._stepped, False
         if stepped:
             return
         # the scaler found non-finite gradients and did not call optimizer.step()
-        if self._logged():
+        if self._clock.logged():
             self._finish_step(True)
         else:
-            self._advance()
+            self._end_step()
 
+    def _finish_step(self, skipped: bool) -> None:
+        """A logged step ends: measure -> transfer -> stats -> log -> incident -> clock, and
+        the parameters re-read after the record."""
+        deferred = None
+        with _inference_mode(True):
+            d = self._buffers.drain()
+            host, self._host = self._host, None
+            if host is not None:  # moved at the step's pre-hook: its update rows wait
+                if d.sample is not None and not skipped:
+                    deferred = Deferred(self.step, d.sample.rows(host.m.cols), host.m,
+                                        self._watched, self._topology)
+            else:
+                measured = d.measure
+                if measured is None:  # no backward since the last step: gradients set by hand
+                    measured = self._measure("optimizer")
+                update = None
+                if d.sample is not None and not skipped:
+                    update = d.sample.rows(measured.cols)
+                host = self._transfer(measured, update, d)
+        self._record(host, skipped, deferred)
+
+    def _transfer(self, m: Measure, update: torch.Tensor | None, d: Drained) -> HostStep:
+        previous, self._deferred = self._deferred, None
+        return transfer(
+            m, topology=self._topology, norm_type=self.norm_type, update=update,
+            probe=d.probe, module_calls=d.module_calls, flags=d.flags, previous=previous,
+        )
+
+    def _record(self, host: HostStep, skipped: bool, deferred: Deferred | None) -> None:
+        log = self._log
+        if host.previous is not None:
+            log.complete(*host.previous)
+        st = finish(
+            host, step=self.step, watched=self._watched, topology=self._topology,
+            norm_type=self.norm_type, module_names=self._module_names,
+            act_names=self._act_names, skipped=skipped,
+            scaler_skips=self._scaler is not None and self.optimizer is None,
+        )
+        log.distributed = self._topology.description
+        log.append(st, self._incidents.record, hold=deferred is not None)
+        self._deferred = deferred
+        self._topology.probed()  # only the first logged step is probed
+        self._end_step()
+
+    def _settle_deferred(self) -> None:
+        """The update ratios still on the device (the last full step's), moved now."""
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            with _inference_mode(True):
+                self._log.complete(deferred.step, deferred.to_host())
+
+    def _end_step(self) -> None:
+        """The current step is over: count it, re-read the parameters when the model changed
+        (before a logged step), and look for graphs of earlier steps still alive."""
+        if not (self._module_index or self._act_index):
+            # only the first-forward check needed them, and its forward is over (idempotent)
+            self._global_hooks.remove()
+        step = self.step
+        self._clock.advance()
+        self._buffers.clear()
+        if self._changed and self._checked_params and self._clock.logged():
+            self._changed = False
+            self._rewatch()
+        self._incidents.end_step()
+        if self._leak_check is None:
+            return
+        for leak in self._leak_check.step().leaks:
+            if leak.step not in self._leak_alerted:
+                self._leak_alerted.add(leak.step)
+                self._log.add_alert(Alert("leak", step, f"step {leak.step}", str(leak)))
+
+    def _rewatch(self) -> None:
+        """Watch the parameters the model has now, if they changed (after a record: every
+        step is named from the snapshot it was measured with)."""
+        refreshed = self._watched.refreshed(self.step, self._topology.sharding is not None)
+        if refreshed is None:
+            return
+        self._watched, new = refreshed
+        if not new and self._watched.frozen is not None:
+            return
+        self._log.rewatch(list(self._watched.names), dict(self._watched.numel_of))
+        self._incidents.watch(self._watched.params)  # the replay differentiates these
+        if self._topology.point == "backward":
+            for p in new:
+                self._handles.add(p.register_post_accumulate_grad_hook(self._on_accumulate))
+
+    # ------------------------------------------------------------------ modules, activations
     def _module_forward(self, index: int, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if not self._logged() or not torch.is_grad_enabled():
+        if not self._clock.logged() or not torch.is_grad_enabled():
             return
         for _, t in iter_tensors(output):
             if t.requires_grad:
@@ -460,15 +554,15 @@ class GradMonitor:
             return
         with torch.no_grad():
             row = module_row(grad, self.norm_type)
-            inv = self._inverse_scale()
+            inv = inverse_scale(self._scaler, self.optimizer)
             if inv is not None:  # norm, max abs, sum |g| of a scaled gradient
                 row = torch.cat([row[:3] * inv.to(row), row[3:]])
-            self._module_calls[index].append(row)
+            self._buffers.add_module_row(index, row)
 
     def _activation_check(
         self, index: int, module: torch.nn.Module, args: Any, output: Any
     ) -> None:
-        if self._logged() and torch.is_grad_enabled():
+        if self._clock.logged() and torch.is_grad_enabled():
             self._guard(self._check_outputs, index, output)
 
     def _check_outputs(self, index: int, output: Any) -> None:
@@ -477,22 +571,16 @@ class GradMonitor:
                 if _wrapped(t):  # inside torch.func.vmap / grad: a batched view, not checkable
                     continue
                 if t.is_floating_point() or t.is_complex():
-                    self._act_flags.append((index, ~torch.isfinite(t.detach()).all()))
+                    self._buffers.add_flag(index, ~torch.isfinite(t.detach()).all())
 
     # ------------------------------------------------------------------ measuring
     def _measure(self, at: str) -> Measure:
         """Queue this step's statistics on the device (no host sync); under inference mode."""
-        first = self._params[0]
-        device = local(first).device if self._sharding is not None else first.device
+        params = self._watched.params
+        first = params[0]
+        device = local(first).device if self._topology.sharding is not None else first.device
         inv = inverse_scale(self._scaler, self.optimizer)
-        return measure(self._params, self.norm_type, at, self._full_due(), inv, device)
-
-    def _inverse_scale(self) -> torch.Tensor | None:
-        return inverse_scale(self._scaler, self.optimizer)
-
-    def _needs_check(self) -> bool:
-        """Whether the ranks' holding the same gradients is still to be detected."""
-        return self._sharding is None and self._replicated is None
+        return measure(params, self.norm_type, at, self._clock.full_due(), inv, device)
 
     # ------------------------------------------------------------------ views
     def report(self, *, width: int = 24) -> Any:
@@ -502,15 +590,15 @@ class GradMonitor:
         Example:
             >>> rich.console.Console().print(mon.report())   # doctest: +SKIP
         """
-        return renderer("monitor_report")(self.log, width=width)
+        return self.log.report(width=width)
 
     def to_jsonl(self, path: str | Path) -> Path:
         """Write one JSON object per logged step (non-finite floats as null; counts are exact)."""
-        return renderer("monitor_jsonl")(self.log, Path(path))
+        return self.log.to_jsonl(path)
 
     def to_csv(self, path: str | Path) -> Path:
         """Write one CSV row per (logged step, parameter)."""
-        return renderer("monitor_csv")(self.log, Path(path))
+        return self.log.to_csv(path)
 
     def to_tensorboard(self, writer: Any) -> None:
         """Log scalars (total and per-parameter norms, update ratios) and per-step histograms of

@@ -4,12 +4,16 @@
   over the sharding mesh dimension per logged step combines them (``Sharding``).
 * other parameters: whether the ranks' gradients are identical is detected from a checksum of
   the per-parameter norms (``checksum``, ``replicated``), or declared with ``replicated=``.
+
+``Topology`` owns what a monitor knows of the processes: the sharding, the replication
+(declared or detected), the one-off data-parallel probe, the point where a step's gradients are
+measured and the description; its all-gather is injectable (``Topology(gather=...)``, default
+the module's ``_gather_into``, read when the topology is made).
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -21,12 +25,12 @@ from .checks import is_dtensor
 _DIST_AVAILABLE = torch.distributed.is_available()
 
 # all_gather_single is the name of the one-tensor all-gather from torch 2.13 on, where
-# all_gather_into_tensor warns that it is deprecated. The package re-exports it, and
-# ``all_gather`` calls it through the package (``gradscope.capture.monitor._gather_into``):
-# that one name is where a caller counts or replaces the monitor's collectives.
-_gather_into = getattr(torch.distributed, "all_gather_single", None) or getattr(
-    torch.distributed, "all_gather_into_tensor", None
-)
+# all_gather_into_tensor warns that it is deprecated. A ``Topology`` takes it when it is made
+# (or the ``gather=`` it is given): that is where a caller counts or replaces the monitor's
+# collectives.
+_gather_into: Callable[..., Any] | None = getattr(
+    torch.distributed, "all_gather_single", None
+) or getattr(torch.distributed, "all_gather_into_tensor", None)
 
 
 def initialised() -> bool:
@@ -42,13 +46,11 @@ def this_rank() -> int:
     return torch.distributed.get_rank()
 
 
-def all_gather(t: torch.Tensor, group: Any) -> torch.Tensor:
+def all_gather(t: torch.Tensor, group: Any, gather: Callable[..., Any]) -> torch.Tensor:
     """Every rank's ``t`` (flattened), concatenated in rank order: one collective."""
     world = torch.distributed.get_world_size(group)
     flat = t.reshape(-1).contiguous()
     out = torch.empty(world * flat.numel(), dtype=flat.dtype, device=flat.device)
-    gather = getattr(sys.modules[__package__], "_gather_into", _gather_into)
-    assert gather is not None, "torch.distributed has no one-tensor all-gather"
     gather(out, flat, group=group)
     return out
 
@@ -167,3 +169,62 @@ def describe(same: bool, how: str) -> str:
         f"rank {torch.distributed.get_rank()} of {world}: the ranks' gradients differ "
         f"({how}), so these figures are this rank's own"
     )
+
+
+class Topology:
+    """What a monitor knows of the processes: the sharding of its parameters (``sharding``),
+    whether the ranks hold the same gradients (``replicated``: declared, detected once, or
+    None while unknown), whether that is ``declared``, the one-off probe at
+    ``optimizer.step()`` (``probe_due``: are hand-all-reduced gradients identical only
+    there?), where a step's gradients are measured (``point``), and ``description`` (what the
+    figures mean across ranks, for the log). ``gather``: the one-tensor all-gather."""
+
+    def __init__(
+        self,
+        chosen: Sequence[tuple[str, torch.Tensor]],
+        replicated: bool | None,
+        with_optimizer: bool,
+        measure: str,
+        gather: Callable[..., Any] | None = None,
+    ) -> None:
+        self.sharding, self.replicated = sharding_of(chosen, replicated)
+        # declared (or DTensor) rather than detected: what the log's description says
+        self.declared = replicated is not None
+        # the step's gradients are measured when the last backward ends, or at the step
+        self.point = measure if with_optimizer else "backward"
+        self.probe_due = with_optimizer and measure == "backward"
+        self.description: str | None = None
+        self._gather = gather or _gather_into
+
+    def gather(self, t: torch.Tensor, group: Any) -> torch.Tensor:
+        """Every rank's ``t`` over ``group`` (None: the world), flattened, in rank order."""
+        if self._gather is None:
+            raise UnsupportedSetupError("torch.distributed has no one-tensor all-gather")
+        return all_gather(t, group, self._gather)
+
+    def needs_check(self) -> bool:
+        """Whether the ranks' holding the same gradients is still to be detected."""
+        return self.sharding is None and self.replicated is None
+
+    def probe_now(self, closure: bool) -> bool:
+        """Whether this step measures the probe at ``optimizer.step()`` as well."""
+        return self.probe_due and not closure and initialised() and self.needs_check()
+
+    def probed(self) -> None:
+        """A logged step ended: only the first one is probed."""
+        self.probe_due = False
+
+    def measure_at_step(self) -> None:
+        """The ranks all-reduce the gradients by hand after backward: from now on the step's
+        gradients are the ones ``optimizer.step()`` is given."""
+        self.point = "optimizer"
+
+    def scope(self, same: bool) -> str:
+        """The step's scope when the ranks hold the same gradients (``same``) or not."""
+        how = "declared" if self.replicated is not None else "detected"
+        self.description = describe(same, how)
+        return "global" if same else f"rank {this_rank()}"
+
+    def sharded_scope(self, world: int) -> str:
+        self.description = f"sharded (DTensor): shards combined over {world} ranks"
+        return "global"

@@ -10,7 +10,7 @@ norm in the working dtype is not finite or may have underflowed.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -18,13 +18,14 @@ import torch
 # the kernels' module itself, not names from it: what is set on it (a patched kernel) is seen
 import gradscope.capture.monitor.stats as S
 
-from .distributed import Sharding, all_gather
+from .. import torchcompat
+from .distributed import Sharding
 
 #: what one logged step moves to the host, in this order (each optional): the statistics
 #: matrix ("table": rows x parameters, or ranks x rows x parameters when shards are gathered),
 #: the ranks' replication checksums, the probe measured at optimizer.step(), the module rows,
-#: the activation flags
-PACKET_FIELDS = ("table", "checksums", "probe", "modules", "flags")
+#: the activation flags, the update rows an earlier step left on the device
+PACKET_FIELDS = ("table", "checksums", "probe", "modules", "flags", "previous")
 
 
 class Packet:
@@ -85,7 +86,7 @@ class Measure:
         self.matrix = matrix  # [rows, len(cols)]: NORM (+ MAX_ABS, SUM_ABS, NONZERO)
         self.cols = cols  # column j: parameter index cols[j]
         self.grads = grads  # the gradient tensors measured (column order)
-        self.versions = [S.local(g)._version for g in grads]
+        self.versions = [torchcompat.tensor_version(S.local(g)) for g in grads]
         self.at = at
         self.full = full
 
@@ -156,15 +157,14 @@ def _with_sparse(
 def inverse_scale(scaler: Any, optimizer: Any) -> torch.Tensor | None:
     """1 / the GradScaler's scale (a device tensor) while the gradients are still scaled
     (before ``scaler.unscale_`` or ``scaler.step``); None otherwise."""
-    if scaler is None or getattr(scaler, "_scale", None) is None:
+    if scaler is None:
         return None
-    if optimizer is not None:
-        from torch.amp.grad_scaler import OptState
-
-        state = scaler._per_optimizer_states.get(id(optimizer))
-        if state is not None and state["stage"] is not OptState.READY:
-            return None  # already unscaled
-    return scaler._scale.to(torch.float64).reciprocal()
+    scale = torchcompat.grad_scaler_scale(scaler)
+    if scale is None:
+        return None
+    if optimizer is not None and torchcompat.grad_scaler_unscaled(scaler, optimizer):
+        return None  # already unscaled
+    return scale.to(torch.float64).reciprocal()
 
 
 def unscaled(matrix: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
@@ -189,6 +189,7 @@ def recheck(
     norms: list[float],
     norm_type: float,
     sharding: Sharding | None,
+    gather: Callable[[torch.Tensor, Any], torch.Tensor],
 ) -> dict[int, Recount]:
     """Exact NaN/Inf counts and the float64 norm of the columns whose norm is not finite or so
     small that it may have underflowed in the working dtype (a second transfer, on such steps
@@ -205,15 +206,15 @@ def recheck(
     tensors = [S.local(m.grads[j]).detach() for j in bad]
     changed = [
         params[m.cols[j]].grad is not m.grads[j]
-        or S.local(m.grads[j])._version != m.versions[j]
+        or torchcompat.tensor_version(S.local(m.grads[j])) != m.versions[j]
         for j in bad
     ]
-    with torch._C._InferenceMode(True):
+    with torchcompat.inference_mode(True):
         counts = S.nonfinite_counts(tensors, norm_type)
         if m.inv is not None:  # the float64 norms of scaled gradients
             counts = torch.cat([counts[:2], counts[2:] * m.inv.to(counts)])
         if sharding is not None:
-            counts = all_gather(counts, sharding.group)
+            counts = gather(counts, sharding.group)
         flat = counts.reshape(-1).tolist()
     if sharding is not None:
         per_rank = nest(flat, (sharding.world, 3, len(bad)))

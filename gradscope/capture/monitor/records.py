@@ -54,8 +54,7 @@ def param_stats(
             zero_frac = (numel - nonzero) / numel
         ratio: float | None = None
         if with_update:
-            u, w = upd[j], wgt[j]
-            ratio = u / w if w > 0 else (math.inf if u > 0 else 0.0)
+            ratio = _ratio(upd[j], wgt[j])
         by_param[i] = _make_stats(
             norm=norm,
             max_abs=max_abs,
@@ -66,6 +65,19 @@ def param_stats(
             update_ratio=ratio,
         )
     return {names[i]: by_param[i] for i in sorted(by_param)}
+
+
+def _ratio(u: float, w: float) -> float:
+    return u / w if w > 0 else (math.inf if u > 0 else 0.0)
+
+
+def update_ratios(
+    names: Sequence[str], cols: Sequence[int], rows: Sequence[Sequence[float]]
+) -> dict[str, float]:
+    """The update-to-weight ratio by parameter name from the two update rows (norm of the
+    sampled change, of the sampled old weights), column ``j`` being parameter ``cols[j]``."""
+    upd, wgt = rows[0], rows[1]
+    return {names[i]: _ratio(upd[j], wgt[j]) for j, i in enumerate(cols)}
 
 
 def module_stats(

@@ -1,86 +1,135 @@
-"""The end of a logged step: reduce across ranks, ONE transfer to the host, one record.
+"""The end of a logged step: reduce across ranks, ONE transfer to the host, one ``StepStats``.
 
-``finish`` takes the step's ``Measure`` (and the sampled update rows, on a full-statistics
-step with ``optimizer=``), ends the step (``GradMonitor._advance``), and packs into one
-``Packet`` what the step moves to the host: the statistics table (all-gathered over the
-sharding mesh dimension for DTensor parameters), the ranks' replication checksums and the
-probe measured at ``optimizer.step()`` (when whether the ranks hold the same gradients is
-still being detected), the module rows and the activation flags. After the one
-``.tolist()`` it combines the shards, decides the scope ("global" or "rank N":
-``rank_scope``), rechecks the rare non-finite columns exactly (``measure.recheck``) and
-builds the ``StepStats``.
+``transfer`` packs into one ``Packet`` what a logged step moves to the host: the statistics
+table (all-gathered over the sharding mesh dimension for DTensor parameters), the ranks'
+replication checksums and the probe measured at ``optimizer.step()`` (while whether the ranks
+hold the same gradients is still being detected), the module rows, the activation flags, and
+the update rows an earlier step left on the device (``Deferred``). After the one ``.tolist()``
+it combines the shards and decides the scope ("global" or "rank N"): a ``HostStep``, whose
+``finite()`` is what the incident watch decides a replay by (no second read).
 
-``record`` appends it to the history (older steps beyond ``history=`` summed up in the
-dropped summary), runs the alert rules and the incident watch over it, and writes its line to
-the JSON Lines stream.
+``finish`` turns a ``HostStep`` into the ``StepStats``: it rechecks the rare non-finite
+columns exactly (``measure.recheck``) and names the columns from the ``WatchedParams``
+snapshot the step was measured with. Neither sees the monitor.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from ...model.monitor import StepStats, log_header, step_record
-from .distributed import (
-    all_gather,
-    checksum,
-    combine_replicated,
-    describe,
-    initialised,
-    same_on_all_ranks,
-    this_rank,
-    world_size,
-)
-from .measure import Measure, Packet, recheck
-from .records import module_stats, param_stats
+from ...model.monitor import StepStats
+from .distributed import Topology, checksum, combine_replicated, initialised, same_on_all_ranks
+from .distributed import world_size as _world_size
+from .measure import Measure, Packet, nest, recheck
+from .records import module_stats, param_stats, update_ratios
 from .stats import MODULE_ROW, NORM, combine_shards, pnorm
-
-if TYPE_CHECKING:
-    from .core import GradMonitor
+from .watched import WatchedParams
 
 
-def finish(
-    mon: GradMonitor, m: Measure, update: torch.Tensor | None, *, skipped: bool = False
-) -> None:
-    """End the step: reduce across ranks, move everything to the host in ONE transfer,
-    record the step."""
-    step = mon.step
+class Deferred:
+    """The update rows of a full-statistics step whose transfer came before its
+    ``optimizer.step()`` (the incident watch needed the norms then): left on the device and
+    moved with the next transfer. ``rows``: ``[2, n]`` (or all ranks' rows, flattened)."""
+
+    __slots__ = ("step", "rows", "cols", "names", "world", "sharded")
+
+    def __init__(
+        self, step: int, rows: torch.Tensor, m: Measure, watched: WatchedParams,
+        topology: Topology,
+    ) -> None:
+        sharding = topology.sharding if initialised() else None
+        self.step = step
+        self.cols = list(m.cols)
+        self.names = watched.names
+        self.world = sharding.world if sharding is not None else None
+        self.sharded = sharding.sharded if sharding is not None else None
+        self.rows = topology.gather(rows, sharding.group) if sharding is not None else rows
+
+    def shape(self) -> tuple[int, ...]:
+        n = len(self.cols)
+        return (self.world, 2, n) if self.world is not None else (2, n)
+
+    def ratios(self, host: list[Any]) -> dict[str, float]:
+        """The update ratios by parameter name, from this step's rows on the host."""
+        rows = host
+        if self.world is not None and self.sharded is not None:
+            whole = combine_shards(host, ["norm2", "norm2"], 2.0)
+            rows = combine_replicated(whole, host, self.sharded, self.cols)
+        return update_ratios(self.names, self.cols, rows)
+
+    def to_host(self) -> dict[str, float]:
+        """Its own transfer (at ``remove()`` or when the log is read before the next step)."""
+        flat = self.rows.to(torch.float64).reshape(-1).tolist()
+        return self.ratios(nest(flat, self.shape()))
+
+
+class HostStep:
+    """One logged step on the host: the measurement it counts, its table (rows x columns, the
+    shards combined), the scope, the module rows by module, the first non-finite activation's
+    index, and the update ratios of a deferred earlier step."""
+
+    __slots__ = ("m", "table", "with_update", "scope", "mods", "first_bad", "previous")
+
+    def __init__(self, m: Measure, table: list[list[float]], with_update: bool) -> None:
+        self.m = m
+        self.table = table
+        self.with_update = with_update
+        self.scope: str | None = None
+        self.mods: dict[int, list[list[float]]] = {}
+        self.first_bad: int | None = None
+        self.previous: tuple[int, dict[str, float]] | None = None
+
+    def finite(self) -> bool:
+        """Whether every measured gradient's norm is finite."""
+        return all(map(math.isfinite, self.table[NORM]))
+
+
+def transfer(
+    m: Measure,
+    *,
+    topology: Topology,
+    norm_type: float,
+    update: torch.Tensor | None = None,
+    probe: Measure | None = None,
+    module_calls: Sequence[tuple[int, torch.Tensor]] = (),
+    flags: Sequence[tuple[int, torch.Tensor]] = (),
+    previous: Deferred | None = None,
+) -> HostStep:
+    """Move one logged step to the host in ONE transfer (and at most two collectives: the
+    shards' table, the replication checksums)."""
     dist_on = initialised()
     # a single process: nothing to combine (one rank is its own global)
-    replicas = dist_on and world_size() > 1
-    probe = mon._probe if replicas else None
-    mon._advance()
-    mon._dp_probe = False  # only the first logged step is probed
+    replicas = dist_on and _world_size() > 1
+    probe = probe if replicas else None
     mine = m.matrix.to(torch.float64)
     if update is not None:
         mine = torch.cat([mine, update])
-    sharding = mon._sharding if dist_on else None
-    checking = replicas and mon._needs_check()
+    sharding = topology.sharding if dist_on else None
+    checking = replicas and topology.needs_check()
     rows, ncol = mine.shape
     packet = Packet()
     if sharding is not None:
-        packet.put("table", all_gather(mine, sharding.group), (sharding.world, rows, ncol))
+        gathered = topology.gather(mine, sharding.group)
+        packet.put("table", gathered, (sharding.world, rows, ncol))
     else:
         packet.put("table", mine, (rows, ncol))
     if checking:
-        checks_ = [checksum(m.matrix[0])] + ([checksum(probe.matrix[0])] if probe else [])
-        width = 3 * len(checks_)
-        packet.put("checksums", all_gather(torch.cat(checks_), None), (world_size(), width))
+        sums = [checksum(m.matrix[0])] + ([checksum(probe.matrix[0])] if probe else [])
+        packet.put("checksums", topology.gather(torch.cat(sums), None),
+                   (_world_size(), 3 * len(sums)))
         if probe is not None:
             packet.put("probe", probe.matrix, (probe.matrix.shape[0], len(probe.cols)))
-    mod_calls = [(i, c) for i, calls in enumerate(mon._module_calls) for c in calls]
-    for calls in mon._module_calls:
-        calls.clear()
-    if mod_calls:
-        packet.put(
-            "modules", torch.stack([c for _, c in mod_calls]), (len(mod_calls), MODULE_ROW)
-        )
-    flags, mon._act_flags = mon._act_flags, []
+    if module_calls:
+        stacked = torch.stack([c for _, c in module_calls])
+        packet.put("modules", stacked, (len(module_calls), MODULE_ROW))
     if flags:
         packet.put("flags", torch.stack([f for _, f in flags]), (len(flags),))
+    if previous is not None:
+        packet.put("previous", previous.rows, previous.shape())
     host = packet.to_host()
 
     kinds = ["norm"] + (["max", "sum", "sum"] if m.full else [])
@@ -88,81 +137,67 @@ def finish(
     scope: str | None = None
     if sharding is not None:
         per_rank = host["table"]
-        whole = combine_shards(per_rank, kinds, mon.norm_type)
+        whole = combine_shards(per_rank, kinds, norm_type)
         table = combine_replicated(whole, per_rank, sharding.sharded, m.cols)
-        scope = "global"
-        mon.distributed = f"sharded (DTensor): shards combined over {sharding.world} ranks"
+        scope = topology.sharded_scope(sharding.world)
     else:
         table = host["table"]
     if checking:
         same = same_on_all_ranks(host["checksums"], 0)
         if probe is not None and not same and same_on_all_ranks(host["checksums"], 3):
-            # the ranks all-reduce the gradients by hand after backward: from now on
-            # the step's gradients are the ones optimizer.step() is given
-            mon._point = "optimizer"
+            # the ranks all-reduce the gradients by hand after backward: from now on the
+            # step's gradients are the ones optimizer.step() is given
+            topology.measure_at_step()
             m, same = probe, True
             table = host["probe"] + (table[-2:] if update is not None else [])
-        scope = rank_scope(mon, same)
+        scope = topology.scope(same)
     elif replicas and sharding is None:
-        scope = rank_scope(mon, bool(mon._replicated))
-    mods: dict[int, list[list[float]]] = {}
-    for (i, _), row in zip(mod_calls, host.get("modules", ()), strict=True):
-        mods.setdefault(i, []).append(row)
-    first_bad = None
+        scope = topology.scope(bool(topology.replicated))
+    out = HostStep(m, table, update is not None)
+    out.scope = scope
+    for (i, _), row in zip(module_calls, host.get("modules", ()), strict=True):
+        out.mods.setdefault(i, []).append(row)
     if flags:
-        first_bad = next(
-            (mon._act_names[i] for (i, _), v in zip(flags, host["flags"], strict=True) if v),
-            None,
+        out.first_bad = next(
+            (i for (i, _), v in zip(flags, host["flags"], strict=True) if v), None
         )
-    counts = recheck(m, mon._params, table[NORM], mon.norm_type, sharding)
-    if mon._scaler is not None and mon.optimizer is None:
-        # the scaler skips every step whose gradients are not all finite
-        skipped = any(not math.isfinite(v) for v in table[NORM])
+    if previous is not None:
+        out.previous = (previous.step, previous.ratios(host["previous"]))
+    return out
+
+
+def finish(
+    h: HostStep,
+    *,
+    step: int,
+    watched: WatchedParams,
+    topology: Topology,
+    norm_type: float,
+    module_names: Sequence[str],
+    act_names: Sequence[str],
+    skipped: bool = False,
+    scaler_skips: bool = False,
+) -> StepStats:
+    """The ``StepStats`` of a step moved to the host, its columns named from ``watched`` (the
+    snapshot it was measured with). ``scaler_skips``: a GradScaler without ``optimizer=``
+    skips every step whose gradients are not all finite."""
+    m, table = h.m, h.table
+    sharding = topology.sharding if initialised() else None
+    counts = recheck(m, watched.params, table[NORM], norm_type, sharding, topology.gather)
+    if scaler_skips:
+        skipped = not h.finite()
     params = param_stats(
-        mon.names, mon._numels, m.cols, table, counts, m.full, update is not None
+        watched.names, watched.numels, m.cols, table, counts, m.full, h.with_update
     )
-    modules = module_stats(mon._module_names, mods, mon.norm_type) if mods else {}
-    record(
-        mon,
-        StepStats(
-            step=step,
-            total_norm=pnorm([ps.norm for ps in params.values()], mon.norm_type),
-            params=params,
-            modules=modules,
-            full=m.full,
-            skipped=skipped,
-            scope=scope,
-            measured_at=m.at,
-            forward_nonfinite=first_bad,
-        ),
+    modules = module_stats(module_names, h.mods, norm_type) if h.mods else {}
+    return StepStats(
+        step=step,
+        total_norm=pnorm([ps.norm for ps in params.values()], norm_type),
+        params=params,
+        modules=modules,
+        full=m.full,
+        skipped=skipped,
+        scope=h.scope,
+        measured_at=m.at,
+        forward_nonfinite=act_names[h.first_bad] if h.first_bad is not None else None,
     )
-
-
-def rank_scope(mon: GradMonitor, same: bool) -> str:
-    """The step's scope when the ranks hold the same gradients (``same``) or not; says so in
-    ``mon.distributed``."""
-    how = "declared" if mon._replicated is not None else "detected"
-    mon.distributed = describe(same, how)
-    return "global" if same else f"rank {this_rank()}"
-
-
-def record(mon: GradMonitor, st: StepStats) -> None:
-    """Keep the step (the history, its alerts and incident) and write its line to the stream."""
-    history = mon.history
-    history.append(st)
-    alerts = mon._incidents.record(st, mon._rules.update(st))
-    if alerts:
-        mon.alerts.extend(alerts)
-    if mon._cap is not None and len(history) > mon._cap:
-        for old in history[: len(history) - mon._cap]:
-            mon._dropped.add(old)
-        del history[: len(history) - mon._cap]
-    if mon._stream is not None and not mon._stream.closed:
-        incs = mon.incidents
-        incident = incs[-1] if incs and incs[-1].step == st.step else None
-        obj = step_record(st, mon.alerts[mon._streamed :], incident)
-        mon._streamed = len(mon.alerts)
-        if mon._logged_steps == 1:
-            obj["log"] = log_header(mon.log)
-        mon._stream.write(json.dumps(obj, allow_nan=False) + "\n")
-        mon._stream.flush()
