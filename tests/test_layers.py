@@ -8,8 +8,10 @@ inside functions included), relative imports resolved to module names:
 - ``gradscope.views`` imports neither torch nor ``gradscope.capture``;
 - ``gradscope.capture`` imports neither rich nor graphviz nor ``gradscope.views``;
 - the CLI reaches gradscope only through its public package (``import gradscope``);
-- the graph of imports among gradscope's modules has no cycle (imports under
-  ``if TYPE_CHECKING:`` never run, so they are left out of this one check).
+- the graph of imports among gradscope's modules has no cycle, imports under
+  ``if TYPE_CHECKING:`` counted too (they do not run, but a module that names another's
+  class only for its types still depends on it: a cycle there is two modules that cannot be
+  read, changed or tested apart).
 """
 
 from __future__ import annotations
@@ -139,13 +141,21 @@ def imports_of_cli(path: Path) -> list[tuple[str, bool]]:
     return out
 
 
+#: typing-only edges that still close a cycle, each waiting for its owner to remove it (the
+#: test below fails once one is gone, so the list cannot go stale): the autograd doctor's
+#: explain module names the Doctor class for its types (issue 30's files)
+KNOWN_TYPING_CYCLES = {("gradscope.capture.doctor_explain", "gradscope.capture.doctor")}
+
+
 def test_no_import_cycles():
     graph: dict[str, set[str]] = {}
     for path in sources():
         mod = module_name(path)
         deps = set()
         for target, typing_only in imports(path):
-            if typing_only or not target.startswith("gradscope"):
+            if not target.startswith("gradscope"):
+                continue
+            if typing_only and (mod, target) in KNOWN_TYPING_CYCLES:
                 continue
             if _exists(target) and target != mod:
                 deps.add(target)
@@ -175,6 +185,23 @@ def test_no_import_cycles():
                 path.append(nxt)
                 stack.append((nxt, iter(sorted(graph[nxt]))))
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_known_typing_cycles_are_still_there():
+    for mod, target in KNOWN_TYPING_CYCLES:
+        path = ROOT / (mod.replace(".", "/") + ".py")
+        assert path.exists() and (target, True) in imports(path), (
+            f"{mod} no longer imports {target} for its types: drop it from KNOWN_TYPING_CYCLES"
+        )
+
+
+def test_type_checking_imports_are_edges_of_the_cycle_check(tmp_path, monkeypatch):
+    """The checker itself: an import under ``if TYPE_CHECKING:`` is read (and marked)."""
+    fake = tmp_path / "gradscope" / "capture" / "fake.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import walk\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    assert ("gradscope.capture", True) in imports(fake)
 
 
 def test_every_exception_class_lives_in_errors():
