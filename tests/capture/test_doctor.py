@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 import torch
