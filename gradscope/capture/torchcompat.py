@@ -213,6 +213,13 @@ inference_mode: Callable[[bool], Any] = (
 )
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The local tensor of a DTensor (its shard on this process, without ``to_local()``'s
+    autograd view); other tensors as they are."""
+    inner = getattr(t, "_local_tensor", None)
+    return inner if inner is not None else t
+
+
 def grad_scaler_scale(scaler: Any) -> torch.Tensor | None:
     """A ``torch.amp.GradScaler``'s scale as a device tensor (no host sync), or None before
     its first ``scale()``; where the tensor cannot be read, ``get_scale()`` (a host sync;

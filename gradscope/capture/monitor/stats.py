@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from .. import torchcompat
+
 # rows of a full-statistics matrix (one column per tensor); NORM alone on other steps
 NORM, MAX_ABS, SUM_ABS, NONZERO = range(4)
 FULL_ROWS = 4
@@ -72,8 +74,7 @@ def underflow_bound(norm_type: float) -> float:
 
 def local(grad: torch.Tensor) -> torch.Tensor:
     """The local tensor of a DTensor (its shard on this process); other tensors as they are."""
-    inner = getattr(grad, "_local_tensor", None)
-    return inner if inner is not None else grad
+    return torchcompat.local_tensor(grad)
 
 
 def _groups(tensors: Sequence[torch.Tensor]) -> list[list[int]]:
