@@ -97,6 +97,46 @@ def _ddp_wrapper(rank: int) -> dict:
     return _errors(mon, truths, prefix="module.")
 
 
+_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
+
+
+def _ddp_transfers(rank: int) -> dict:
+    """Host reads per step of a DDP loop (optimizer=, replay on, full statistics every logged
+    step), minus those of the same loop without a monitor."""
+    counts: dict[bool, list[int]] = {}
+    for watched in (False, True):
+        ddp = nn.parallel.DistributedDataParallel(_model())
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        mon = gs.GradMonitor(ddp.module, optimizer=opt, every=2, full_every=1) if watched else None
+        seen = [0]
+        originals = {name: getattr(torch.Tensor, name) for name in _READS}
+
+        def counted(original, seen=seen):
+            def read(t, *args, **kwargs):
+                seen[0] += 1
+                return original(t, *args, **kwargs)
+
+            return read
+
+        per_step = []
+        try:
+            for name, original in originals.items():
+                setattr(torch.Tensor, name, counted(original))
+            for step in range(5):
+                before = seen[0]
+                opt.zero_grad()
+                _loss(ddp, _batch(rank, step)).backward()
+                opt.step()
+                per_step.append(seen[0] - before)
+        finally:
+            for name, original in originals.items():
+                setattr(torch.Tensor, name, original)
+        if mon is not None:
+            mon.remove()
+        counts[watched] = per_step
+    return {"extra": [w - p for w, p in zip(counts[True], counts[False], strict=True)]}
+
+
 def _ddp_inner(rank: int) -> dict:
     ddp = nn.parallel.DistributedDataParallel(_model())
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
@@ -238,6 +278,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             result = {
                 "ddp_wrapper": _ddp_wrapper(rank),
                 "ddp_inner": _ddp_inner(rank),
+                "ddp_transfers": _ddp_transfers(rank),
                 "ddp_before_wrap": _ddp_built_before_wrapping(rank),
                 "manual": _manual_allreduce(rank),
                 "independent": _independent(rank),
@@ -331,6 +372,11 @@ def test_fsdp2_norms_equal_full_tensor_norms(results, case: str) -> None:
     assert r0["nan"] == r1["nan"] == r0["nan_truth"]
     assert r0["nan"][2]["gain"] == 1
     assert r0["nan_alerts"] == r1["nan_alerts"] == [["nan", 2, ["gain"]]]
+
+
+def test_ddp_one_host_transfer_per_logged_step(results) -> None:
+    for r in results:
+        assert r["ddp_transfers"]["extra"] == [1, 0, 1, 0, 1]
 
 
 def test_no_deprecation_or_gradscope_warning_on_any_rank(results) -> None:
