@@ -27,6 +27,7 @@ from .forward import created_at
 from .handles import HookHandle
 from .nest import iter_tensors
 from .stamps import FORWARD_NONFINITE_KEY
+from .tensor_facts import checkable
 from .walk import _trace_with_ids
 
 #: Key under which ``torch.autograd.detect_anomaly`` keeps a node's forward stack.
@@ -35,12 +36,17 @@ _ANOMALY_KEY = "traceback_"
 
 # ---------------------------------------------------------------------------- statistics
 def _flat(g: torch.Tensor) -> torch.Tensor | None:
-    """``g`` detached, dense, and of a type ``vector_norm`` takes; None when empty."""
+    """``g`` detached, dense, and of a type ``vector_norm`` takes (float8 widened to float32);
+    None when empty or unreadable (packed float4)."""
     d = g.detach()
     if d.layout != torch.strided:
         d = d.coalesce().values() if d.is_sparse else d.to_dense()
     if d.numel() == 0:
         return None
+    wide = checkable(d)
+    if wide is None:
+        return None
+    d = wide
     if not (d.is_floating_point() or d.is_complex()):
         d = d.double()
     return d
@@ -60,7 +66,7 @@ _norm = torch.linalg.vector_norm
 
 def _stat_now(g: torch.Tensor) -> GradStat:
     """Statistics of a CPU gradient, read at once (a host read costs nothing on the CPU)."""
-    if g.is_floating_point() and g.layout == torch.strided and g.numel():
+    if g.is_floating_point() and g.layout == torch.strided and g.numel() and checkable(g) is g:
         d = g.detach()  # fast path: no conversion, one kernel for min and max
         norm = (_norm(d) if d.dtype in _PLAIN else _norm(d, dtype=torch.float32)).item()
         lo_t, hi_t = torch.aminmax(d)

@@ -16,9 +16,11 @@ compiled graph's own ``stack_trace``. Traced anyway (a compiled function, ``modu
 from __future__ import annotations
 
 import functools
+import itertools
 import linecache
 import os
 import sys
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,6 +39,7 @@ from .stamps import (
     PASS_THROUGH,
     outside_gradscope,
 )
+from .tensor_facts import checkable
 
 
 # ---------------------------------------------------------------------------- reading
@@ -101,6 +104,51 @@ def _user_frame(frame: Any) -> Any:
 
 _wrapped = torchcompat.is_functorch_wrapped
 
+#: Ops whose output is uninitialised memory, about to be written: never a finding themselves.
+_UNINITIALISED = frozenset(
+    {"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"}
+)
+
+
+def _grad_fn(t: torch.Tensor) -> Any:
+    """``t.grad_fn``, or None where torch refuses to say (a view made under ``no_grad`` whose
+    base was then changed in place: reading its ``grad_fn`` raises, and what a recorder reads
+    must never raise in the user's code)."""
+    try:
+        return t.grad_fn
+    except RuntimeError:
+        return None
+
+
+def _checkable(t: Any) -> torch.Tensor | None:
+    """A floating, dense tensor whose values can be tested for NaN/Inf here (float8 widened),
+    detached; None for anything else."""
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+        return None
+    if not (t.is_floating_point() or t.is_complex()) or t.device.type == "meta":
+        return None
+    if _wrapped(t):  # a torch.func transform's tensor (vmap, grad): not checkable here
+        return None
+    return checkable(t.detach())
+
+
+def _arguments(args: Any, kwargs: Any) -> Iterator[torch.Tensor]:
+    """The tensors a call was given: its arguments and keyword values, and one level into
+    lists and tuples (``torch.cat([a, b])``)."""
+    for a in itertools.chain(args, kwargs.values() if kwargs else ()):
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    yield b
+
+
+def _flags(d: torch.Tensor) -> torch.Tensor:
+    """``[has NaN, has Inf]`` of ``d``, left on its device (no host sync)."""
+    with torch.no_grad():
+        return torch.stack([d.isnan().any(), d.isinf().any()])
+
 
 class _ForwardMode(TorchFunctionMode):
     """Stamps each autograd node created by a torch call with the user's file and line.
@@ -115,16 +163,23 @@ class _ForwardMode(TorchFunctionMode):
         self.start = torchcompat.next_sequence_nr()
         self.last = self.start - 1
         self.check_finite = check_finite
-        # with check_finite: per floating output, its [has NaN, has Inf] flags (left on the
-        # device), and what made it: (op name, grad_fn or None, (file, line) or None)
+        # with check_finite: per floating value checked, its [has NaN, has Inf] flags (left on
+        # the device), and what made it: [op name, grad_fn or None, (file, line) or None,
+        # None, or for a tensor the forward was given (no op of the block made it) its
+        # label]; an input's grad_fn is that of the first call that read it
         self.flags: list[torch.Tensor] = []
-        self.made_by: list[tuple[str, Any, tuple[str, int] | None]] = []
+        self.made_by: list[list[Any]] = []
+        # tensors the block has seen (made by a call, or checked as an input), by id: a
+        # tensor given to a call and not seen before came from outside the forward
+        self.seen: dict[int, weakref.ref[torch.Tensor]] = {}
+        self.names: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
         self.paused: list[Any] = []  # torch.compile wrappers running with the mode off
         dynamo.eager_only(_ForwardMode.__torch_function__)
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if compiling():  # Dynamo traces this: call through, stamp nothing
             return func(*args, **(kwargs or {}))
+        read = self._flag_inputs(func, args, kwargs) if self.check_finite else None
         out = func(*args, **(kwargs or {}))
         if torch.is_grad_enabled():
             self._stamp_outputs(out)
@@ -132,27 +187,91 @@ class _ForwardMode(TorchFunctionMode):
             self._stamp_custom()  # custom Function forwards run with grad disabled
         if self.check_finite:
             self._flag(func, out)
+            if read:  # the module of the inputs' first reader: its output's node knows it
+                fn = self._first_grad_fn(out)
+                for entry in read:
+                    entry[1] = fn
         return out
+
+    def name(self, named: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Labels for tensors the forward may be given (``the input example_input``,
+        ``the parameter fc.weight``): a NaN already in one of them is said with its name."""
+        for label, t in named:
+            self.names.setdefault(id(t), (weakref.ref(t), label))
+
+    def _seen(self, t: torch.Tensor) -> bool:
+        ref = self.seen.get(id(t))
+        return ref is not None and ref() is t
+
+    def _see(self, t: torch.Tensor) -> None:
+        try:
+            self.seen[id(t)] = weakref.ref(t)
+        except TypeError:  # a tensor type that takes no weak reference: left unseen
+            pass
+
+    def _label(self, t: torch.Tensor) -> str:
+        found = self.names.get(id(t))
+        if found is not None and found[0]() is t:
+            return found[1]
+        if isinstance(t, torch.nn.Parameter):
+            return "a parameter"
+        return "a tensor given to the forward"
+
+    def _flag_inputs(self, func: Any, args: Any, kwargs: Any) -> list[list[Any]] | None:
+        """Before the call: queue flags of the floating tensors it reads that no call of the
+        block made (the batch, parameters, buffers), each once, so that a NaN that came in
+        with them is said as such, not blamed on the first op that read it."""
+        read: list[list[Any]] | None = None
+        loc: Any = _UNSET
+        for t in _arguments(args, kwargs):
+            if self._seen(t) or _grad_fn(t) is not None:
+                continue  # made in the block (or by an earlier forward: its op is known)
+            self._see(t)
+            d = _checkable(t)
+            if d is None:
+                continue
+            if loc is _UNSET:
+                user = _user_frame(sys._getframe(2))  # 2: the caller of __torch_function__
+                loc = None if user is None else (user.f_code.co_filename, user.f_lineno)
+            entry = [getattr(func, "__name__", str(func)), None, loc, self._label(t)]
+            self.made_by.append(entry)
+            self.flags.append(_flags(d))
+            if read is None:
+                read = []
+            read.append(entry)
+        return read
+
+    @staticmethod
+    def _first_grad_fn(out: Any) -> Any:
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for t in outs:
+            if isinstance(t, torch.Tensor):
+                fn = _grad_fn(t)
+                if fn is not None:
+                    return fn
+        return None
 
     def _flag(self, func: Any, out: Any, frame: Any = None) -> None:
         """Queue device-side NaN/Inf flags of the call's floating outputs (no host sync)."""
         outs = out if isinstance(out, (tuple, list)) else (out,)
         loc: Any = _UNSET  # the user's line, looked up once per call (only if one is checked)
+        name = getattr(func, "__name__", str(func))
         for t in outs:
-            if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+            if not isinstance(t, torch.Tensor):
                 continue
-            if not (t.is_floating_point() or t.is_complex()) or t.device.type == "meta":
-                continue
-            if _wrapped(t):  # a torch.func transform's tensor (vmap, grad): not checkable here
+            self._see(t)
+            if name in _UNINITIALISED:
+                continue  # uninitialised memory, written next: what is written is checked
+            d = _checkable(t)
+            if d is None:
                 continue
             if loc is _UNSET:
                 user = _user_frame(sys._getframe(2) if frame is None else frame)  # 2: the caller
                 loc = None if user is None else (user.f_code.co_filename, user.f_lineno)
-            with torch.no_grad():
-                d = t.detach()
-                flag = torch.stack([d.isnan().any(), d.isinf().any()])
-            self.made_by.append((getattr(func, "__name__", str(func)), t.grad_fn, loc))
-            self.flags.append(flag)
+            # an op run without grad made no node: its output's grad_fn is not this op's
+            fn = _grad_fn(t) if torch.is_grad_enabled() else None
+            self.made_by.append([name, fn, loc, None])
+            self.flags.append(_flags(d))
 
     def first_nonfinite(self) -> ForwardNonFinite | None:
         """The first flagged output that held a NaN or Inf: all flags come to the host in one
@@ -171,15 +290,16 @@ class _ForwardMode(TorchFunctionMode):
         if not bad:
             return None
         first = min(bad)
-        op, fn, loc = self.made_by[first]
+        op, fn, loc, given = self.made_by[first]
         module = node = None
         if fn is not None:
             meta = fn.metadata
             module = meta.get(MODULE_KEY)
-            node = type(fn).__name__
-            meta[FORWARD_NONFINITE_KEY] = bad[first]
+            if given is None:  # an op made it: its node is marked; an input is no op's
+                node = type(fn).__name__
+                meta[FORWARD_NONFINITE_KEY] = bad[first]
         where = _location_text(*loc) if loc is not None else None
-        return ForwardNonFinite(op, node, bad[first], module, where, first)
+        return ForwardNonFinite(op, node, bad[first], module, where, first, given)
 
     # ---------------------------------------------------------------- compiled modules
     def before_module(self, module: Any, args: Any) -> None:
@@ -287,9 +407,20 @@ class RecordForward:
         self.check_finite = check_finite
         self.first_nonfinite: ForwardNonFinite | None = None
         self.handle = HookHandle()
+        self._mode: _ForwardMode | None = None
+
+    def name_inputs(self, named: Any) -> None:
+        """With ``check_finite=True``: labels (``(label, tensor)`` pairs, e.g.
+        ``("the input example_input", x)``) of tensors the forward is given, so that a NaN
+        or Inf already in one is said with its label (``ForwardNonFinite.input``). Tensors
+        given without a label are said as ``a parameter`` or ``a tensor given to the
+        forward``."""
+        if self._mode is not None:
+            self._mode.name(iter(named))
 
     def __enter__(self) -> RecordForward:
         mode = _ForwardMode(self.check_finite)
+        self._mode = mode
         # hooks first: a compile inside the block then sees neither the mode nor the hooks
         self.handle.add(dynamo.ModuleHooks(mode.before_module, mode.after_module).install())
         try:
@@ -307,6 +438,9 @@ class RecordForward:
         finally:
             mode.flags.clear()
             mode.made_by.clear()
+            mode.seen.clear()
+            mode.names.clear()
+            self._mode = None
 
     def __exit__(self, *exc: object) -> None:
         self.handle.remove()

@@ -306,9 +306,16 @@ class ModelFile:
     def build(self) -> tuple[torch.nn.Module | None, Any, Any]:
         """Resolve the entry point: ``(module, inputs, None)`` or ``(None, None, outputs)``."""
         label, obj = self._entry()
-        if not isinstance(obj, torch.nn.Module):
-            with _user_code(self.path, f"running {label}()"), torch.enable_grad():
-                obj = obj()
+        return self._resolve(label, self._call(label, obj))
+
+    def _call(self, label: str, obj: Any) -> Any:
+        """The entry point's value: a module as it is, a callable's result."""
+        if isinstance(obj, torch.nn.Module):
+            return obj
+        with _user_code(self.path, f"running {label}()"), torch.enable_grad():
+            return obj()
+
+    def _resolve(self, label: str, obj: Any) -> tuple[torch.nn.Module | None, Any, Any]:
         if isinstance(obj, torch.nn.Module):
             return obj, self.example_input(f"{label} gave an nn.Module to run"), None
         if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], torch.nn.Module):
@@ -319,6 +326,9 @@ class ModelFile:
         """Build the entry point and run the forward (under ``torch.enable_grad``), recording
         module scopes (``gs.scopes``) when the file hands gradscope a module to run."""
         module, inputs, outputs = self.build()
+        return self._forward(module, inputs, outputs)
+
+    def _forward(self, module: torch.nn.Module | None, inputs: Any, outputs: Any) -> Forward:
         if module is None:
             return Forward(outputs=outputs, model=None, inputs=())
         from .scopes import scopes  # imported here: plain output files never need it
@@ -362,8 +372,25 @@ class ModelFile:
         from .annotate import trace_backward
         from .forward import record_forward
 
+        label, obj = self._entry()
+        # Building is no part of the forward: what constructors do (torch.empty, a buffer
+        # filled with NaN and then overwritten, Embedding's padding row zeroed under no_grad)
+        # is never a finding. A callable cannot be told apart from a forward before it ran
+        # (it may return outputs: then it is the forward), so what the recorder saw while it
+        # ran counts only when it returned outputs; a module it returned is run under a
+        # recorder of its own.
+        built = record_forward(check_finite=True)
+        if isinstance(obj, torch.nn.Module):
+            made = obj
+        else:
+            with built:
+                made = self._call(label, obj)
+        module, inputs, outputs = self._resolve(label, made)
         with record_forward(check_finite=True) as forward:
-            fwd = self.forward()
+            if module is not None:
+                given = "example_input" if isinstance(made, torch.nn.Module) else f"{label}()[1]"
+                forward.name_inputs(_labels(module, inputs, given))
+            fwd = self._forward(module, inputs, outputs)
             root = self.loss(fwd.outputs) if self.has("loss_fn") else fwd.outputs
         try:
             trace = trace_backward(root, model=fwd.model, saved=saved, keep=fwd.outputs)
@@ -371,7 +398,9 @@ class ModelFile:
             first = (str(exc).strip().splitlines() or [""])[0]
             raise ModelFileError(f"{self.path}: backward raised RuntimeError: {first}"
                                  f"{_doctor_hint(exc, self.path)}") from exc
-        return BackwardRun(trace, forward.first_nonfinite)
+        found = (built.first_nonfinite if module is None else None) or forward.first_nonfinite
+        trace.forward_nonfinite = found
+        return BackwardRun(trace, found)
 
     # ------------------------------------------------------------------ training
     def training(self) -> Training:
@@ -441,6 +470,19 @@ class ModelFile:
                 "a torch.optim.Optimizer, e.g. return torch.optim.SGD(params, lr=1e-2)"
             )
         return opt
+
+
+def _labels(module: torch.nn.Module, inputs: Any, given: str) -> Iterator[tuple[str, Any]]:
+    """What a NaN already in a tensor the forward is given is called: ``the input
+    example_input[0]``, ``the parameter fc.weight``, ``the buffer bn.running_mean``."""
+    from .nest import iter_tensors
+
+    for path, t in iter_tensors(inputs, given):
+        yield f"the input {path}", t
+    for name, p in module.named_parameters():
+        yield f"the parameter {name}", p
+    for name, b in module.named_buffers():
+        yield f"the buffer {name}", b
 
 
 def model_file_path(spec: str | Path) -> Path:

@@ -104,3 +104,28 @@ class _Storages:
 
     def id_of(self, t: torch.Tensor) -> str | None:
         return self.record_of(t)[0]
+
+
+
+#: Floating dtypes of one byte (the float8 family): torch implements few reductions for them
+#: (``isinf`` for some, ``vector_norm`` and ``aminmax`` for none), so checks read them widened.
+_NARROW = frozenset(
+    dt for dt in (getattr(torch, name, None) for name in (
+        "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu"))
+    if dt is not None
+)
+#: Packed sub-byte floats (two float4 values a byte): not even a copy to float32 exists.
+_PACKED = frozenset(
+    dt for dt in (getattr(torch, name, None) for name in ("float4_e2m1fn_x2",)) if dt is not None
+)
+
+
+def checkable(t: torch.Tensor) -> torch.Tensor | None:
+    """``t`` in a dtype whose NaN/Inf tests and norms torch implements: a float8 tensor is
+    widened to float32 (every float8 value, NaN and Inf included, is exact in float32; the
+    copy, 4 bytes an element, is made only for these dtypes); None for a packed float4 tensor,
+    which nothing can read element by element; any other tensor as it is."""
+    dtype = t.dtype
+    if dtype in _NARROW:
+        return t.float()
+    return None if dtype in _PACKED else t

@@ -93,7 +93,12 @@ class ForwardNonFinite:
         kind: ``nan`` or ``inf`` (NaN wins when both occur).
         module: the module path whose forward ran it (with ``gs.scopes``), or None.
         where: the user's line, ``file:line: code``, or None.
-        index: position of that output among the outputs checked (0 is the first op's).
+        index: position of that value among the values checked (0 is the first).
+        input: when no op made it: the tensor the forward was given that already held it
+            (``the input example_input``, ``the input build()[1]['pixel_values']``, ``the
+            parameter fc.weight``, ``the buffer bn.running_mean``, ``a parameter``); ``op``,
+            ``module`` and ``where`` then say which call read it first. None when an op of
+            the forward made it.
     """
 
     op: str
@@ -102,15 +107,29 @@ class ForwardNonFinite:
     module: str | None
     where: str | None
     index: int = 0
+    input: str | None = None
 
     def summary(self) -> str:
-        """One line: ``the forward already produced nan at LogBackward0 in mid (model.py:7)``."""
-        what = self.node or self.op
+        """One line: ``the forward already produced nan at LogBackward0 in mid (model.py:7)``,
+        or, for a value that came in with the batch, ``the input example_input already held
+        nan before the forward ran (first read by linear in fc1, model.py:7)``.
+
+        Example:
+            >>> bad = ForwardNonFinite("linear", None, "nan", "fc1", None, 0, "the input x")
+            >>> bad.summary()  # doctest: +NORMALIZE_WHITESPACE
+            'the input x already held nan before the forward ran (first read by linear in fc1)'
+        """
         if self.module is None:
             inside = ""
         else:
             inside = f" in {self.module}" if self.module else " in the model's own forward"
-        at = f" ({self.where.split(': ', 1)[0]})" if self.where else ""
+        line = self.where.split(": ", 1)[0] if self.where else None
+        if self.input is not None:
+            at = f", {line}" if line else ""
+            return (f"{self.input} already held {self.kind} before the forward ran "
+                    f"(first read by {self.op}{inside}{at})")
+        what = self.node or self.op
+        at = f" ({line})" if line else ""
         return f"the forward already produced {self.kind} at {what}{inside}{at}"
 
 
@@ -122,6 +141,10 @@ class BackwardTrace:
         steps: one ``NodeStep`` per node run, in engine order (over every backward call in the
             block).
         first_nonfinite: the first NaN/Inf gradient, or None.
+        forward_nonfinite: when the forward was recorded too (``gs.record_forward(
+            check_finite=True)``, as ``gradscope render --backward`` does): the first value
+            of the forward that held a NaN or Inf, or None. The backward's NaN/Inf then
+            comes from it; it is a finding even when every gradient stayed finite.
         graph: the traced graph, annotated: ``Node.order`` (first run, 0 first), ``Edge.grad_norm``
             (norm of the gradient that flowed along the edge), and on nodes whose gradients were
             not finite ``Node.nonfinite`` (``nan``/``inf``), ``Node.first_nonfinite`` and
@@ -131,6 +154,12 @@ class BackwardTrace:
     steps: list[NodeStep] = field(default_factory=list)
     first_nonfinite: NonFinite | None = None
     graph: Graph = field(default_factory=Graph)
+    forward_nonfinite: ForwardNonFinite | None = None
+
+    @property
+    def found(self) -> bool:
+        """A NaN or Inf was found, in the forward or in a gradient (the CLI's exit code 1)."""
+        return self.first_nonfinite is not None or self.forward_nonfinite is not None
 
     def nonfinite_params(self) -> list[str]:
         """Names of the leaves whose AccumulateGrad received a NaN/Inf gradient, in graph order."""

@@ -116,18 +116,21 @@ def annotate(
     a non-finite node its forward line (path shortened against ``root``, code wrapped)."""
     if node.order is not None:
         label = f"#{node.order} {label}"
-    if node.forward_nonfinite:  # where the forward first went non-finite
-        label += f"\n{node.forward_nonfinite} first made here, in the forward"
+    forward = node.forward_nonfinite
+    if forward:  # where the forward first went non-finite: the first NaN of the run
+        label += f"\n{forward} first made here, in the forward"
         extra["color"] = BAD_COLOR
         extra["penwidth"] = "3"
+        extra["fillcolor"] = BAD_COLOR
     bad = node.nonfinite
     if bad:
         first = node.first_nonfinite
-        extra["fillcolor"] = BAD_COLOR if first else BAD_OTHER_COLOR
+        if not forward:
+            extra["fillcolor"] = BAD_COLOR if first else BAD_OTHER_COLOR
         label += f"\n{'first ' if first else ''}{bad} gradient"
-        where = node.created_at
-        if where:
-            label += "\n" + "\n".join(wrap_location(short_location(where, root)))
+    where = node.created_at
+    if where and (forward or bad):  # the line that made it
+        label += "\n" + "\n".join(wrap_location(short_location(where, root)))
     return label
 
 

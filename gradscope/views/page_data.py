@@ -333,7 +333,11 @@ def graph_data(
             values |= {"members": c.members, "sum_count": sum(graph.nodes[i].count for i in rest),
                        "sum_bytes": saved_bytes_of([graph.nodes[i] for i in rest])}
         containers.append(_row("containers", values))
-    first = next((index[n.id] for n in graph.nodes if n.first_nonfinite), -1)
+    # the first NaN/Inf of the run: where the forward first made one (its gradients then
+    # come from it), else the first non-finite gradient in engine order
+    first = next((index[n.id] for n in graph.nodes if n.forward_nonfinite and n.id in index),
+                 next((index[n.id] for n in graph.nodes if n.first_nonfinite and n.id in index),
+                      -1))
     return {
         "v": 2,
         "nodes": nodes,

@@ -538,3 +538,64 @@ def test_check_finite_reports_inf_and_ops_without_grad():
     assert fw.first_nonfinite.kind == "inf" and fw.first_nonfinite.node is None
     assert "div" in fw.first_nonfinite.op
     assert torch.isinf(y).any()
+
+
+FP8 = [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)]
+
+
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+def test_float8_values_are_checked_widened(dtype):
+    """float8 tensors have no ``isinf`` (e4m3fn) and no norm: the recorders read them as
+    float32 (exact), so a float8 output neither raises in the user's forward nor in backward,
+    and its NaN is found (issue 29 item 9)."""
+    w = torch.randn(3, 3, requires_grad=True)
+    x = torch.randn(2, 3)
+    with gs.record_forward(check_finite=True) as fw:
+        out = (x @ w).to(dtype)
+    assert fw.first_nonfinite is None
+    g = torch.full(out.shape, 0.5).to(dtype)
+    with gs.record_backward(out, params={"w": w}) as rec:
+        out.backward(g)
+    root = rec.steps[0].grad_outputs[0]  # the float8 gradient handed to backward
+    assert root.norm == pytest.approx(torch.linalg.vector_norm(g.float()).item())
+    assert root.max_abs == 0.5 and root.finite
+    assert torch.isfinite(w.grad).all() and rec.first_nonfinite is None
+    bits = torch.tensor([0x38, 0x7F], dtype=torch.uint8)  # 1.0 (e4m3fn) / 0.5 (e5m2), NaN
+    with gs.record_forward(check_finite=True) as fw:
+        bad = bits.view(dtype)  # the first floating value of the block: float8, with a NaN
+    assert torch.isnan(bad.float()).tolist() == [False, True]
+    assert (fw.first_nonfinite.op, fw.first_nonfinite.kind) == ("view", "nan")
+
+
+def test_a_nan_in_a_tensor_the_forward_is_given_is_named_not_blamed_on_an_op():
+    """The first op that reads a NaN input is not where the NaN was made (issue 29 item 15)."""
+    lin = nn.Linear(3, 2)
+    x = torch.randn(4, 3)
+    x[1, 2] = math.nan
+    with gs.record_forward(check_finite=True) as fw:
+        fw.name_inputs([("the input x", x)])
+        lin(x).sum()
+    bad = fw.first_nonfinite
+    assert (bad.input, bad.kind, bad.op, bad.node) == ("the input x", "nan", "linear", None)
+    assert bad.summary().startswith("the input x already held nan before the forward ran")
+    with torch.no_grad():
+        lin.weight[0, 0] = math.inf
+    y = torch.randn(4, 3)
+    with gs.record_forward(check_finite=True) as fw:
+        lin(y).sum()  # unnamed: a parameter is still said as one
+    assert (fw.first_nonfinite.input, fw.first_nonfinite.kind) == ("a parameter", "inf")
+    z = torch.randn(4, 3)
+    with gs.record_forward(check_finite=True) as fw:
+        h = z.log_()  # made NaN in the forward, in place: the op's, not the input's
+        (h * 2).sum()
+    assert torch.isnan(z).any()
+    assert fw.first_nonfinite.input is None and fw.first_nonfinite.op == "log_"
+
+
+def test_a_view_made_under_no_grad_and_changed_in_place_does_not_raise_in_the_recorder():
+    """``Embedding(padding_idx=...)`` zeroes its padding row through a view made under
+    ``no_grad``; reading that view's ``grad_fn`` raises in torch. The recorder must not."""
+    with gs.record_forward(check_finite=True) as fw:
+        emb = nn.Embedding(5, 3, padding_idx=0)
+        out = emb(torch.tensor([0, 1]))
+    assert fw.first_nonfinite is None and out[0].abs().sum() == 0

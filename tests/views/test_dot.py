@@ -152,3 +152,21 @@ def test_html_data_block_golden(golden):
     # the page of the whole graph: containers for the modules, a fold of the 4 blocks
     data = graph_data(graph)
     golden("net.html-data.json", json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def test_a_forward_nan_node_is_drawn_red_with_its_forward_line():
+    """The node where the forward first made NaN: filled red, its mark, and the line that made
+    it (issue 27 item 4), with or without a non-finite gradient of its own."""
+    from gradscope.model.graph import Edge, Graph, Node
+
+    where = "/tmp/m.py:11: bad = h.log()   # NaN where h < 0"
+    for grad in (None, "nan"):
+        log = Node("n1", "LogBackward0", "op", created_at=where, forward_nonfinite="nan",
+                   nonfinite=grad)
+        dot = Graph([Node("n0", "SumBackward0", "op", created_at="/tmp/m.py:12: s"), log],
+                    [Edge("n0", "n1")], roots=["n0"]).to_dot()
+        line = next(ln for ln in dot.splitlines() if ln.strip().startswith("n1 "))
+        assert 'fillcolor=red' in line or 'fillcolor="red"' in line, line
+        assert "nan first made here, in the forward" in line
+        assert "m.py:11:" in line and "bad = h.log()" in line
+        assert "m.py:12" not in dot  # a node with nothing non-finite gets no line

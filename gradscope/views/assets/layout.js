@@ -91,10 +91,12 @@
 
   root.gsLayout = { task, cacheSize: () => cache.size };
 
-  // In a worker: answer {id, jobs} with progress messages and then {id, results}.
+  // In a worker: answer {id, jobs} with {id, started} at once (the page falls back to its main
+  // thread when no answer comes), then progress messages, then {id, results}.
   if (typeof root.document === "undefined" && typeof root.postMessage === "function") {
     root.onmessage = (ev) => {
       const { id, jobs } = ev.data;
+      root.postMessage({ id, started: true });
       const t = task(jobs);
       const t0 = Date.now();
       while (!t.step(100)) root.postMessage({ id, progress: t.progress() });

@@ -43,7 +43,14 @@
   const eDiff = new Map(DIFF ? DIFF.edges : []); // edge index -> "added" / "removed"
   const DIFF_COLORS = { added: "#8ce99a", removed: "#ff8787", changed: "#ffd43b" };
   const DIFF_EDGES = { added: "#2b8a3e", removed: "#e03131" };
-  const tick = () => new Promise((r) => setTimeout(r, 0)); // lets timers, input and paint run
+  // A small graph's first view is parsed, laid out and drawn in the task that saw the document
+  // parsed, before the load event: a page captured at load (``chromium --headless
+  // --screenshot``, the way documentation pipelines take pictures) shows the graph, not a blank
+  // canvas. Larger graphs (or first views) take their usual steps, each a task of its own.
+  const QUICK_NODES = 1500;
+  let quick = false;
+  // lets timers, input and paint run (a resolved promise while the quick first view is made)
+  const tick = () => (quick ? Promise.resolve() : new Promise((r) => setTimeout(r, 0)));
   async function loadParts() {
     // the blocks follow this script: the HTML parser reads them in its own slices of time
     if (document.readyState === "loading") await new Promise((r) => document.addEventListener("DOMContentLoaded", r));
@@ -208,10 +215,9 @@
     if (toggles.shapes && info[K.shape]) lines.push("→ " + shapeText(info[K.shape]));
     if (info[K.memory]) lines.push(info[K.memory]);
     if (info[K.forward_nonfinite]) lines.push(info[K.forward_nonfinite] + " first made here, in the forward");
-    if (info[K.nonfinite]) {
-      lines.push((info[K.first_nonfinite] ? "first " : "") + info[K.nonfinite] + " gradient");
-      if (info[K.created_at] && info[K.first_nonfinite]) lines.push(...locationLines(info[K.created_at]));
-    }
+    if (info[K.nonfinite]) lines.push((info[K.first_nonfinite] ? "first " : "") + info[K.nonfinite] + " gradient");
+    // the line that made the first NaN/Inf: the forward's, or the first non-finite gradient's
+    if (info[K.created_at] && (info[K.forward_nonfinite] || info[K.first_nonfinite])) lines.push(...locationLines(info[K.created_at]));
     return lines;
   }
   function boxLines(j) {
@@ -382,31 +388,68 @@
   try {
     const url = URL.createObjectURL(new Blob([layoutSource], { type: "text/javascript" }));
     worker = new Worker(url);
-    worker.onerror = () => { worker = null; };
   } catch (err) { worker = null; }
   let requestId = 0;
   const pending = new Map();
+  // A worker that starts but never answers (headless Chromium taking a screenshot, some
+  // sandboxes) must not leave the page blank: each request is acknowledged at once (layout.js
+  // posts {id, started} before it works), and one not acknowledged within WORKER_ACK_MS is
+  // laid out here instead, the worker dropped for good.
+  const WORKER_ACK_MS = 1000;
+  // A first view this small (items over all jobs, biggest job) is laid out here at once, in
+  // slices: it is drawn without waiting for the worker to start at all.
+  const MAIN_FIRST_ITEMS = 400, MAIN_FIRST_JOB = 120;
+  let workerAlive = false; // it has answered once
+  function dropWorker() {
+    if (!worker) return;
+    try { worker.terminate(); } catch (err) { /* already gone */ }
+    worker = null;
+    for (const [id, p] of pending) { pending.delete(id); clearTimeout(p.watchdog); p.fallback(); }
+  }
   if (worker) {
+    worker.onerror = () => dropWorker();
     worker.onmessage = (ev) => {
-      const { id, progress, results } = ev.data;
+      const { id, progress, results, started } = ev.data;
+      workerAlive = true;
       const p = pending.get(id);
       if (!p) return;
+      clearTimeout(p.watchdog);
+      if (started) return;
       if (progress) { p.onProgress(progress); return; }
       pending.delete(id);
       p.resolve(results);
     };
   }
-  function runLayout(jobs, onProgress) {
+  function smallLayout(jobs) {
+    let items = 0, biggest = 0;
+    for (const j of jobs) { items += j.w.length; biggest = Math.max(biggest, j.w.length); }
+    return items <= MAIN_FIRST_ITEMS && biggest <= MAIN_FIRST_JOB;
+  }
+  function runLayout(jobs, onProgress, here) {
     const clean = jobs.map((j) => ({ w: j.w, h: j.h, c: j.c, e: j.e, pad: j.pad }));
-    if (worker) {
+    const small = here && smallLayout(clean);
+    if (quick && small) { // the quick first view: in this very task
+      const t = window.gsLayout.task(clean);
+      t.step(Infinity);
+      return Promise.resolve(t.results);
+    }
+    quick = false;
+    if (worker && !small) {
       const id = ++requestId;
       return new Promise((resolve, reject) => {
-        pending.set(id, { resolve, reject, onProgress });
+        const fallback = () => mainLayout(clean, onProgress).then(resolve, reject);
+        const p = { resolve, reject, onProgress, fallback, watchdog: 0 };
+        pending.set(id, p);
+        if (!workerAlive) p.watchdog = setTimeout(dropWorker, WORKER_ACK_MS);
         try { worker.postMessage({ id, jobs: clean }); }
-        catch (err) { pending.delete(id); worker = null; runLayout(jobs, onProgress).then(resolve, reject); }
+        catch (err) { dropWorker(); }
       });
     }
-    // no worker (a sandbox without blob workers): the same code, in slices of the main thread
+    return mainLayout(clean, onProgress);
+  }
+  // no worker (a sandbox without blob workers, or one that never answered), or a small first
+  // view: the same code, in slices of the main thread
+  function mainLayout(clean, onProgress) {
     return new Promise((resolve) => {
       const t = window.gsLayout.task(clean);
       (function slice() {
@@ -591,8 +634,8 @@
     if (key >= BOX) return C[key - BOX].kind === "fold" ? COLORS.folded : COLORS.module;
     const kind = KINDS[nodeKind[key]], info = nodeInfo[key] || {};
     if (info[K.diff]) return DIFF_COLORS[info[K.diff]];
+    if (info[K.forward_nonfinite]) return COLORS.bad; // the forward made the run's first NaN/Inf here
     if (info[K.nonfinite]) return info[K.first_nonfinite] ? COLORS.bad : COLORS.bad_other;
-    if (info[K.forward_nonfinite]) return COLORS.bad_other;
     if (kind === "module") return info[K.box] && info[K.box][BF.repeat] ? COLORS.folded : COLORS.module;
     if (kind === "output" && info[K.view_base]) return COLORS.base;
     return COLORS[kind] || COLORS.op;
@@ -873,7 +916,7 @@
     const t2 = performance.now();
     lastLayoutJobs = jobs.jobs.length;
     const showAfter = setTimeout(() => setProgress(0, jobs.jobs.length), 150);
-    const results = await runLayout(jobs.jobs, (p) => setProgress(p[0], p[1]));
+    const results = await runLayout(jobs.jobs, (p) => setProgress(p[0], p[1]), scene === null);
     clearTimeout(showAfter);
     setProgress(1, 1);
     layoutMs = performance.now() - t0;
@@ -1161,12 +1204,13 @@
     if (info[K.forward_nonfinite]) {
       const f = section("non-finite forward", "bad");
       row(f, "forward output", info[K.forward_nonfinite] + ": the first op whose forward output was non-finite");
+      if (info[K.created_at]) row(f, "forward line", info[K.created_at]);
     }
     if (info[K.nonfinite]) {
       const b = section("non-finite gradient", "bad");
       row(b, "gradient", info[K.nonfinite] + (info[K.first_nonfinite] ? " (the first in engine order)" : ""));
-      if (info[K.created_at]) row(b, "forward line", info[K.created_at]);
-    } else if (info[K.created_at]) row(t, "forward line", info[K.created_at]);
+      if (info[K.created_at] && !info[K.forward_nonfinite]) row(b, "forward line", info[K.created_at]);
+    } else if (info[K.created_at] && !info[K.forward_nonfinite]) row(t, "forward line", info[K.created_at]);
     const saved = info[K.saved];
     if (saved && saved.length) {
       const total = saved.reduce((a, s) => a + (s[SF.freed] ? 0 : s[SF.nbytes]), 0);
@@ -1569,7 +1613,8 @@
   if (D.first >= 0) {
     const b = $("first-bad");
     b.hidden = false;
-    b.textContent = "Go to first " + (nodeInfo[D.first] && nodeInfo[D.first][K.nonfinite] === "inf" ? "Inf" : "NaN");
+    const fi = nodeInfo[D.first] || {};
+    b.textContent = "Go to first " + ((fi[K.forward_nonfinite] || fi[K.nonfinite]) === "inf" ? "Inf" : "NaN");
     b.addEventListener("click", goFirst);
   }
 
@@ -1683,13 +1728,15 @@
   buildLegend();
   syncToggles();
   T.setup = performance.now();
+  quick = N <= QUICK_NODES && E <= 2 * QUICK_NODES;
   loadParts().then(() => {
     T.loaded = performance.now();
     initialState();
     T.initial = performance.now();
     return refresh(() => firstView());
   }).then(() => {
+    quick = false;
     readyMs = performance.now(); // since the navigation started
     resolveReady();
-  }, (err) => showError(err));
+  }, (err) => { quick = false; showError(err); });
 })();
