@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 import typer
-from rich.console import Console
 
 import gradscope as gs
+
+from .common import model_code, show, stdout
 
 _HINT = (
     "define {name}_inputs() returning a tuple of arguments, e.g.\n"
@@ -93,16 +94,17 @@ def check(
     ),
 ) -> None:
     """gradcheck (and gradgradcheck) a torch.autograd.Function subclass or function in FILE."""
-    mf = gs.load_model_file(target)  # parses FILE:NAME as every command does
-    name = mf.name
-    if name is None:
-        raise gs.CheckInputError(
-            f"expected FILE:NAME, e.g. samples/functions.py:ClippedReLU, got {target!r}"
-        )
-    fn = _target(mf, name)
-    inputs = load_inputs(mf, name)
-    result = gs.check(fn, *inputs, double=double)
-    Console(highlight=False, soft_wrap=False).print(result)
+    with model_code():
+        mf = gs.load_model_file(target)  # parses FILE:NAME as every command does
+        name = mf.name
+        if name is None:
+            raise gs.CheckInputError(
+                f"expected FILE:NAME, e.g. samples/functions.py:ClippedReLU, got {target!r}"
+            )
+        fn = _target(mf, name)
+        inputs = load_inputs(mf, name)
+        result = gs.check(fn, *inputs, double=double)
+    show(result.render(), console=stdout(wrap=True))
     raise typer.Exit(0 if result.ok else 1)
 
 

@@ -26,14 +26,18 @@ def diff(
     output: Path | None = typer.Option(
         None, "-o", "--output", help="Write the diff page (.html) here."
     ),
+    mkdir: bool = typer.Option(False, "--mkdir", help="Create the folder of -o if missing."),
 ) -> None:
     """Compare two graphs saved as JSON: nodes added, removed, changed; norm ratios (--backward).
 
     Exit 0 when they are the same, 1 when they differ, 2 when a file cannot be used."""
-    from gradscope_cli.common import fail, stderr, stdout
+    from gradscope_cli.common import fail, note, show
+    from gradscope_cli.outputs import settle
 
     import gradscope as gs  # here, not at import: `gradscope --help` stays light
 
+    (out,) = settle([("-o", output)], inputs=[("the first graph", a), ("the second graph", b)],
+                    mkdir=mkdir, suffixes={"-o": (".html", ".htm")})
     graphs = []
     for path in (a, b):
         try:
@@ -46,8 +50,8 @@ def diff(
             fail(f"{path} is not a gradscope graph: {str(exc).splitlines()[0]}")
     ga, gb = graphs
     d = gs.diff(ga, gb)
-    stdout().print(d.to_text(labels=(str(a), str(b)), limit=SHOWN), markup=False)
-    if output is not None:
-        d.save(output, title=f"gradscope diff: {a.name} → {b.name}")
-        stderr().print(f"wrote {output}", markup=False)
+    show(d.to_text(labels=(str(a), str(b)), limit=SHOWN))
+    if out is not None:
+        d.save(out.path, title=f"gradscope diff: {a.name} → {b.name}")
+        note(f"wrote {output}")
     raise typer.Exit(0 if d.empty else 1)

@@ -8,6 +8,19 @@ traceback); 130 interrupted (Ctrl-C at any moment, start-up included: ``gradscop
 interrupted``); 141 the reader of the output went away (``gradscope tree m.py | head``): nothing
 more is written and nothing is said.
 
+Signals: SIGINT, SIGTERM and SIGHUP all stop a command the same way (an exception raised where it
+runs, so child processes such as Graphviz are ended and temporary files removed); the exit code
+is 128 + the signal's number (130, 143, 129). A signal is never lost: it is also recorded, a
+command that goes on after it (an exception swallowed inside an import) is stopped at the next
+check (``check_signals``), and a watchdog ends the process ``GRACE`` seconds after the first
+signal if it has not ended by itself.
+
+The streams: the ``sys.stdout`` and ``sys.stderr`` gradscope started with are kept
+(``real_stdout``/``real_stderr``) and every message goes to them, so a model file that replaces
+them (or prints) cannot take gradscope's output. A ``COLUMNS`` (or ``LINES``) that is not a
+positive number is ignored. Threads the model file left running do not keep the process alive
+once the command is done.
+
 This module imports only the standard library when it is loaded: typer, rich and gradscope are
 imported inside ``main`` (where a Ctrl-C is caught), and torch only by a command that runs a
 model, so ``gradscope --help`` never pays for torch.
@@ -27,6 +40,11 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_FOUND, EXIT_UNUSABLE, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_PIPE_CLOSED = 130, 141
+
+#: Seconds after the first signal before the watchdog ends a process that did not stop.
+GRACE = 1.5
+#: Seconds the end of a command waits for the reader of a pipe to take what was written.
+DRAIN = 1.0
 
 #: The modules whose ``register(app)`` adds commands, in the order ``--help`` lists them
 #: (``render`` adds ``render`` and ``tree``).
@@ -65,6 +83,178 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# ---------------------------------------------------------------------------- signals, streams
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, stopping a command as Ctrl-C does (a ``KeyboardInterrupt``, so every
+    clean-up that handles Ctrl-C handles these too); ``signum`` gives the exit code."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Edge:
+    """What the process keeps from its start: the streams it was given, the signals seen."""
+
+    def __init__(self) -> None:
+        self.stdout: Any = sys.stdout
+        self.stderr: Any = sys.stderr
+        self.signals: list[int] = []
+        self.done: Any = None  # threading.Event: set once the exit line is said
+        self.fired: Any = None  # threading.Event: set by the first signal
+        self.previous: dict[int, Any] = {}  # the handlers before main's, put back at its end
+
+
+_EDGE = _Edge()
+
+
+def remember_streams() -> None:
+    """Take the current ``sys.stdout``/``sys.stderr`` as the ones every message goes to (at
+    the start of ``main``, and of every command, which a test may invoke without ``main``)."""
+    _EDGE.stdout, _EDGE.stderr = sys.stdout, sys.stderr
+
+
+def real_stdout() -> Any:
+    """The ``sys.stdout`` gradscope started with (None when descriptor 1 was closed)."""
+    return _EDGE.stdout
+
+
+def real_stderr() -> Any:
+    """The ``sys.stderr`` gradscope started with (None when descriptor 2 was closed)."""
+    return _EDGE.stderr
+
+
+def _code_of(signum: int | None) -> int:
+    return EXIT_INTERRUPTED if signum is None else 128 + signum
+
+
+def _signal_line(signum: int | None) -> str:
+    import signal
+
+    if signum is None or signum == signal.SIGINT:
+        return "gradscope: interrupted"
+    return f"gradscope: terminated ({signal.Signals(signum).name})"
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    import signal
+
+    del frame
+    first = not _EDGE.signals
+    _EDGE.signals.append(signum)
+    if first and _EDGE.fired is not None:
+        _EDGE.fired.set()
+    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
+
+
+def _watchdog() -> None:
+    assert _EDGE.fired is not None and _EDGE.done is not None
+    _EDGE.fired.wait()
+    if _EDGE.done.wait(GRACE):
+        return
+    signum = _EDGE.signals[0] if _EDGE.signals else None
+    say(_signal_line(signum))
+    os._exit(_code_of(signum))
+
+
+def install_signals(*, watchdog: bool = True) -> None:
+    """SIGINT, SIGTERM and SIGHUP raise where the command runs, and are recorded; with
+    ``watchdog``, the process ends ``GRACE`` seconds after the first one whatever happens
+    (``main`` arms it; a test in its own process does not). ``end_signals`` undoes it."""
+    import signal
+    import threading
+
+    _EDGE.fired, _EDGE.done = threading.Event(), threading.Event()
+    if watchdog:
+        threading.Thread(target=_watchdog, name="gradscope-watchdog", daemon=True).start()
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is None or (name != "SIGINT" and signal.getsignal(sig) == signal.SIG_IGN):
+            continue  # nohup's SIGHUP stays ignored
+        try:
+            _EDGE.previous[sig] = signal.signal(sig, _on_signal)
+        except (OSError, ValueError):  # not the main thread (an embedding): leave them
+            pass
+
+
+def end_signals() -> None:
+    """Stop the watchdog and put back the handlers main found (it may run in a process that
+    goes on, a test's)."""
+    import signal
+
+    if _EDGE.done is not None:
+        _EDGE.done.set()
+        _EDGE.fired.set()
+    for sig, handler in _EDGE.previous.items():
+        try:
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        except (OSError, ValueError, TypeError):
+            pass
+    _EDGE.previous.clear()
+    _EDGE.signals.clear()
+
+
+def check_signals() -> None:
+    """Raise again for a signal that was received but whose exception went missing (caught
+    by code gradscope ran): a command calls it at the points where it may go on."""
+    if _EDGE.signals:
+        signum = _EDGE.signals[0]
+        import signal
+
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
+
+
+def _sane_environment() -> None:
+    """``COLUMNS=0`` (or any value that is not a positive number) would make rich print
+    nothing at all: such a value is dropped and the terminal's own size used."""
+    for name in ("COLUMNS", "LINES"):
+        value = os.environ.get(name)
+        if value is not None and not (value.strip().isdigit() and int(value) > 0):
+            del os.environ[name]
+
+
+def _restore_streams() -> None:
+    """Give back the streams gradscope started with (a model file may have replaced them)."""
+    sys.stdout, sys.stderr = _EDGE.stdout, _EDGE.stderr
+
+
+def _reader_left() -> bool:
+    """After the output went into a pipe: wait (at most ``DRAIN`` seconds) until its reader
+    has taken it all, and say whether the reader went away without it (``| head -c 10``)
+    -- a write that fits the pipe's buffer never sees the closed pipe itself."""
+    import fcntl
+    import select
+    import stat
+    import struct
+    import termios
+    import time
+
+    try:
+        fd = _EDGE.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        end = time.monotonic() + DRAIN
+        while True:
+            if any(ev & select.POLLERR for _, ev in poller.poll(0)):
+                return True
+            buf = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
+            if struct.unpack("i", buf)[0] <= 0 or time.monotonic() > end:
+                return False
+            time.sleep(0.005)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _stray_threads() -> bool:
+    """Whether threads the command did not start (a model file's) are still running."""
+    import threading
+
+    return any(t.is_alive() and not t.daemon and t is not threading.main_thread()
+               for t in threading.enumerate())
+
+
 # ---------------------------------------------------------------------------- the console edge
 def _clean(text: str) -> str:
     """One line with control characters shown as escapes (a message may quote a model's
@@ -78,9 +268,9 @@ def _clean(text: str) -> str:
 def say(line: str) -> None:
     """Write one line to stderr; a closed stderr is not worth a traceback."""
     try:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
+        _EDGE.stderr.write(line + "\n")
+        _EDGE.stderr.flush()
+    except (OSError, ValueError, AttributeError):
         pass
 
 
@@ -89,7 +279,7 @@ def _silence_stdout() -> None:
     (Python's own flush at exit included) tries to write to the closed pipe."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, _EDGE.stdout.fileno())
         os.close(devnull)
     except (OSError, ValueError, AttributeError):
         pass
@@ -118,7 +308,10 @@ def _internal(exc: BaseException) -> int:
             traceback.print_exception(exc)
         except (OSError, ValueError):
             pass
-    message = str(exc).strip().splitlines()
+    try:
+        message = str(exc).strip().splitlines()
+    except Exception:  # an exception whose __str__ raises: its type is all there is to say
+        message = []
     shown = f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
     say(_clean(f"gradscope: internal error: {shown} (GRADSCOPE_DEBUG=1 shows the traceback)"))
     return EXIT_INTERNAL
@@ -148,7 +341,7 @@ def _exit_code(exc: BaseException) -> int:
 
     if isinstance(exc, click.NoArgsIsHelpError):  # bare `gradscope`: show the help
         if exc.ctx is not None:
-            sys.stdout.write(exc.ctx.get_help() + "\n")
+            _EDGE.stdout.write(exc.ctx.get_help() + "\n")
         return EXIT_UNUSABLE
     if isinstance(exc, click.UsageError):  # bad option, value or argument
         say(_clean(f"gradscope: error: {_usage_line(exc)}"))
@@ -181,33 +374,56 @@ def _run(argv: list[str] | None) -> int:
         return _exit_code(exc)
     if code == EXIT_INTERRUPTED:  # typer turns Ctrl-C inside a command into 130, silently
         raise KeyboardInterrupt
+    check_signals()  # a signal whose exception was swallowed on the way still ends as one
     return code if isinstance(code, int) else EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point; exits with the codes of the module docstring."""
+    remember_streams()
     try:
+        install_signals()
+        _sane_environment()
         code = _run(argv)
+        _restore_streams()
         try:  # what is still buffered goes out now, while a closed pipe can be caught
-            if sys.stdout is not None:
-                sys.stdout.flush()
+            if _EDGE.stdout is not None:
+                _EDGE.stdout.flush()
         except (OSError, ValueError) as exc:
             if not _is_broken_pipe(exc):
                 raise
             _silence_stdout()
             code = EXIT_PIPE_CLOSED
-    except KeyboardInterrupt:
+        else:
+            if _reader_left():
+                _silence_stdout()
+                code = EXIT_PIPE_CLOSED
+    except KeyboardInterrupt as exc:
         import signal
 
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this line
-        say("gradscope: interrupted")
-        code = EXIT_INTERRUPTED
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):  # a second signal must not cut this line
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
+        signum = exc.signum if isinstance(exc, Terminated) else (
+            _EDGE.signals[0] if _EDGE.signals else None)
+        say(_signal_line(signum))
+        code = _code_of(signum)
     except BaseException as exc:  # whatever escaped the handlers above (a bug in them)
         if _is_broken_pipe(exc):
             _silence_stdout()
             code = EXIT_PIPE_CLOSED
         else:
             code = _internal(exc)
+    end_signals()
+    _restore_streams()
+    if argv is None and _stray_threads():  # a model file's thread would keep the exit waiting
+        for stream in (_EDGE.stdout, _EDGE.stderr):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
     sys.exit(code)
 
 

@@ -3,15 +3,16 @@
 
 ``render`` settles where and how it writes before the model file runs: the format (``--format``
 and the suffix of ``-o`` must agree), whether it can be written here (Graphviz for pictures), and
-the absolute path of the output (a symlink followed; a FIFO, device, socket or folder refused),
-so a model file that changes folder cannot redirect the output. ``-o -`` writes to standard
-output. What is drawn follows the format's kind (``gs.FormatKind``): a picture gets a bounded,
-readable view; a page the whole graph (it opens modules itself); data every node.
+the output (``outputs.settle``: absolute, a symlink followed; a FIFO, device, socket or folder,
+the model file itself, a missing folder without ``--mkdir`` refused), so a model file that
+changes folder cannot redirect the output. ``-o -`` writes to standard output; what the model
+file prints goes to standard error meanwhile (``common.model_code``). What is drawn follows the
+format's kind (``gs.FormatKind``): a picture gets a bounded, readable view; a page the whole
+graph (it opens modules itself); data every node.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +24,21 @@ from .common import (
     BackwardOpt,
     TargetArg,
     fail,
+    model_code,
+    note,
     plural,
     report_backward,
     report_regions,
-    stderr,
+    show,
     stdout,
 )
+from .main import real_stdout
+from .outputs import STDOUT, settle
 
-#: ``-o -``: the bytes go to standard output.
-STDOUT = "-"
+#: The longest ``--timeout`` (seconds): Graphviz never runs unbounded.
+MAX_TIMEOUT = 86_400.0
+
+MkdirOpt = typer.Option(False, "--mkdir", help="Create the folders of the output if missing.")
 
 
 def load_graph(mf: gs.ModelFile, *, loss: bool = False, saved: bool = True) -> gs.Graph:
@@ -51,17 +58,17 @@ def backward_graph(mf: gs.ModelFile, *, saved: bool = True) -> Any:
     NaN/Inf then comes from it, not from backward)."""
     run = mf.backward(saved=saved)
     if run.forward_nonfinite is not None:
-        stderr().print(run.forward_nonfinite.summary(), markup=False)
+        note(run.forward_nonfinite.summary())
     return run.trace
 
 
-def _where_to(target: str, output: Path | None, fmt: str) -> Path | None:
+def _where_to(target: str, output: Path | None, fmt: str, mkdir: bool) -> Path | None:
     """The absolute file to write (None for standard output), settled before anything runs."""
-    if output is not None and str(output) == STDOUT:
-        return None
     if output is None:
         output = Path(f"{gs.model_file_path(target).stem}.{fmt}")
-    return gs.output_target(output)
+    (out,) = settle([("-o", output)], inputs=[("the model file", gs.model_file_path(target))],
+                    mkdir=mkdir)
+    return None if out is None else out.path
 
 
 def render(
@@ -103,6 +110,7 @@ def render(
         60.0,
         "--timeout",
         min=1.0,
+        max=MAX_TIMEOUT,
         help="Stop Graphviz after this many seconds (SVG/PNG/PDF) with a message.",
     ),
     backward: bool = BackwardOpt,
@@ -114,6 +122,7 @@ def render(
     legend: bool = typer.Option(
         True, "--legend/--no-legend", help="Draw a compact legend in SVG/PNG/PDF pictures."
     ),
+    mkdir: bool = MkdirOpt,
 ) -> None:
     """Build the model file's graph and write it as SVG/PNG/PDF/DOT/JSON/HTML."""
     to_stdout = output is not None and str(output) == STDOUT
@@ -122,14 +131,18 @@ def render(
         fmt = "svg"
     spec = gs.format_spec(gs.output_format(named, fmt))
     spec.require()  # e.g. Graphviz for a picture: said before the model runs, not after
-    if to_stdout and spec.binary and sys.stdout.isatty():
+    out = real_stdout()
+    if to_stdout and out is None:
+        fail("-o -: standard output is closed; give a file name (-o graph.json) or open it")
+    if to_stdout and spec.binary and out.isatty():
         fail(f"refusing to write {spec.name.upper()} bytes to the terminal; redirect standard "
              f"output (-o - > graph.{spec.name}) or give a file name")
-    path = _where_to(target, output, spec.name)  # before the model file runs
-    mf = gs.load_model_file(target)
-    rec = backward_graph(mf, saved=saved or attrs) if backward else None
-    graph = rec.graph if rec else load_graph(mf, loss=loss, saved=saved or attrs)
-    note = None
+    path = _where_to(target, output, spec.name, mkdir)  # before the model file runs
+    with model_code():
+        mf = gs.load_model_file(target)
+        rec = backward_graph(mf, saved=saved or attrs) if backward else None
+        graph = rec.graph if rec else load_graph(mf, loss=loss, saved=saved or attrs)
+    told = None
     notes = graph.memory().node_labels() if memory else None
     if notes:
         notes = {nid: f"holds {size}" for nid, size in notes.items()}
@@ -143,19 +156,20 @@ def render(
         view = graph if depth is None else graph.collapse(depth)
         candidates = {}
     else:  # a picture laid out by Graphviz: a readable, bounded view
-        view, note = gs.readable_view(
+        view, told = gs.readable_view(
             graph, depth=depth, fold_repeats=fold, max_nodes=max_nodes, full=full
         )
         candidates = {"saved": saved, "attrs": attrs, "notes": notes, "root": mf.path.parent,
                       "legend": legend, "timeout": timeout}
-    if note:  # before a layout that may take a while, say what is drawn
-        stderr().print(note, markup=False)
+    if told:  # before a layout that may take a while, say what is drawn
+        note(told)
     report_regions(graph)
     options = {k: v for k, v in candidates.items() if k in spec.options}  # what it declares
     if path is None:
         data = view.render(spec.name, **options)
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
+        out.flush()
+        out.buffer.write(data)
+        out.buffer.flush()
         shown = "standard output"
     else:
         view.save(path, format=spec.name, **options)
@@ -168,7 +182,7 @@ def render(
         what = (f"drew {drawn} of {plural(len(graph.nodes), 'node')}"
                 + (f" and {plural(boxes, 'box', 'boxes')}" if boxes else "")
                 + f"; the graph: {graph.summary()}")
-    stderr().print(f"wrote {shown}: {what}", markup=False)
+    note(f"wrote {shown}: {what}")
     report_backward(rec)
 
 
@@ -187,17 +201,18 @@ def tree(
     backward: bool = BackwardOpt,
 ) -> None:
     """Print the graph as a tree: node names, shapes, saved tensors and their bytes."""
-    mf = gs.load_model_file(target)
-    rec = backward_graph(mf) if backward else None
-    graph = rec.graph if rec else load_graph(mf, loss=loss)
+    with model_code():
+        mf = gs.load_model_file(target)
+        rec = backward_graph(mf) if backward else None
+        graph = rec.graph if rec else load_graph(mf, loss=loss)
     mem = graph.memory()  # of the whole graph, before any collapse
     full_graph = graph
     if depth is not None:
         graph = graph.collapse(depth)
     out = stdout()
-    out.print(gs.render_tree(graph, max_lines=max_lines))
+    show(gs.render_tree(graph, max_lines=max_lines), console=out)
     if mem.total or mem.freed:
-        out.print(mem.render(depth=depth))
+        show(mem.render(depth=depth), console=out)
     report_regions(full_graph)
     report_backward(rec)
 

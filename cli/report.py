@@ -12,7 +12,6 @@ file could not be used.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Annotated
 
@@ -21,8 +20,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import gradscope as gs
+from gradscope.views.style import cell
 
-from .common import plural
+from .common import model_code, note, plural, require_plot, show, stderr, stdout
+from .main import check_signals
+from .outputs import settle
 
 NONFINITE = ("nan", "inf", "forward_nonfinite")
 
@@ -53,8 +55,9 @@ def _train(mf: gs.ModelFile, steps: int, every: int, err: Console) -> gs.GradMon
         for _ in range(steps):
             batch = training.next_batch()
             if batch is None:
-                err.print(f"batches() ran out after {plural(mon.step, 'step')}", markup=False)
+                err.print(cell(f"batches() ran out after {plural(mon.step, 'step')}"))
                 break
+            check_signals()  # a Ctrl-C swallowed by the model's code still stops training
             if batch[1] is not None:
                 mon.target(batch[1])  # a replay of a bad step recomputes loss_fn(output, target)
             training.step(batch)
@@ -81,23 +84,26 @@ def report(
         Path | None,
         typer.Option("--plot", help="Write a PNG gradient-flow chart (needs matplotlib)."),
     ] = None,
+    mkdir: Annotated[
+        bool, typer.Option("--mkdir", help="Create the folders of --json/--csv/--plot if missing.")
+    ] = False,
 ) -> None:
     """Train FILE for N steps with the gradient monitor, then print the gradient report."""
-    if plot_path is not None and importlib.util.find_spec("matplotlib") is None:
-        raise ReportError(
-            "--plot needs matplotlib, which is not installed; pip install gradscope[plot]"
-        )
-    # absolute, symlinks followed, non-files refused: before the model file runs
-    outputs = [(given, gs.output_target(given), kind) for given, kind in
-               ((json_path, "to_jsonl"), (csv_path, "to_csv"), (plot_path, "plot"))
-               if given is not None]
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    mf = gs.load_model_file(target)
-    mon = _train(mf, steps, every, err)
-    Console(highlight=False, soft_wrap=False).print(mon.report())
+    if plot_path is not None:
+        require_plot()
+    # absolute, symlinks followed, non-files and inputs refused: before the model file runs
+    settled = settle([("--json", json_path), ("--csv", csv_path), ("--plot", plot_path)],
+                     inputs=[("the model file", gs.model_file_path(target))], mkdir=mkdir)
+    outputs = [(o.given, o.path, method) for o, method in
+               zip(settled, ("to_jsonl", "to_csv", "plot"), strict=True) if o is not None]
+    err = stderr()
+    with model_code():
+        mf = gs.load_model_file(target)
+        mon = _train(mf, steps, every, err)
+    show(mon.report(), console=stdout(wrap=True))
     for given, path, method in outputs:
         getattr(mon, method)(path)
-        err.print(f"wrote {given}", markup=False)
+        note(f"wrote {given}")
     raise typer.Exit(1 if mon.incidents or any(a.kind in NONFINITE for a in mon.alerts) else 0)
 
 

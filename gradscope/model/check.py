@@ -13,6 +13,20 @@ from typing import Any
 ORDER_NAME = {1: "gradcheck (first derivatives)", 2: "gradgradcheck (second derivatives)"}
 
 
+def unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The row-major index of element ``flat`` in a tensor of ``shape``.
+
+    Example:
+        >>> unravel(7, (4, 3)), unravel(0, ())
+        ((2, 1), ())
+    """
+    out = []
+    for size in reversed(shape):
+        out.append(flat % size if size else 0)
+        flat = flat // size if size else 0
+    return tuple(reversed(out))
+
+
 @dataclass(frozen=True, slots=True)
 class CheckFailure:
     """The worst mismatching element of one (order, input, output) Jacobian block.
@@ -53,6 +67,12 @@ class JacobianBlock:
     numerical: list[list[float]]
     analytical: list[list[float]]
     mismatches: list[tuple[int, int]] = field(default_factory=list)
+
+    def element(self, index: tuple[int, int]) -> str:
+        """The entry ``(r, c)`` as the input's and the output's own indices:
+        ``in[2, 1] / out[1]`` for row 7 of a (4, 3) input and column 1 of a (2,) output."""
+        r, c = index
+        return f"in{list(unravel(r, self.input_shape))} / out{list(unravel(c, self.output_shape))}"
 
     def worst(self) -> CheckFailure | None:
         """The mismatching entry with the largest absolute difference, or None."""
@@ -101,13 +121,24 @@ class CheckResult:
         for f in self.failures:
             parts.append(
                 f"order {f.order}: input {f.input_index}, output {f.output_index}, element "
-                f"{f.index}: numerical {f.numerical:.6g} vs analytical {f.analytical:.6g}"
+                f"{self.where(f)}: numerical {f.numerical:.6g} vs analytical {f.analytical:.6g}"
             )
         failed = [o for o in self.orders if not self.passed.get(o, True)]
         what = ", ".join(ORDER_NAME[o].split(" ")[0] for o in failed)
         worst = f"; worst {parts[0]}" if parts else ""
         more = f" (+{len(parts) - 1} more)" if len(parts) > 1 else ""
         return f"{self.name}: FAILED {what}{worst}{more}"
+
+    def block(self, f: CheckFailure) -> JacobianBlock | None:
+        """The Jacobian block a failure was found in (None when it was not kept)."""
+        return next((b for b in self.jacobians if (b.order, b.input_index, b.output_index)
+                     == (f.order, f.input_index, f.output_index)), None)
+
+    def where(self, f: CheckFailure) -> str:
+        """The failing element in the input's and output's own indices (``in[2, 1] /
+        out[0]``), or the flat ``(input_element, output_element)`` when its block is gone."""
+        block = self.block(f)
+        return block.element(f.index) if block is not None else f"({f.index[0]}, {f.index[1]})"
 
     def render(self) -> Any:
         """A rich renderable: verdict, notes, failures, and small Jacobians side by side."""

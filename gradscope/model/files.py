@@ -44,13 +44,15 @@ def output_target(path: str | Path) -> Path:
 
     Raises:
         OutputError: something that is not a regular file is there (a FIFO, a device, a
-            socket, a folder); nothing was written.
+            socket, a folder), or the file name is longer than the file system takes;
+            nothing was written.
     """
     given = Path(path)
     try:
         target = Path(os.path.realpath(os.path.abspath(given)))
         mode = os.stat(target).st_mode
     except FileNotFoundError:
+        _check_name(target, given)
         return target
     except OSError as exc:
         raise OutputError(f"cannot write {given}: {_reason(exc)}") from None
@@ -121,11 +123,48 @@ def write_with(path: str | Path, write: Callable[[IO[str]], None], *, newline: s
     return path
 
 
+def _name_max(folder: Path) -> int:
+    """The longest file name (in bytes) the file system of ``folder`` (or of its nearest
+    existing parent) takes; 255 where it cannot be asked."""
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return int(os.pathconf(probe, "PC_NAME_MAX"))
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def _check_name(target: Path, given: Path) -> None:
+    size = len(os.fsencode(target.name))
+    most = _name_max(target.parent)
+    if size > most:
+        raise OutputError(
+            f"cannot write {given}: its file name is {size} bytes long and this file system "
+            f"takes at most {most}; give a shorter name"
+        )
+
+
+#: What a temporary name adds to (a prefix of) the target's name: ``.`` and ``.<8 hex>.tmp``.
+_TEMP_EXTRA = len(".") + len(".00000000.tmp")
+
+
+def _temp_stem(path: Path) -> str:
+    """The target's name, cut (at a character) so that the temporary name fits the file
+    system's limit: a valid 250-character name must not fail for its temporary's sake."""
+    room = _name_max(path.parent) - _TEMP_EXTRA
+    name = path.name
+    while name and len(os.fsencode(name)) > room:
+        name = name[:-1]
+    return name
+
+
 def _create_temp(path: Path) -> Path:
     """A new empty file next to ``path``, created with mode 0666 so that the umask applies
     as it would to ``open(path, "w")`` (``mkstemp`` would make it 0600)."""
+    stem = _temp_stem(path)
     for _ in range(100):
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        tmp = path.with_name(f".{stem}.{secrets.token_hex(4)}.tmp")
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         except FileExistsError:

@@ -56,6 +56,7 @@ from .schema_write import (
     ALIAS_KINDS,
     EDGE_KINDS,
     MAX_DEPTH,
+    MAX_INT,
     NODE_ID,
     NONFINITE_KINDS,
     READABLE_VERSIONS,
@@ -178,7 +179,7 @@ def _fast_shape(v: Any) -> bool:
     if type(v) is not list:
         return False
     for x in v:
-        if x is not None and (type(x) is not int or x < 0):
+        if x is not None and (type(x) is not int or x < 0 or x > MAX_INT):
             return False
     return True
 
@@ -216,9 +217,9 @@ def _fast_node(d: Any) -> Node | None:
         sname = sd["name"]
         if (type(sname) is not str or (shape is not None and not _fast_shape(shape))
                 or not _opt_str(sd["dtype"]) or not _opt_str(sd["device"])
-                or type(nbytes) is not int or nbytes < 0 or not _opt_str(sd["storage"])
-                or type(freed) is not bool
-                or (size is not None and (type(size) is not int or size < 0))):
+                or type(nbytes) is not int or not 0 <= nbytes <= MAX_INT
+                or not _opt_str(sd["storage"]) or type(freed) is not bool
+                or (size is not None and (type(size) is not int or not 0 <= size <= MAX_INT))):
             return None
         saved.append(SavedTensor(sname, shape, sd["dtype"], sd["device"], nbytes, sd["storage"],
                                  freed, size))
@@ -235,7 +236,7 @@ def _fast_node(d: Any) -> Node | None:
             return None
         tensor = TensorInfo(tname, shape, dtype, device, storage)  # type: ignore[arg-type]
     order = d.get("order")
-    if order is not None and (type(order) is not int or order < 0):
+    if order is not None and (type(order) is not int or not 0 <= order <= MAX_INT):
         return None
     classes = d.get("module_classes")
     if classes is not None:
@@ -255,8 +256,8 @@ def _fast_edge(d: Any, ids: dict[str, int]) -> Edge | None:
     src, dst, nr = d.get("src"), d.get("dst"), d.get("input_nr", 0)
     kind, count = d.get("kind", "grad"), d.get("count", 1)
     if (type(src) is not str or type(dst) is not str or src not in ids or dst not in ids
-            or type(nr) is not int or nr < 0 or type(kind) is not str or kind not in EDGE_KINDS
-            or type(count) is not int or count < 1):
+            or type(nr) is not int or not 0 <= nr <= MAX_INT or type(kind) is not str
+            or kind not in EDGE_KINDS or type(count) is not int or not 1 <= count <= MAX_INT):
         return None
     return Edge(src, dst, nr, kind, None, count)
 
@@ -307,6 +308,8 @@ class _Reader:
             raise self.fail(at, "an integer", v)
         if v < low:
             raise self.fail(at, f"an integer >= {low}", v)
+        if v > MAX_INT:
+            raise self.fail(at, f"an integer <= {MAX_INT} (2**63 - 1)", v)
         return v
 
     def expect_bool(self, v: Any, at: str) -> bool:
@@ -505,15 +508,21 @@ def _upgrade_v1(node: Node, at: str) -> None:
         node.module_classes = ("", *chain.split("/"))
     if node.kind == "module":
         box = {k: attrs.pop(k) for k in _V1_BOX if k in attrs}
-        try:
-            node.box = Box(
-                box.get("class", ""),
-                int(box.get("nodes", "1")),
-                int(box.get("saved_bytes", "0") or 0),
-                int(box["repeat"]) if "repeat" in box else None,
-            )
-        except ValueError:
-            raise SchemaError(
-                f"{at}.attrs: a module box's nodes, saved_bytes and repeat must be integers, "
-                f"got {_show(box)}"
-            ) from None
+
+        def figure(key: str, default: str, low: int) -> int:
+            # digits only, as version 1 wrote them: "-3", " 5" or "1_0" would not round-trip
+            text = box.get(key, default) or default
+            value = int(text) if text.isascii() and text.isdigit() and len(text) <= 19 else -1
+            if not low <= value <= MAX_INT:
+                raise SchemaError(
+                    f'{at}.attrs["{key}"]: a module box\'s {key} must be an integer from {low} '
+                    f"to {MAX_INT}, got {_show(text)}"
+                )
+            return value
+
+        node.box = Box(
+            box.get("class", ""),
+            figure("nodes", "1", 0),
+            figure("saved_bytes", "0", 0),
+            figure("repeat", "1", 1) if "repeat" in box else None,
+        )

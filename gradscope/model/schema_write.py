@@ -20,6 +20,9 @@ READABLE_VERSIONS = (1, 2, 3)
 #: The deepest nesting a valid document has is 5 (a saved tensor's shape). A much deeper one
 #: is refused by the JSON parser itself (its recursion guard), not by a scan of the text first.
 MAX_DEPTH = 5
+#: The largest integer a document may hold (sizes, counts, byte figures): a 64-bit count. A
+#: larger one (``10**400``) is refused on load: no view could do arithmetic with it.
+MAX_INT = 2**63 - 1
 #: What a node id may be: letters, digits, ``_``, ``-`` and ``.``, at most 200 characters
 #: (``n0``, ``m3``, ``more``), so an id is a name in every output, never syntax of it.
 NODE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}\Z")

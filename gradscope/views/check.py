@@ -9,26 +9,12 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from ..model.check import CheckFailure, CheckResult, JacobianBlock
+from ..model.check import CheckResult, JacobianBlock
 from ..model.formats import register_renderer
+from .style import cell
 
 #: Jacobians are drawn only up to this many rows and columns.
 _DRAW = 12
-
-
-def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
-    out = []
-    for size in reversed(shape):
-        out.append(flat % size if size else 0)
-        flat = flat // size if size else 0
-    return tuple(reversed(out))
-
-
-def _where(f: CheckFailure, block: JacobianBlock | None) -> str:
-    r, c = f.index
-    if block is None:
-        return f"({r}, {c})"
-    return f"in{list(_unravel(r, block.input_shape))} / out{list(_unravel(c, block.output_shape))}"
 
 
 def _failure_table(result: CheckResult) -> Table:
@@ -41,13 +27,12 @@ def _failure_table(result: CheckResult) -> Table:
     table.add_column("out", justify="right", no_wrap=True)
     table.add_column("element (in / out)", no_wrap=True, overflow="fold")
     for name in ("numerical", "analytical", "|diff|"):
-        table.add_column(name, justify="right", no_wrap=True)
-    blocks = {(b.order, b.input_index, b.output_index): b for b in result.jacobians}
+        table.add_column(cell(name), justify="right", no_wrap=True)
     for f in result.failures:
-        block = blocks.get((f.order, f.input_index, f.output_index))
         table.add_row(
-            str(f.order), str(f.input_index), str(f.output_index), _where(f, block),
-            f"{f.numerical:.6g}", f"{f.analytical:.6g}", Text(f"{f.diff:.3g}", style="bold red"),
+            cell(f.order), cell(f.input_index), cell(f.output_index), cell(result.where(f)),
+            cell(f"{f.numerical:.6g}"), cell(f"{f.analytical:.6g}"),
+            cell(f"{f.diff:.3g}", "bold red"),
         )
     return table
 
@@ -55,19 +40,19 @@ def _failure_table(result: CheckResult) -> Table:
 def _matrix(values: list[list[float]], bad: set[tuple[int, int]], worst: tuple[int, int] | None,
             title: str) -> Table:
     ncols = len(values[0]) if values else 0
-    table = Table(title=title, show_header=True, header_style="dim", box=None, pad_edge=False,
+    table = Table(title=cell(title), show_header=True, header_style="dim", box=None, pad_edge=False,
                   padding=(0, 0, 0, 1), title_justify="left")
     table.add_column("in\\out", style="dim", justify="right")
     for c in range(ncols):
-        table.add_column(str(c), justify="right")
+        table.add_column(cell(c), justify="right")
     for r, row in enumerate(values):
-        cells: list[Text | str] = [str(r)]
+        cells = [cell(r)]
         for c, v in enumerate(row):
             if (r, c) in bad:  # the '*' keeps mismatches visible without colour
                 style = "bold reverse red" if (r, c) == worst else "bold red"
-                cells.append(Text(f"{v:.3g}*", style=style))
+                cells.append(cell(f"{v:.3g}*", style))
             else:
-                cells.append(Text(f"{v:.3g}"))
+                cells.append(cell(f"{v:.3g}"))
         table.add_row(*cells)
     return table
 
@@ -82,7 +67,8 @@ class _SideBySide:
         widths = [Measurement.get(console, options, t).maximum for t in (self.left, self.right)]
         if sum(widths) + 4 <= options.max_width:
             grid = Table.grid(padding=(0, 4))
-            grid.add_row(self.left, self.right)
+            tables = (self.left, self.right)  # renderables, not text
+            grid.add_row(*tables)
             yield grid
         else:
             yield self.left
@@ -97,8 +83,9 @@ def _block_view(block: JacobianBlock) -> RenderableType:
     if rows > _DRAW or cols > _DRAW:
         text = f"{head}: too large to draw"
         if worst is not None:
-            text += f"; worst entry {worst.index}: {worst.numerical:.6g} vs {worst.analytical:.6g}"
-        return Text(text)
+            text += (f"; worst entry {block.element(worst.index)}: {worst.numerical:.6g} vs "
+                     f"{worst.analytical:.6g}")
+        return cell(text)
     bad = set(block.mismatches)
     at = worst.index if worst else None
     body = _SideBySide(
@@ -106,14 +93,14 @@ def _block_view(block: JacobianBlock) -> RenderableType:
         _matrix(block.analytical, bad, at, "analytical"),
     )
     legend = " (* marks entries outside atol + rtol*|numerical|)" if bad else ""
-    return Group(Text(head + legend, style="bold red" if bad else "bold green"), body)
+    return Group(cell(head + legend, "bold red" if bad else "bold green"), body)
 
 
 def _render(result: CheckResult) -> RenderableType:
     mark = Text("PASS ", style="bold green") if result.ok else Text("FAIL ", style="bold red")
-    parts: list[RenderableType] = [mark + Text(result.summary())]
+    parts: list[RenderableType] = [mark + cell(result.summary())]
     for note in result.notes:
-        parts.append(Text(f"note: {note}", style="yellow"))
+        parts.append(cell(f"note: {note}", "yellow"))
     if result.failures:
         parts.append(_failure_table(result))
     shown = [b for b in result.jacobians if b.mismatches] or (
@@ -122,7 +109,7 @@ def _render(result: CheckResult) -> RenderableType:
     for block in shown[:6]:
         parts.append(_block_view(block))
     if len(shown) > 6:
-        parts.append(Text(f"... {len(shown) - 6} more Jacobian blocks not shown"))
+        parts.append(cell(f"... {len(shown) - 6} more Jacobian blocks not shown"))
     return Group(*parts)
 
 

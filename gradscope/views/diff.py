@@ -11,7 +11,7 @@ from ..model.diff import GraphDiff, diff, union
 from ..model.formats import register_renderer
 from ..model.graph import Graph
 from .html import DiffMarks, to_html
-from .style import clean_text
+from .style import MAX_SHOWN, terminal_text
 
 
 def diff_page(a: Graph, b: Graph, d: GraphDiff | None = None, *, title: str = "gradscope diff",
@@ -33,20 +33,22 @@ def diff_text(d: GraphDiff, *, labels: tuple[str, str] | None = None, limit: int
     """The terminal listing of a diff: ``a: LABEL: Graph(...)`` and ``b: ...`` when ``labels``
     are given, the summary, then one line per node added (``+``), removed (``-``) or changed
     (``~``), at most ``limit`` of them. Names come from the graphs' files: every line is data,
-    its control characters written as visible escapes (``clean_text``)."""
+    its control characters written as visible escapes and a very long one cut
+    (``terminal_text``)."""
     lines = []
     if labels is not None:
-        lines += [f"a: {labels[0]}: {d.a!r}", f"b: {labels[1]}: {d.b!r}"]
+        lines += [f"a: {terminal_text(labels[0])}: {d.a!r}",
+                  f"b: {terminal_text(labels[1])}: {d.b!r}"]
     lines.append(d.summary())
     items = (
         [("+", d.keys["b:" + i]) for i in d.added]
         + [("-", d.keys["a:" + i]) for i in d.removed]
-        + [("~", f"{c.key}: {c.describe()}") for c in d.changed]
+        + [("~", f"{terminal_text(c.key)}: {terminal_text(c.describe())}") for c in d.changed]
     )
-    lines += [f"  {mark} {text}" for mark, text in items[:limit]]
+    lines += [f"  {mark} {terminal_text(text)}" for mark, text in items[:limit]]
     if len(items) > limit:
         lines.append(f"  ... and {len(items) - limit} more")
-    return "\n".join(clean_text(line) for line in lines)
+    return "\n".join(terminal_text(line, limit=4 * MAX_SHOWN) for line in lines)
 
 
 register_renderer("diff_html", diff_page)

@@ -8,10 +8,10 @@ from html import escape
 
 from rich.console import Group, RenderableType
 from rich.table import Table
-from rich.text import Text
 
 from ..model.explain import Explanation
 from ..model.formats import register_renderer
+from .style import cell
 
 #: the picture is drawn up to this many view elements and storage elements
 _DRAW = 64
@@ -47,7 +47,7 @@ def _facts_table(e: Explanation) -> Table:
         same = "shares this storage" if i in e.shares_storage_with else "own storage"
         rows.append((f"other {i}", f"{desc}: {same}"))
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(cell(key), cell(value))
     return table
 
 
@@ -57,15 +57,15 @@ def _index_label(idx: tuple[int, ...]) -> str:
 
 def _picture(e: Explanation) -> list[RenderableType]:
     if e.mapping is None or len(e.mapping) > _DRAW or e.storage_numel > _DRAW_STORAGE:
-        return [Text(
+        return [cell(
             f"index -> storage picture not drawn: {len(e.mapping or []) or 'over 4096'} view "
             f"elements over a storage of {e.storage_numel} (drawn up to {_DRAW} / {_DRAW_STORAGE})",
             style="dim",
         )]
     return [
-        Text(f"view {list(e.shape)}: each cell shows the storage position it reads", style="bold"),
+        cell(f"view {list(e.shape)}: each cell shows the storage position it reads", "bold"),
         _view_grid(e),
-        Text(f"storage: {e.storage_numel} x {e.dtype}, one-dimensional", style="bold"),
+        cell(f"storage: {e.storage_numel} x {e.dtype}, one-dimensional", "bold"),
         _storage_strip(e),
     ]
 
@@ -78,16 +78,16 @@ def _view_grid(e: Explanation) -> Table:
         table = Table(show_header=True, header_style="dim")
         table.add_column("", style="dim")
         for c in range(cols):
-            table.add_column(str(c), justify="right")
+            table.add_column(cell(c), justify="right")
         for r in range(rows):
-            cells = [f"{pos}" for _, pos in e.mapping[r * cols:(r + 1) * cols]]
-            table.add_row(str(r), *cells)
+            cells = [cell(pos) for _, pos in e.mapping[r * cols:(r + 1) * cols]]
+            table.add_row(cell(r), *cells)
         return table
     table = Table()
     table.add_column("index")
     table.add_column("storage position", justify="right")
     for idx, pos in e.mapping:
-        table.add_row(_index_label(idx), str(pos))
+        table.add_row(cell(_index_label(idx)), cell(pos))
     return table
 
 
@@ -103,10 +103,10 @@ def _storage_strip(e: Explanation) -> Table:
         table = Table(show_header=True, header_style="dim")
         table.add_column("position", style="dim")
         for pos in range(e.storage_numel):
-            table.add_column(str(pos), justify="right", style="" if pos in users else "dim")
+            table.add_column(cell(pos), justify="right", style="" if pos in users else "dim")
         if values is not None:
-            table.add_row("value", *(_fmt(v) for v in values))
-        table.add_row("view index", *(users.get(p, "-") for p in range(e.storage_numel)))
+            table.add_row("value", *(cell(_fmt(v)) for v in values))
+        table.add_row("view index", *(cell(users.get(p, "-")) for p in range(e.storage_numel)))
         return table
     table = Table()
     table.add_column("position", justify="right")
@@ -114,8 +114,8 @@ def _storage_strip(e: Explanation) -> Table:
         table.add_column("value", justify="right")
     table.add_column("view index")
     for pos in range(e.storage_numel):
-        cells = [str(pos)] + ([_fmt(values[pos])] if values is not None else [])
-        table.add_row(*cells, users.get(pos, "-"), style="" if pos in users else "dim")
+        cells = [cell(pos)] + ([cell(_fmt(values[pos]))] if values is not None else [])
+        table.add_row(*cells, cell(users.get(pos, "-")), style="" if pos in users else "dim")
     return table
 
 

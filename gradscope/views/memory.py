@@ -12,6 +12,7 @@ from rich.text import Text
 from ..model.formats import register_renderer
 from ..model.graph import format_bytes
 from ..model.memory import Leak, LeakStep, MemoryReport, Split
+from .style import cell
 
 
 def render_memory(report: MemoryReport, *, depth: int | None = None, top: int = 20) -> Group:
@@ -26,13 +27,13 @@ def render_memory(report: MemoryReport, *, depth: int | None = None, top: int = 
         depth: cut module paths to this many components.
         top: show at most this many rows.
     """
-    parts: list[Any] = [Text(report.summary())]
+    parts: list[Any] = [cell(report.summary())]
     rows = _rows(report, depth)
     if rows:
         title = "module" if report.by_module and set(report.by_module) != {None} else "node"
         outputs = any(sp.output for _, sp in rows)
         table = Table(title=None, box=None, pad_edge=False, show_edge=False)
-        table.add_column(title)
+        table.add_column(cell(title))
         table.add_column("activations", justify="right")
         table.add_column("share", justify="right")
         table.add_column("params/inputs", justify="right")
@@ -40,20 +41,20 @@ def render_memory(report: MemoryReport, *, depth: int | None = None, top: int = 
             table.add_column("outputs", justify="right")
         total = report.activation_bytes
 
-        def cells(sp: Split) -> list[str]:
+        def cells(sp: Split) -> list[Text]:
             share = f"{100.0 * sp.activation / total:.1f}%" if total else "-"
             out = [format_bytes(sp.activation), share, _bytes_or_dash(sp.leaf)]
-            return out + [_bytes_or_dash(sp.output)] if outputs else out
+            return [cell(c) for c in (out + [_bytes_or_dash(sp.output)] if outputs else out)]
 
         for label, sp in rows[:top]:
-            table.add_row(label, *cells(sp))
+            table.add_row(cell(label), *cells(sp))
         if len(rows) > top:
             rest = Split(*(sum(col) for col in zip(*(sp for _, sp in rows[top:]))))
-            table.add_row(f"… {len(rows) - top} more", *cells(rest))
+            table.add_row(cell(f"… {len(rows) - top} more"), *cells(rest))
         parts.append(table)
     for snap in report.cuda:
         parts.append(
-            Text(
+            cell(
                 f"{snap.device} {snap.phase}: allocated {format_bytes(snap.allocated)}, "
                 f"reserved {format_bytes(snap.reserved)}, "
                 f"max allocated {format_bytes(snap.max_allocated)}"
@@ -84,7 +85,7 @@ def _rows(report: MemoryReport, depth: int | None) -> list[tuple[str, Split]]:
 def render_leaks(history: list[LeakStep], leaks: list[Leak]) -> Text:
     """One line per step whose graph leaked, or a clean bill (``LeakCheck.report``)."""
     if not leaks:
-        return Text(f"no autograd graph outlived its step ({len(history)} steps checked)")
+        return cell(f"no autograd graph outlived its step ({len(history)} steps checked)")
     text = Text()
     last = history[-1]
     text.append(

@@ -9,7 +9,6 @@ from typing import Any
 
 from rich.console import Group
 from rich.table import Table
-from rich.text import Text
 
 from ..errors import MissingExtraError
 from ..model.files import atomic_path
@@ -23,6 +22,7 @@ from ..model.memplan import (
     format_flops,
 )
 from ..model.nodes import format_bytes
+from .style import cell
 
 
 def _label(path: str) -> str:
@@ -38,28 +38,28 @@ def ranked(report: ActivationReport) -> list[ModuleRow]:
 def render_activations(report: ActivationReport, *, top: int = 20) -> Group:
     """The summary line and the table: one row per module, ranked by ``checkpoint_saves``;
     columns for the autocast and batch what-ifs when the report has them."""
-    parts: list[Any] = [Text(report.summary())]
+    parts: list[Any] = [cell(report.summary())]
     table = Table(box=None, pad_edge=False, show_edge=False)
     table.add_column("module", overflow="fold", ratio=1)
     table.add_column("activations", justify="right", no_wrap=True)
     table.add_column("ckpt frees", justify="right", no_wrap=True)
     table.add_column("recompute", justify="right", no_wrap=True)
     if report.autocast is not None:
-        table.add_column(report.autocast, justify="right", no_wrap=True)
+        table.add_column(cell(report.autocast), justify="right", no_wrap=True)
     if report.batch_scale is not None:
-        table.add_column(f"batch x{report.batch_scale:g}", justify="right", no_wrap=True)
+        table.add_column(cell(f"batch x{report.batch_scale:g}"), justify="right", no_wrap=True)
     rows = ranked(report)
     for r in rows[:top]:
-        cells: list[Text | str] = [Text(_label(r.path)), format_bytes(r.activation_bytes),
-                 format_bytes(r.checkpoint_saves) if r.checkpoint_saves > 0 else "-",
-                 format_flops(r.recompute_flops)]
+        cells = [cell(_label(r.path)), cell(format_bytes(r.activation_bytes)),
+                 cell(format_bytes(r.checkpoint_saves) if r.checkpoint_saves > 0 else "-"),
+                 cell(format_flops(r.recompute_flops))]
         if report.autocast is not None:
-            cells.append(format_bytes(r.autocast_bytes or 0))
+            cells.append(cell(format_bytes(r.autocast_bytes or 0)))
         if report.batch_scale is not None:
-            cells.append(format_bytes(r.scaled_bytes or 0))
+            cells.append(cell(format_bytes(r.scaled_bytes or 0)))
         table.add_row(*cells)
     if len(rows) > top:
-        table.add_row(Text(f"… {len(rows) - top} more modules"), "", "", "")
+        table.add_row(cell(f"… {len(rows) - top} more modules"), "", "", "")
     parts.append(table)
     extra = []
     if report.autocast_total is not None:
@@ -68,9 +68,9 @@ def render_activations(report: ActivationReport, *, top: int = 20) -> Group:
         extra.append(f"at batch x{report.batch_scale:g}: {format_bytes(report.scaled_total)} "
                      "(linear extrapolation)")
     if extra:
-        parts.append(Text("; ".join(extra)))
+        parts.append(cell("; ".join(extra)))
     for note in report.notes:
-        parts.append(Text(f"note: {note}"))
+        parts.append(cell(f"note: {note}"))
     return Group(*parts)
 
 
@@ -78,18 +78,18 @@ def render_plan(plan: Plan, verification: Verification | None = None,
                 every_block: Plan | None = None) -> Group:
     """The plan in words, its modules one per line, the "every block" rule beside it and
     the verification run."""
-    parts: list[Any] = [Text(plan.summary())]
+    parts: list[Any] = [cell(plan.summary())]
     for m in plan.modules:
         n = m.count(SEGMENT) + 1
-        parts.append(Text(f"  {_label(m)}" + (f"  (segment: {n} modules as one)" if n > 1 else "")))
+        parts.append(cell(f"  {_label(m)}" + (f"  (segment: {n} modules as one)" if n > 1 else "")))
     if every_block is not None and every_block.modules:
-        parts.append(Text(
+        parts.append(cell(
             f"checkpoint every block ({len(every_block.modules)} modules): "
             f"{format_bytes(every_block.predicted)} predicted, recomputing "
             f"{format_flops(every_block.recompute_flops)}"
         ))
     if verification is not None:
-        parts.append(Text(verification.summary()))
+        parts.append(cell(verification.summary()))
     return Group(*parts)
 
 

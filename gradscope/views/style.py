@@ -155,3 +155,30 @@ def clean_rich(text: Text) -> Text:
                          spans=[Span(0, len(esc), sp.style) for sp in piece.spans])
         out.append_text(piece)
     return out
+
+
+#: The most characters of one string from data that a terminal view shows; the rest is cut
+#: and counted (a 50 MB name must not fill the terminal).
+MAX_SHOWN = 1000
+
+
+def terminal_text(value: object, *, limit: int = MAX_SHOWN) -> str:
+    """THE escaping function of every terminal view: ``str(value)`` cut to ``limit``
+    characters (the rest counted: ``… (+N characters)``), every character of
+    ``UNSAFE_CHARS`` written as a visible escape (``clean_text``). Used as ``Text`` (never
+    markup), so ``[b]``, ``[/]`` and ``[link=...]`` stay text.
+
+    Example:
+        >>> terminal_text("[b]x\\x1b[2J"), terminal_text("ab" * 10, limit=4)
+        ('[b]x\\\\x1b[2J', 'abab… (+16 characters)')
+    """
+    s = value if isinstance(value, str) else str(value)
+    if len(s) > limit:
+        s = f"{s[:limit]}… (+{len(s) - limit} characters)"
+    return clean_text(s)
+
+
+def cell(value: object, style: str = "", *, limit: int = MAX_SHOWN) -> Text:
+    """A rich ``Text`` of ``terminal_text(value)``: what every table cell, title and line of
+    data in a terminal view is made of (a ``str`` handed to rich would be read as markup)."""
+    return Text(terminal_text(value, limit=limit), style=style)

@@ -20,11 +20,12 @@ from rich.text import Text
 from ..model.formats import register_renderer
 from ..model.graph import Edge, Graph, Node, format_bytes
 from ..model.nodes import format_split, plural
-from .style import clean_rich, clean_text, format_norm, norm_style, size_to_str
+from .style import cell, clean_rich, format_norm, norm_style, size_to_str, terminal_text
 
 #: Every string from the graph goes through this before it becomes ``Text`` (which would drop
-#: BEL, BS, VT, FF and CR silently): control characters come out as visible escapes.
-_c = clean_text
+#: BEL, BS, VT, FF and CR silently): control characters come out as visible escapes, and a
+#: string longer than ``style.MAX_SHOWN`` is cut.
+_c = terminal_text
 
 STYLES = {
     "output": "bold green",
@@ -180,7 +181,7 @@ def _tree_lines(graph: Graph, *, max_lines: int | None = None) -> list[tuple[Tex
             hidden = total - len(shown)
             if hidden > 0:
                 more = f"… {plural(hidden, 'more node')} not shown (raise --max-lines)"
-                lines.append((Text(more, "dim"), ""))
+                lines.append((cell(more, "dim"), ""))
             break
         nid, prefix, conn, col, edge = stack.pop()
         node = graph.node(nid)
@@ -262,7 +263,7 @@ def render_tree(graph: Graph, *, max_lines: int | None = None) -> Group:
         ├─ AccumulateGrad ← x (2) float32  n2
         └─ ↺ AccumulateGrad ← x (2) float32  n2 (shown above)
     """
-    header = Text(graph.summary(), "dim")
+    header = cell(graph.summary(), "dim")
     extra = _backward_header(graph)
     head = [(header, "")]
     if extra is not None:

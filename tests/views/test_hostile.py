@@ -11,6 +11,7 @@ bidirectional marks) and every encoder (NUL, lone surrogates), plus very long st
 from __future__ import annotations
 
 import copy
+import dataclasses
 import html
 import io
 import json
@@ -29,7 +30,7 @@ from torch import nn
 import gradscope as gs
 from gradscope.model.graph import Box, Graph
 from gradscope.views.html import graph_data
-from gradscope.views.style import UNSAFE_CHARS, clean_text
+from gradscope.views.style import UNSAFE_CHARS, clean_text, terminal_text
 
 PIECES = [
     '"', "'", "\\", "\\\\", "]", "[", "[b]", "[/]", "[bold red]", "[link=http://x]",
@@ -268,9 +269,9 @@ def test_tree_of_hostile_graphs_shows_names_as_text():
         out.encode("utf-8")
         assert not UNSAFE_CHARS.search(out.replace("\n", "")), repr(
             UNSAFE_CHARS.search(out.replace("\n", "")))
-        for n in g.nodes:  # every name shown as written, markup and all
+        for n in g.nodes:  # every name shown as written, markup and all (a long one cut)
             if n.kind in ("op", "custom") and n.name:
-                assert clean_text(n.name) in out, n.name
+                assert terminal_text(n.name) in out, n.name
         narrow = _terminal(gs.render_tree(g), width=60)
         assert max(cell_len(line) for line in narrow.splitlines()) <= 60
 
@@ -313,3 +314,88 @@ def test_hostile_module_boxes_and_folds_render(tmp_path):
     g.to_dot().encode("utf-8")
     g.to_html().encode("utf-8")
     _terminal(gs.render_tree(g)).encode("utf-8")
+
+
+# ------------------------------------------------------------ terminal escapes in every table
+#: Names a model can give its modules (no dot): markup that would crash (``[/]``), restyle or
+#: link, and escape sequences that retitle or clear the terminal (issue 29 items 3-4, 27).
+TERMINAL_NAMES = ["[/]", "[bold red]x", "[link=http://evil:8/]y", "a\x1b]0;title\x07b",
+                  "c\x1b[2Jd", "e\u202ef", ":smile:"]
+
+
+def _named_net() -> tuple[nn.Module, torch.Tensor]:
+    net = nn.Sequential()
+    for i, name in enumerate(TERMINAL_NAMES):
+        net.add_module(name, nn.Linear(4, 4) if i % 2 == 0 else nn.Tanh())
+    return net, torch.randn(3, 4, requires_grad=True)
+
+
+def _inert(out: str, names: list[str]) -> None:
+    out.encode("utf-8")
+    flat = out.replace("\n", "")
+    assert not UNSAFE_CHARS.search(flat), repr(UNSAFE_CHARS.search(flat))
+    for name in names:  # markup shown as written, escapes as visible text
+        assert clean_text(name) in flat, name
+
+
+def test_every_memory_table_shows_module_names_as_text():
+    """tree's memory table (Graph.memory().render()), the same of a graph read from JSON,
+    gradscope memory's table and its plan: markup literal, no ESC reaches the terminal."""
+    net, x = _named_net()
+    with gs.scopes(net):
+        y = net(x).pow(2).sum()
+    g = gs.trace(y, model=net)
+    back = Graph.from_json(g.to_json())
+    for graph in (g, back):
+        for depth in (None, 1):
+            _inert(_terminal(graph.memory().render(depth=depth)), TERMINAL_NAMES[::2])
+    report = gs.activation_report(net, torch.randn(3, 4), batch_scale=2)
+    _inert(_terminal(report.render()), TERMINAL_NAMES)
+    plan = gs.plan_checkpoints(net, torch.randn(3, 4), budget="100%", report=report)
+    _terminal(plan.render()).encode("utf-8")
+    forced = dataclasses.replace(plan, modules=tuple(TERMINAL_NAMES))
+    _inert(_terminal(forced.render()), TERMINAL_NAMES)
+
+
+def test_check_and_explain_tables_show_names_as_text():
+    def wrong(x):
+        return x * 2 + 0.5 * x.detach()
+
+    wrong.__name__ = "[/]bad\x1b[2J"
+    result = gs.check(wrong, torch.randn(2, 3, dtype=torch.float64, requires_grad=True),
+                      double=False)
+    assert not result.ok
+    result.notes.append("[link=http://x]note\x1b]0;t\x07")
+    _inert(_terminal(result.render()), [wrong.__name__, result.notes[-1]])
+
+    class Hostile(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view(2, 2)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.reshape(4)
+
+    Hostile.__name__ = "[/]F\x1b[31m"
+    t = Hostile.apply(torch.randn(4, requires_grad=True))
+    e = gs.explain(t)
+    _inert(_terminal(e.render()), [type(t.grad_fn).__name__])
+
+
+def test_a_50_mb_name_is_cut_in_every_terminal_view():
+    """A huge string from a file is shown cut, with its length said, not printed whole."""
+    from gradscope.views.style import MAX_SHOWN
+
+    huge = "[/]" + "x" * 5_000_000
+    g = copy.deepcopy(BASES[0])
+    for n in g.nodes:
+        if n.kind == "op":
+            n.name = huge
+            n.module = huge
+    for renderable in (gs.render_tree(g), g.memory().render()):
+        out = _terminal(renderable, width=200)
+        assert len(out) < 100 * MAX_SHOWN
+        assert f"(+{len(huge) - MAX_SHOWN} characters)" in out
+    text = gs.diff(BASES[0], g).to_text(labels=("a", "b"))
+    assert len(text) < 200 * MAX_SHOWN and "characters)" in text
