@@ -67,7 +67,7 @@ leg() {  # leg NAME VENV TORCH PACKAGES [pytest args...]
     fi
   fi
   echo "==== torch $name leg: pytest ($("$venv/bin/python" -c 'import torch; print(torch.__version__)'))" >&2
-  PYTHONSAFEPATH=1 GRADSCOPE_WHEEL=${WHEEL:-} "$venv/bin/python" -m pytest "${xdist[@]}" "$@" 2>&1 \
+  PYTHONSAFEPATH=1 GRADSCOPE_WHEEL=${WHEEL:-} "$venv/bin/python" -m pytest "${xdist[@]}" --durations=15 "$@" 2>&1 \
     | tee "$logdir/$name.log"
   rc=${PIPESTATUS[0]}
   t2=$(date +%s)
