@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..errors import MonitorError
+from ..model.alerts import FLAP_WINDOW
 from ..model.incident import Incident, changes
 from .replay import Replayer, ReplayResult
 
@@ -62,6 +63,8 @@ class IncidentWatch:
             )
         self.pending: ReplayResult | None = None
         self.bad = False  # inside a non-finite event
+        self.quiet = FLAP_WINDOW  # finite logged steps since the last non-finite one
+        self.current: Incident | None = None  # the open non-finite event's incident
         self.last_good: dict[str, float] | None = None
         self.hot = False  # the previous logged step raised an exploding alert
         self.checked = False  # this step's gradients were finite when the backward ended
@@ -143,6 +146,9 @@ class IncidentWatch:
         norms = {n: ps.norm for n, ps in st.params.items()}
         finite = math.isfinite(st.total_norm)
         incident = None
+        if not finite and self.bad and self.current is not None:  # the same event again
+            self.current.repeats += 1
+            self.current.last_step = st.step
         if not finite and not self.bad:
             res = self.pending or ReplayResult()
             if self.pending is None:
@@ -172,8 +178,13 @@ class IncidentWatch:
             )
         self.pending = None
         self.checked = False
-        self.bad = not finite
+        # the event stays open until FLAP_WINDOW finite logged steps passed (one incident,
+        # one replay for a gradient that flaps)
+        self.quiet = 0 if not finite else self.quiet + 1
+        self.bad = self.quiet < FLAP_WINDOW
         self.hot = any(a.kind == "exploding" for a in alerts)  # one incident per explosion
         if finite and incident is None:
             self.last_good = norms
+        if incident is not None and incident.kind == "nonfinite":
+            self.current = incident
         return incident

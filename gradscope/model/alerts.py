@@ -28,6 +28,9 @@ from .monitor import Alert, MonitorLog, ParamStats, StepStats, Thresholds
 VANISH_PATIENCE = 3
 #: a norm this many times above the running median of its last logged norms is "exploding"
 SPIKE_FACTOR = 10.0
+#: NaN/Inf seen again within this many logged steps of the last time is the same event (a
+#: gradient that flaps between finite and not gives one alert, one incident with a count)
+FLAP_WINDOW = 10
 #: the running median needs at least this many earlier logged norms
 SPIKE_MIN_HISTORY = 5
 _SPIKE_WINDOW = 25
@@ -81,6 +84,8 @@ class AlertRules:
         self.tracks: dict[str, _Track] = {}
         self.forward_bad = False
         self.nan = self.inf = False
+        # logged steps since each kind was last seen (FLAP_WINDOW: long enough for a new event)
+        self.quiet = {"nan": FLAP_WINDOW, "inf": FLAP_WINDOW}
 
     def recount(self, numels: dict[str, int]) -> None:
         """The element counts of the parameters watched from now on."""
@@ -139,8 +144,11 @@ class AlertRules:
         out = []
         for kind, word in (("nan", "NaN value"), ("inf", "infinite value")):
             hit = [(n, ps) for n, ps in st.params.items() if _has(ps, kind)]
-            if hit and not getattr(self, kind):
+            quiet = self.quiet[kind]
+            if hit and quiet >= FLAP_WINDOW:  # not seen for a while: a new event
                 out.append(_nonfinite_alert(st.step, kind, word, hit))
+            # a gradient that flaps (NaN every other step) stays one event
+            self.quiet[kind] = 0 if hit else min(quiet + 1, FLAP_WINDOW)
             setattr(self, kind, bool(hit))
         return out
 

@@ -96,6 +96,9 @@ class Incident:
         replayed: whether the step was replayed.
         note: one line saying why the step was not replayed or what the replay could not
             tell, or None.
+        repeats: the later non-finite logged steps of the same event (each within
+            ``FLAP_WINDOW`` logged steps of the one before: a gradient that flaps), counted
+            here rather than made incidents of their own; ``last_step`` the last of them.
     """
 
     step: int
@@ -111,6 +114,8 @@ class Incident:
     micro_batch: int | None = None
     replayed: bool = False
     note: str | None = None
+    repeats: int = 0
+    last_step: int | None = None
 
     def origin(self) -> str:
         """``LogBackward0 in head (model.py:12)``, or what is known of it."""
@@ -146,6 +151,9 @@ class Incident:
                     head += f", at {self.origin()}"
             else:
                 head = f"step {self.step}: non-finite gradients"
+        if self.repeats:
+            head += (f" (and {self.repeats} more non-finite step"
+                     f"{'' if self.repeats == 1 else 's'} up to step {self.last_step})")
         lines.append(head)
         if self.code:
             lines.append(f"  {self.line}: {self.code}")

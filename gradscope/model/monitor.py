@@ -178,7 +178,7 @@ class MonitorLog:
     #: the alert rules ``append`` runs (``gradscope.model.alerts.AlertRules``); None: none
     rules: Any = field(default=None, repr=False, compare=False)
     _sink: JsonlSink | None = field(default=None, init=False, repr=False, compare=False)
-    _held: list[tuple[StepStats, int, Incident | None]] = field(
+    _held: list[tuple[StepStats, int, Incident | None, int | None]] = field(
         default_factory=list, init=False, repr=False, compare=False
     )
 
@@ -195,7 +195,9 @@ class MonitorLog:
         if incident is not None:
             self.incidents.append(incident)
         if self._sink is not None:
-            self._held.append((st, len(self.alerts), incident))
+            last = self.incidents[-1] if self.incidents and incident is None else None
+            repeat = last.step if last is not None and last.last_step == st.step else None
+            self._held.append((st, len(self.alerts), incident, repeat))
             if not hold:
                 self._flush()
         self._trim()
@@ -212,8 +214,8 @@ class MonitorLog:
             if st.step == step:
                 self.steps[k] = _with_ratios(st, ratios)
                 break
-        self._held = [(_with_ratios(h, ratios) if h.step == step else h, n, inc)
-                      for h, n, inc in self._held]
+        self._held = [(_with_ratios(h, ratios) if h.step == step else h, n, inc, rep)
+                      for h, n, inc, rep in self._held]
         self._flush()
 
     def rewatch(self, names: list[str], numels: dict[str, int]) -> None:
@@ -239,8 +241,10 @@ class MonitorLog:
         if sink is None or sink.closed:
             self._held = []
             return
-        for st, n_alerts, incident in self._held:
+        for st, n_alerts, incident, repeat in self._held:
             obj = step_record(st, self.alerts[sink.alerts_written : n_alerts], incident)
+            if repeat is not None:  # streamed before the event's count was known
+                obj["repeat_of"] = repeat
             sink.alerts_written = n_alerts
             if sink.lines == 0:
                 obj["log"] = log_header(self)
@@ -403,6 +407,12 @@ def read_jsonl(path: str | Path) -> MonitorLog:
                 )
                 if obj.get("incident") is not None:
                     incidents.append(Incident.from_dict(obj["incident"]))
+                repeat = obj.get("repeat_of")
+                if repeat is not None:  # a later bad step of a streamed event
+                    inc = next((i for i in reversed(incidents) if i.step == int(repeat)), None)
+                    if inc is not None:
+                        inc.repeats += 1
+                        inc.last_step = st.step
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise MonitorError(
                     f"{path}: line {number} is not a gradscope monitor record ({exc}); give a "

@@ -179,6 +179,8 @@ def unscaled(matrix: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
     return out
 
 
+_WIDE = (torch.float64, torch.complex128)
+
 #: (nan count, inf count, norm in float64), or (None, None, norm) when not countable
 Recount = tuple[int | None, int | None, float]
 
@@ -195,11 +197,13 @@ def recheck(
     small that it may have underflowed in the working dtype (a second transfer, on such steps
     only): column -> (nan, inf, norm in float64)."""
     isfinite = math.isfinite
-    tiny = S.underflow_bound(norm_type)
+    tiny32 = S.underflow_bound(norm_type)
+    tiny64 = S.underflow_bound(norm_type, torch.float64)
     bad = [
         j
         for j, v in enumerate(norms)
-        if not isfinite(v) or (v < tiny and S.local(m.grads[j]).dtype != torch.float64)
+        if not isfinite(v)
+        or v < (tiny64 if S.local(m.grads[j]).dtype in _WIDE else tiny32)
     ]
     if not bad:
         return {}

@@ -60,16 +60,18 @@ _F64 = torch.float64
 
 
 _TINY32 = torch.finfo(torch.float32).tiny
+_TINY64 = torch.finfo(torch.float64).tiny
 
 
-def underflow_bound(norm_type: float) -> float:
-    """A p-norm computed in float32 below this may have lost part of its value (or all of it)
-    to underflow: |g|^p of its elements fell below float32's smallest normal number. Such
-    norms are recomputed in float64 (``nonfinite_counts``). 0 for p <= 1 and the max norm
-    (no power below 1 to underflow)."""
+def underflow_bound(norm_type: float, dtype: torch.dtype = torch.float32) -> float:
+    """A p-norm computed in ``dtype`` (float32 for float32 and half gradients) below this may
+    have lost part of its value (or all of it) to underflow: |g|^p of its elements fell below
+    the dtype's smallest normal number. Such norms are recomputed scaled
+    (``nonfinite_counts``). 0 for p <= 1 and the max norm (no power below 1 to underflow)."""
     if math.isinf(norm_type) or norm_type <= 1:
         return 0.0
-    return _TINY32 ** (1.0 / norm_type) * 1e4
+    tiny = _TINY64 if dtype in (_F64, torch.complex128) else _TINY32
+    return tiny ** (1.0 / norm_type) * 1e4
 
 
 def local(grad: torch.Tensor) -> torch.Tensor:
@@ -208,8 +210,10 @@ def _wide(t: torch.Tensor) -> torch.dtype:
 
 
 def nonfinite_counts(tensors: Sequence[torch.Tensor], norm_type: float) -> torch.Tensor:
-    """``[3, n]`` float64: NaN count, Inf count and the norm computed in float64 (finite when
-    a float32 norm only overflowed), for the few tensors of a step whose norm is not finite."""
+    """``[3, n]`` float64: NaN count, Inf count and the norm computed in float64, scaled by
+    the largest |g| before the powers (finite and exact when the working dtype's norm only
+    overflowed or underflowed: float64 gradients of 1e300 or 1e-300 too), for the few tensors
+    of a step whose norm is not finite or tiny."""
     rows = []
     for t in tensors:
         v = t.coalesce().values() if t.is_sparse else t
@@ -218,11 +222,22 @@ def nonfinite_counts(tensors: Sequence[torch.Tensor], norm_type: float) -> torch
                 [
                     torch.isnan(v).sum().to(_F64),
                     torch.isinf(v).sum().to(_F64),
-                    torch.linalg.vector_norm(v, norm_type, dtype=_wide(v)).to(_F64),
+                    _scaled_norm(v, norm_type),
                 ]
             )
         )
     return torch.stack(rows, dim=1)
+
+
+def _scaled_norm(v: torch.Tensor, norm_type: float) -> torch.Tensor:
+    """``top * ||v / top||`` in float64 (complex128), ``top`` = max |v|: no power of an
+    element overflows or underflows. The plain norm when ``top`` is 0 or not finite."""
+    wide = v.to(_wide(v)).reshape(-1)
+    if wide.numel() == 0:
+        return torch.zeros((), dtype=_F64, device=v.device)
+    top = wide.abs().amax()
+    safe = torch.where(torch.isfinite(top) & (top > 0), top, torch.ones_like(top))
+    return (torch.linalg.vector_norm(wide / safe, norm_type) * safe).to(_F64)
 
 
 # ---------------------------------------------------------------- update-to-weight ratios
@@ -330,10 +345,15 @@ def pnorm(values: Sequence[float], norm_type: float) -> float:
         return 0.0
     if math.isinf(norm_type):
         return max(values)
-    if norm_type == 2:
-        return math.sqrt(math.fsum(v * v for v in values))
     if norm_type == 1:
         return math.fsum(values)
+    top = max(values)
+    if top == 0 or top == math.inf:
+        return top
+    if not 1e-150 < top < 1e150:  # scaled: no square (power) overflows or underflows
+        return top * math.fsum((v / top) ** norm_type for v in values) ** (1.0 / norm_type)
+    if norm_type == 2:
+        return math.sqrt(math.fsum(v * v for v in values))
     return math.fsum(v**norm_type for v in values) ** (1.0 / norm_type)
 
 
