@@ -28,6 +28,7 @@ import torch
 from ..errors import AutogradError, GradscopeError
 from ..model.doctor import DoctorReport, Finding, Site, findings_json, torch_error_kind
 from . import doctor_explain as explain
+from . import dynamo
 from .doctor_record import _DoctorMode, user_line
 from .dynamo import ModuleHooks
 from .handles import HookHandle
@@ -78,12 +79,13 @@ class Doctor:
         self.backward_lines: list[str | None] = []
         self.steps_since_backward = 0
         self.mode: _DoctorMode | None = None
+        self.paused_for: list[Any] = []  # torch.compile wrappers running with the mode off
         self._said: set[tuple[Any, ...]] = set()
         self.handle = HookHandle()
 
     # ---------------------------------------------------------------- the block
     def __enter__(self) -> Doctor:
-        mode = _DoctorMode(self.bits, self._backward, self.module_now)
+        mode = _DoctorMode(self.bits, self._backward, self.module_now, self.params)
         self.mode = mode
         try:
             self.handle.add(ModuleHooks(self._pre_module, self._post_module).install())
@@ -127,12 +129,23 @@ class Doctor:
 
     # ---------------------------------------------------------------- module hooks
     def _pre_module(self, module: Any, args: Any) -> None:
-        name = self.module_names.get(id(module))
+        inner = dynamo.unwrap(module)  # a torch.compile wrapper: its module's name
+        name = self.module_names.get(id(inner if inner is not None else module))
         self.stack.append(name)
         if name is not None and name not in self.ran:
             self.ran[name] = (module.training, _here())
+        # Dynamo guards on the mode stack: off while a compiled module runs (no recompile)
+        if inner is not None and self.mode is not None and dynamo.mode_on_top(self.mode):
+            dynamo.pop_mode()
+            self.paused_for.append(module)
 
     def _post_module(self, module: Any, args: Any, output: Any) -> None:
+        if self.paused_for and self.paused_for[-1] is module and self.mode is not None:
+            self.paused_for.pop()
+            dynamo.push_mode(self.mode)
+            inner = dynamo.unwrap(module)
+            own = sum(1 << self.bits[id(p)] for p in inner.parameters() if id(p) in self.bits)
+            self.mode.region(args, output, own)  # the region as one call: lineage goes on
         if self.stack:
             self.stack.pop()
 

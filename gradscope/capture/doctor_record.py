@@ -186,9 +186,11 @@ class _DoctorMode(TorchFunctionMode):
     owner's: backward calls (``Tensor.backward``, ``torch.autograd.grad``) go to it."""
 
     def __init__(self, bits: dict[int, int], on_backward: Callable[..., Any],
-                 module_now: Callable[[], str | None]) -> None:
+                 module_now: Callable[[], str | None],
+                 params: list[torch.Tensor] | None = None) -> None:
         super().__init__()
         self.bits = bits  # id(parameter) -> its bit
+        self.params = params or []  # by bit
         self.on_backward = on_backward
         self.module_now = module_now
         self.iteration = 0
@@ -291,6 +293,25 @@ class _DoctorMode(TorchFunctionMode):
         if not outs and out is not None:
             self.host[id(out)] = (out, dep, cuts)
         return out
+
+    def region(self, args: Any, output: Any, own: int) -> None:
+        """A ``torch.compile``d module ran with the mode off: its outputs depend on its inputs
+        and on its own parameters (bits ``own``), as one call."""
+        dep = own
+        live = 0
+        cuts = 0
+        for t in _tensors(args, {}):
+            d, lv, c = self.tag(t)
+            dep |= d
+            live |= lv
+            cuts |= c
+        live |= sum(1 << self.bits[id(p)] for p in self.param_list(own) if p.requires_grad)
+        for t in _outputs(output):
+            self.tags[t] = (dep, live if t.requires_grad else 0, cuts)
+        self.touched |= dep
+
+    def param_list(self, mask: int) -> list[torch.Tensor]:
+        return [self.params[b] for b in _bits(mask) if b < len(self.params)]
 
     def _wrote(self, t: torch.Tensor, version: int, at: Site) -> None:
         try:

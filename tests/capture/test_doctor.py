@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 import re
 
 import pytest
@@ -209,3 +210,30 @@ def test_intended_gradient_accumulation_is_no_finding():
                 opt.step()
                 opt.zero_grad()
     assert doc.findings == []
+
+
+def test_a_compiled_module_is_one_call_no_recompile(fresh_dynamo):
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    compiled = torch.compile(net, backend="eager")
+    x = torch.randn(4, 8)
+    compiled(x).sum().backward()
+    graphs = counters["stats"]["unique_graphs"]
+    net.zero_grad()
+    with gs.doctor(net) as doc:
+        out = compiled(x)
+        out.sum().backward()
+    assert doc.findings == [] and counters["stats"]["unique_graphs"] == graphs  # no recompile
+    grads = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    compiled(x).sum().backward()
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, net.parameters()))
+    net.zero_grad()
+    with gs.doctor(net) as doc:
+        cut = compiled(x).detach() * net[0](x)[:, :4]  # the region's parameters: through it
+        cut.sum().backward()
+    line = f"test_doctor.py:{inspect.currentframe().f_lineno - 2}"
+    assert {(f.param, f.reason, f.line) for f in doc.findings} == {
+        ("2.weight", "cut", line), ("2.bias", "cut", line)}
