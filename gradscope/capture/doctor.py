@@ -78,6 +78,11 @@ class Doctor:
         self.ran: dict[str, tuple[bool, str | None]] = {}
         self.backward_lines: list[str | None] = []
         self.steps_since_backward = 0
+        #: over the block's backward() calls: how many, the parameters that got a gradient
+        #: (bits), and the roots' lineage (dep, live, cuts) OR-ed together
+        self.plain_backwards = 0
+        self.got_grad = 0
+        self.root_tags = (0, 0, 0)
         self.mode: _DoctorMode | None = None
         self.paused_for: list[Any] = []  # torch.compile wrappers running with the mode off
         self._said: set[tuple[Any, ...]] = set()
@@ -101,6 +106,8 @@ class Doctor:
 
     def __exit__(self, etype: Any, exc: BaseException | None, tb: Any) -> None:
         self.handle.remove()
+        if exc is None and self.plain_backwards:
+            explain.check_grad_none(self)
         if isinstance(exc, RuntimeError) and not isinstance(exc, AutogradError):
             kind = torch_error_kind(str(exc))
             if kind is not None:  # a backward the doctor did not run (a C++ extension...)
@@ -113,7 +120,14 @@ class Doctor:
     # ---------------------------------------------------------------- results
     def report(self) -> DoctorReport:
         """The findings as a plain ``DoctorReport`` (``.render()``: a rich renderable)."""
-        return DoctorReport(tuple(self.findings), self.backwards, self.steps)
+        return DoctorReport(tuple(self.findings), self.backwards, self.steps, tuple(self.notes))
+
+    @property
+    def notes(self) -> list[str]:
+        """Why the doctor stopped watching part of the block (a tensor it cannot read), if it
+        did: its findings then cover only what it saw before."""
+        failure = self.mode.failure if self.mode is not None else None
+        return [failure] if failure else []
 
     def findings_json(self) -> str:
         """The findings as JSON text (``{"gradscope_doctor": 1, "findings": [...]}``)."""
@@ -172,7 +186,7 @@ class Doctor:
         self.backward_lines.append(line)
         self.steps_since_backward = 0
         if plain and self.params:
-            explain.check_grad_none(self, roots)
+            explain.note_backward(self, roots)
         return result
 
     def _explain(self, kind: str, exc: BaseException, roots: list[Any],

@@ -113,7 +113,7 @@ def _inplace(doc: Doctor, message: str, roots: list[torch.Tensor]) -> dict[str, 
                                             or saved.output_nr != parsed.output_nr):
                 continue
             writes = [w for w in mode.writes.get(saved.storage or -1, ())
-                      if parsed.expected < w.version <= parsed.found]
+                      if parsed.expected < w.version <= parsed.found and w.index >= rec.index]
             rank = (bool(writes), fn._sequence_nr())
             if best is None or rank > best[0]:
                 best = (rank, rec, type(fn).__name__, writes)
@@ -248,19 +248,33 @@ def _no_grad_fn(doc: Doctor, roots: list[torch.Tensor], line: str | None) -> dic
 
 
 # ---------------------------------------------------------------------------- grad None
-def check_grad_none(doc: Doctor, roots: list[torch.Tensor]) -> None:
-    """A ``grad_none`` finding for every watched parameter left without a gradient."""
+def note_backward(doc: Doctor, roots: list[torch.Tensor]) -> None:
+    """After a good ``backward()``: which parameters got a gradient, and the roots' lineage."""
     mode = doc.mode
     assert mode is not None
-    missing = [b for b, p in enumerate(doc.params) if p.requires_grad and p.grad is None]
-    if not missing:
-        return
-    dep = live = cuts = 0
+    doc.plain_backwards += 1
+    for bit, p in enumerate(doc.params):
+        if p.grad is not None:
+            doc.got_grad |= 1 << bit
+    dep, live, cuts = doc.root_tags
     for t in roots:
         d, lv, c = mode.tag(t)
         dep |= d
         live |= lv
         cuts |= c
+    doc.root_tags = (dep, live, cuts)
+
+
+def check_grad_none(doc: Doctor) -> None:
+    """When the block ends: a ``grad_none`` finding for every watched parameter that requires
+    grad and got no gradient from any of the block's ``backward()`` calls."""
+    mode = doc.mode
+    assert mode is not None
+    missing = [b for b, p in enumerate(doc.params)
+               if p.requires_grad and not doc.got_grad >> b & 1]
+    if not missing:
+        return
+    dep, live, cuts = doc.root_tags
     for bit in missing:
         mask = 1 << bit
         if live & mask:

@@ -45,8 +45,12 @@ from .stamps import NO_SEQUENCE_NR
 
 #: The ``node.metadata`` key of the doctor's ``NodeRecord``.
 DOCTOR_KEY = "gradscope.doctor"
-#: In-place writes kept per storage (the newest).
+#: In-place writes kept per storage (the newest), and storages with writes kept (the newest
+#: half stays when there are more): a long run's temporaries do not pile up.
 _WRITES_KEPT = 8
+_STORAGES_KEPT = 1 << 16
+#: Python values from ``.item()`` / ``.tolist()`` / ``.numpy()`` whose lineage is kept.
+_HOST_KEPT = 1024
 _HOST_TYPES = (int, float, bool, complex, list, tuple)
 _CUT_OPS = {"detach": "detach", "detach_": "detach", "item": "item", "tolist": "item",
             "numpy": "item", "__get__": "data"}
@@ -73,6 +77,7 @@ class NodeRecord:
     iteration: int
     op: str
     site: Site
+    index: int = 0  # the call that made it (``_DoctorMode.index``)
     saved: list[SavedRecord] = field(default_factory=list)
 
 
@@ -114,6 +119,12 @@ def op_name(func: Any) -> str:
     return name
 
 
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter; None for an inference tensor (``inference_mode``), which has
+    none."""
+    return None if t.is_inference() else torchcompat.tensor_version(t)
+
+
 def _tensors(args: Any, kwargs: Any) -> list[torch.Tensor]:
     """The tensor arguments of a call (one level into lists and tuples: ``torch.cat``)."""
     found = []
@@ -151,7 +162,7 @@ def _saved_record(t: torch.Tensor) -> SavedRecord:
     except (RuntimeError, NotImplementedError, TypeError):
         storage = None
     fn = t.grad_fn
-    return SavedRecord(storage, torchcompat.tensor_version(t), tuple(t.shape),
+    return SavedRecord(storage, _version(t), tuple(t.shape),
                        str(t.dtype), type(fn).__name__ if fn is not None else None,
                        t.output_nr if fn is not None else 0)
 
@@ -203,6 +214,7 @@ class _DoctorMode(TorchFunctionMode):
         self.frozen_use: dict[int, Site] = {}  # bit -> first use while requires_grad=False
         self.touched = 0
         self.paused = False  # an optimizer step runs: calls go through unrecorded
+        self.failure: str | None = None
         self.last_seq = torchcompat.next_sequence_nr() - 1
         dynamo.eager_only(_DoctorMode.__torch_function__)
 
@@ -229,17 +241,34 @@ class _DoctorMode(TorchFunctionMode):
     # ---------------------------------------------------------------- the mode
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if self.paused or dynamo.compiling():
+        if self.paused or self.failure is not None or dynamo.compiling():
             return func(*args, **kwargs)
         name = op_name(func)
         if name == _BACKWARD or func is torch.autograd.grad:
             return self.on_backward(func, args, kwargs)
-        ins = _tensors(args, kwargs)
-        versions = [torchcompat.tensor_version(t) for t in ins]
+        try:
+            ins = _tensors(args, kwargs)
+            versions = [_version(t) for t in ins]
+        except Exception as exc:  # a tensor the doctor cannot read: never the user's problem
+            self._give_up(name, exc)
+            return func(*args, **kwargs)
         grad_on = torch.is_grad_enabled()
         out = func(*args, **kwargs)
+        try:
+            self._record(func, name, args, kwargs, ins, versions, grad_on, out,
+                         sys._getframe(1))
+        except Exception as exc:
+            self._give_up(name, exc)
+        return out
+
+    def _give_up(self, name: str, exc: Exception) -> None:
+        """Stop recording (the step goes on unwatched), and say why in ``failure``."""
+        self.failure = (f"the doctor stopped watching at {name}: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}")
+
+    def _record(self, func: Any, name: str, args: Any, kwargs: Any, ins: list[torch.Tensor],
+                versions: list[int | None], grad_on: bool, out: Any, caller: Any) -> None:
         self.index += 1
-        caller = sys._getframe(1)
         site: list[Site] = []
 
         def where() -> Site:  # looked up once per call, only when needed
@@ -265,13 +294,13 @@ class _DoctorMode(TorchFunctionMode):
             self.touched |= dep
         outs = _outputs(out)
         for t, before in zip(ins, versions):
-            after = torchcompat.tensor_version(t)
+            after = _version(t)
             if after is not None and after != before:
                 self._wrote(t, after, where())
         if grad_on and outs:
             self._new_nodes(outs, name, where)
         if not dep:
-            return out
+            return
         live_out = 0
         for t in outs:
             if t.requires_grad:
@@ -291,8 +320,9 @@ class _DoctorMode(TorchFunctionMode):
         for t in outs:
             self.tags[t] = (dep, live_out if t.requires_grad else 0, cuts)
         if not outs and out is not None:
+            if len(self.host) >= _HOST_KEPT:
+                del self.host[next(iter(self.host))]
             self.host[id(out)] = (out, dep, cuts)
-        return out
 
     def region(self, args: Any, output: Any, own: int) -> None:
         """A ``torch.compile``d module ran with the mode off: its outputs depend on its inputs
@@ -318,7 +348,12 @@ class _DoctorMode(TorchFunctionMode):
             key = torchcompat.storage_key(t)
         except (RuntimeError, NotImplementedError, TypeError):
             return
-        log = self.writes.setdefault(key, [])
+        log = self.writes.get(key)
+        if log is None:
+            if len(self.writes) >= _STORAGES_KEPT:
+                for old in list(self.writes)[:_STORAGES_KEPT // 2]:
+                    del self.writes[old]
+            log = self.writes[key] = []
         log.append(Write(version, self.index, Site("modified", at.op, at.line, at.module),
                          tuple(t.shape)))
         del log[:-_WRITES_KEPT]
@@ -343,7 +378,8 @@ class _DoctorMode(TorchFunctionMode):
             if meta is None or DOCTOR_KEY in meta:
                 continue
             at = where()
-            record = NodeRecord(self.iteration, name, Site("made", name, at.line, at.module))
+            record = NodeRecord(self.iteration, name, Site("made", name, at.line, at.module),
+                                self.index)
             if read_saved:
                 record.saved = saved_of(fn)
             meta[DOCTOR_KEY] = record

@@ -202,12 +202,14 @@ def names(items: list[str], most: int = 4) -> str:
 
 @dataclass(frozen=True)
 class DoctorReport:
-    """What one ``gs.doctor`` block found: its findings (none for a healthy step) and how many
-    backward calls and optimizer steps it watched."""
+    """What one ``gs.doctor`` block found: its findings (none for a healthy step), how many
+    backward calls and optimizer steps it watched, and ``notes`` (why it stopped watching, if
+    it did)."""
 
     findings: tuple[Finding, ...]
     backwards: int = 0
     steps: int = 0
+    notes: tuple[str, ...] = ()
 
     @property
     def healthy(self) -> bool:

@@ -69,6 +69,7 @@ def render_report(report: DoctorReport) -> Group:
     parts: list[Text | Group] = [Text(verdict(report),
                                       style="bold" if report.healthy else "bold red")]
     parts.extend(_finding(f) for f in report.findings)
+    parts.extend(Text(f"note: {clean_text(n)}", style="dim") for n in report.notes)
     return Group(*parts)
 
 

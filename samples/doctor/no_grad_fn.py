@@ -7,7 +7,7 @@ grad_fn". The line marked ``# doctor: VARIANT`` is where the loss lost its graph
 import torch
 from torch import nn
 
-VARIANTS = ("detach", "no_grad", "item", "frozen")
+VARIANTS = ("detach", "no_grad", "inference_mode", "item", "frozen")
 
 
 class Net(nn.Module):
@@ -23,6 +23,9 @@ class Net(nn.Module):
         if self.variant == "no_grad":
             with torch.no_grad():  # the whole forward: the loss has no graph at all
                 return self.fc2(self.fc1(x).relu())  # doctor: no_grad
+        if self.variant == "inference_mode":
+            with torch.inference_mode():
+                return self.fc2(self.fc1(x).relu())  # doctor: inference_mode
         if self.variant == "frozen":
             h = self.fc1(x).relu()  # doctor: frozen
         else:

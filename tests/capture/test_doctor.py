@@ -237,3 +237,31 @@ def test_a_compiled_module_is_one_call_no_recompile(fresh_dynamo):
     line = f"test_doctor.py:{inspect.currentframe().f_lineno - 2}"
     assert {(f.param, f.reason, f.line) for f in doc.findings} == {
         ("2.weight", "cut", line), ("2.bias", "cut", line)}
+
+
+def test_tensors_it_cannot_read_never_break_the_step():
+    from torch.func import grad, vmap
+
+    net = torch.nn.Linear(4, 1)
+    with gs.doctor(net) as doc:
+        assert torch.equal(grad(lambda x: torch.sin(x).sum())(torch.ones(3)), torch.ones(3).cos())
+        vmap(torch.sin)(torch.randn(3, 2))
+        (torch.eye(3).to_sparse() * 2).to_dense()
+        torch.randn(2, device="meta") * 2
+        with torch.inference_mode():
+            torch.ones(2).add_(1)
+        z = torch.randn(3, dtype=torch.complex64, requires_grad=True)
+        (z * z).abs().sum().backward()  # a backward the model takes no part in
+        net(torch.randn(2, 4)).sum().backward()
+    assert doc.findings == [] and doc.notes == []
+
+
+def test_a_backward_that_does_not_involve_a_part_is_no_finding_for_it():
+    """GAN-style: the discriminator's backward leaves the generator without gradients, the
+    generator's gives them; only a parameter no backward of the block reached is a finding."""
+    gen, disc = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    both = torch.nn.ModuleDict({"gen": gen, "disc": disc})
+    with gs.doctor(both) as doc:
+        disc(torch.randn(8, 4)).mean().backward()
+        disc(gen(torch.randn(8, 4))).mean().backward()
+    assert doc.findings == []

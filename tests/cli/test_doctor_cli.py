@@ -32,7 +32,7 @@ def invoke(capsys, monkeypatch):
 @pytest.mark.parametrize(("sample", "title"), [
     ("inplace", "inplace at inplace.py:28"),
     ("backward_twice", "backward_twice at backward_twice.py:27"),
-    ("no_grad_fn", "no_grad_fn at no_grad_fn.py:44"),
+    ("no_grad_fn", "no_grad_fn at no_grad_fn.py:47"),
     ("grad_none", "grad_none (cut) at grad_none.py:29"),
     ("training_loop", "not_in_optimizer"),
 ])
