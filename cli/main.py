@@ -153,6 +153,7 @@ def _watchdog() -> None:
     if _EDGE.done.wait(GRACE):
         return
     signum = _EDGE.signals[0] if _EDGE.signals else None
+    _end_children()
     say(_signal_line(signum))
     os._exit(_code_of(signum))
 
@@ -202,6 +203,27 @@ def check_signals() -> None:
         import signal
 
         raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
+
+
+def _end_children() -> None:
+    """After a signal: send SIGTERM to the child processes still running (Graphviz caught
+    between its start and the point where an exception would end it; a model file's
+    workers). Linux's ``/proc`` tells them; elsewhere ``subprocess`` ends its own."""
+    import signal
+
+    me = os.getpid()
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[-1].split()
+            if int(fields[1]) == me and fields[0] != "Z":
+                os.kill(int(entry), signal.SIGTERM)
+        except (OSError, ValueError, IndexError):
+            continue
 
 
 def _sane_environment() -> None:
@@ -381,6 +403,7 @@ def _run(argv: list[str] | None) -> int:
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point; exits with the codes of the module docstring."""
     remember_streams()
+    signalled = False
     try:
         install_signals()
         _sane_environment()
@@ -406,8 +429,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
                 signal.signal(getattr(signal, name), signal.SIG_IGN)
         signum = exc.signum if isinstance(exc, Terminated) else (
             _EDGE.signals[0] if _EDGE.signals else None)
+        _end_children()
         say(_signal_line(signum))
-        code = _code_of(signum)
+        code, signalled = _code_of(signum), True
     except BaseException as exc:  # whatever escaped the handlers above (a bug in them)
         if _is_broken_pipe(exc):
             _silence_stdout()
@@ -416,7 +440,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
             code = _internal(exc)
     end_signals()
     _restore_streams()
-    if argv is None and _stray_threads():  # a model file's thread would keep the exit waiting
+    # a model file's thread would keep the exit waiting; after a signal, the interpreter's
+    # own tear-down (torch's modules) would take a second more: the clean-up is done by now
+    if argv is None and (signalled or _stray_threads()):
         for stream in (_EDGE.stdout, _EDGE.stderr):
             try:
                 if stream is not None:

@@ -4,6 +4,7 @@ validation of hostile documents (each refused with a SchemaError naming the JSON
 from __future__ import annotations
 
 import copy
+import io
 import json
 import random
 from pathlib import Path
@@ -265,3 +266,57 @@ def test_fast_reader_agrees_with_the_careful_one():
             fast_taken += 1
             assert got == want, rec
     assert fast_taken > 500
+
+
+# ------------------------------------------------------------ bounds (issue 29 items 20, 24)
+def _doc() -> dict:
+    name = next(n for n in sorted(ALL) if any(x.saved for x in gs.trace(*ALL[n]()).nodes))
+    return json.loads(gs.trace(*ALL[name]()).to_json())
+
+
+@pytest.mark.parametrize("where", ["nbytes", "storage_nbytes", "shape", "box", "input_nr"])
+def test_integers_past_a_64_bit_count_are_refused_on_load(where):
+    """``nbytes: 10**400`` used to load, then every view raised OverflowError."""
+    big = 10**400
+    doc = _doc()
+    if where in ("nbytes", "storage_nbytes", "shape"):
+        node = next(n for n in doc["nodes"] if n.get("saved"))
+        saved = node["saved"][0]
+        if where == "shape":
+            saved["shape"] = [big]
+        else:
+            saved[where] = big
+    elif where == "box":
+        doc["nodes"][0]["kind"] = "module"
+        doc["nodes"][0]["box"] = {"cls": "X", "nodes": 3, "saved_bytes": big}
+    else:
+        doc["edges"][0]["input_nr"] = big
+    with pytest.raises(gs.SchemaError, match="2\\*\\*63 - 1|9223372036854775807"):
+        gs.Graph.from_json(json.dumps(doc))
+    doc_ok = _doc()
+    doc_ok["nodes"][0]["saved"] = [dict(next(n for n in doc_ok["nodes"] if n.get("saved"))
+                                        ["saved"][0], nbytes=2**63 - 1)]
+    g = gs.Graph.from_json(json.dumps(doc_ok))
+    assert gs.Graph.from_json(g.to_json()) == g
+    from rich.console import Console  # the largest figure still renders
+
+    buf = io.StringIO()
+    Console(file=buf, width=120).print(g.memory().render())
+    assert "8388608.0 TiB" in buf.getvalue()
+
+
+@pytest.mark.parametrize("figure,value", [("nodes", "-3"), ("saved_bytes", "-1"),
+                                          ("repeat", "0"), ("nodes", " 5"), ("nodes", "1_0"),
+                                          ("saved_bytes", "9" * 400)])
+def test_version_1_box_figures_that_would_not_round_trip_are_refused(figure, value):
+    doc = json.loads((V1 / "folded.json").read_text(encoding="utf-8"))
+    box = next(n for n in doc["nodes"] if n["kind"] == "module")
+    box["attrs"][figure] = value
+    with pytest.raises(gs.SchemaError, match=f'attrs\\["{figure}"\\]'):
+        gs.Graph.from_json(json.dumps(doc))
+
+
+def test_version_1_boxes_that_load_round_trip():
+    for name in sorted(p.name for p in V1.glob("*.json")):
+        g = v1(name)
+        assert gs.Graph.from_json(g.to_json()) == g, name

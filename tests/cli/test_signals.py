@@ -1,0 +1,157 @@
+"""Signals, threads and pipes at the edge of the process (issue 29 items 13, 17, 18, 22; issue
+27 item 5): SIGTERM and SIGHUP stop a command as Ctrl-C does (child processes ended, temporary
+files removed, exit 128 + N); Ctrl-C at any moment of start-up exits 130 within 2 s; a model
+file's threads do not keep gradscope alive; a reader that left early gives 141."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, SAMPLES, run_cli
+
+from gradscope.model.files import atomic_path
+
+EXE = Path(sys.executable).parent / "gradscope"
+ENV = dict(os.environ, COLUMNS="120", NO_COLOR="1", TERM="dumb")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_signal_during_a_write_removes_the_temp_file(tmp_path, signum):
+    """The handlers main installs (no watchdog in this process) raise inside the write, and the
+    atomic write's clean-up removes the 10 MB temporary file; the previous file stays."""
+    from gradscope_cli import main as entry
+
+    target = tmp_path / "g.json"
+    target.write_text("previous")
+    entry.install_signals(watchdog=False)
+    try:
+        with pytest.raises(KeyboardInterrupt) as info, atomic_path(target) as tmp:
+            tmp.write_bytes(b"x" * 10_000_000)
+            os.kill(os.getpid(), signum)
+            time.sleep(5)  # the handler raises here, at once
+    finally:
+        entry.end_signals()
+    assert isinstance(info.value, entry.Terminated) == (signum != signal.SIGINT)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.json"]
+    assert target.read_text() == "previous"
+
+
+FAKE_DOT = """#!/bin/sh
+echo $$ > "{pidfile}"
+exec sleep 120
+"""
+
+
+def test_sigterm_while_graphviz_runs_ends_dot_too(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    pidfile = tmp_path / "dot.pid"
+    dot = bin_dir / "dot"
+    dot.write_text(FAKE_DOT.format(pidfile=pidfile))
+    dot.chmod(0o755)
+    env = dict(ENV, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    proc = subprocess.Popen([str(EXE), "render", str(SAMPLES / "mlp.py"), "-o", "g.svg"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=env)
+    deadline = time.monotonic() + 120
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
+        time.sleep(0.02)
+    dot_pid = int(pidfile.read_text())
+    assert _alive(dot_pid)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.splitlines()[-1] == "gradscope: terminated (SIGTERM)"
+    time.sleep(0.2)
+    assert not _alive(dot_pid), "dot was left running"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "dot.pid"]
+
+
+THREAD = """
+import threading, time, torch
+threading.Thread(target=time.sleep, args=(120,)).start()   # not a daemon
+def build():
+    x = torch.randn(3, requires_grad=True)
+    return (x * 2).sum()
+"""
+
+
+def test_a_thread_left_by_the_model_file_does_not_keep_gradscope_alive(tmp_path):
+    (tmp_path / "t.py").write_text(THREAD)
+    start = time.monotonic()
+    proc = run_cli("render", "t.py", "-o", "t.json", cwd=tmp_path, timeout=100)
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - start < 60
+    assert (tmp_path / "t.json").read_text().startswith('{"gradscope"')
+    assert proc.stderr.startswith("wrote t.json")
+
+
+def test_a_reader_that_takes_10_bytes_and_leaves_gives_141():
+    script = (f'"{EXE}" render "{SAMPLES / "mlp.py"}" -o - -f json | head -c 10; '
+              'echo " ${PIPESTATUS[0]}"')
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=ROOT,
+                          env=ENV, timeout=240)
+    assert proc.stdout == '{"gradscop 141\n', proc.stderr
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc")
+def test_ctrl_c_at_50_random_moments_of_start_up_exits_130_within_2_s(tmp_path):
+    """50 runs of ``report`` (start-up, then training that would go on for minutes), each sent
+    SIGINT at a random moment from the first gradscope import (zlib mapped) to 1.2 s later,
+    12 at a time: every one exits 130 with its one line, within 2 s of the signal."""
+    rng = random.Random(27)
+    delays = [rng.uniform(0.0, 1.2) for _ in range(50)]
+    results: list[tuple[float, int | None, str, float]] = []
+    lock = threading.Lock()
+
+    def one(delay: float) -> None:
+        proc = subprocess.Popen([str(EXE), "report", str(SAMPLES / "mlp.py"), "--steps",
+                                 "1000000"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, cwd=tmp_path, env=ENV)
+        deadline = time.monotonic() + 60
+        while "zlib" not in _maps(proc.pid) and proc.poll() is None:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.002)
+        time.sleep(delay)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        with lock:
+            results.append((delay, proc.returncode, err, time.monotonic() - sent))
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=12) as pool:
+        list(pool.map(one, delays))
+    assert len(results) == 50
+    for delay, code, err, took in results:
+        assert (code, err) == (130, "gradscope: interrupted\n"), (delay, code, err)
+        assert took < 2.0, (delay, took)
+
+
+def _maps(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return "zlib"  # gone already: nothing to wait for
