@@ -36,7 +36,7 @@ from ..model.memplan import (
 )
 from .memplan_apply import CheckpointHandle, apply_checkpoints
 from .memplan_measure import _measure, measure_forward
-from .memplan_record import LossFn, _preserved, _report
+from .memplan_record import LossFn, _forward, _preserved, _report
 from .nest import iter_tensors
 
 _AUTOCAST = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -187,19 +187,42 @@ class CheckpointPlan(Plan):
 
     def verify(self, model: torch.nn.Module, *inputs: Any, loss_fn: LossFn = None
                ) -> Verification:
-        """Measure the forward with and without the plan (``measure_forward``), and compare
-        their outputs (the loss, with ``loss_fn``), both run from the same RNG state."""
+        """Measure the forward with and without the plan (``measure_forward``), compare their
+        outputs (the loss, with ``loss_fn``), and the buffers after a forward and backward
+        (BatchNorm's running statistics: the recomputation must not update them twice), each
+        run from the same RNG state and buffers; the model is left as it was."""
         plain: list[torch.Tensor] = []
         planned: list[torch.Tensor] = []
         with _preserved(model):
             with _preserved(model):  # the same RNG state and buffers for the second run
                 base, method = _measure(model, inputs, loss_fn, plain)
+            with _preserved(model):
+                plain_buffers = _buffers_after_backward(model, inputs, loss_fn)
             with self.apply(model):
-                measured, _ = _measure(model, inputs, loss_fn, planned)
-        same = len(plain) == len(planned) and all(
-            _bitwise_equal(a, b) for a, b in zip(plain, planned, strict=True))
+                with _preserved(model):
+                    measured, _ = _measure(model, inputs, loss_fn, planned)
+                planned_buffers = _buffers_after_backward(model, inputs, loss_fn)
+        same = _all_equal(plain, planned)
         return Verification(self.predicted, self.baseline, measured, base, method, self.budget,
-                            same)
+                            same, _all_equal(plain_buffers, planned_buffers))
+
+
+def _buffers_after_backward(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn
+                            ) -> list[torch.Tensor]:
+    """Copies of the model's buffers after a forward and a backward (``torch.autograd.grad``
+    of the outputs' sum: no ``.grad`` is touched)."""
+    root = _forward(model, inputs, loss_fn)
+    outs = [t for _, t in iter_tensors(root) if t.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
+    if outs and params:
+        total = sum((o.float().sum() for o in outs), torch.zeros((), device=outs[0].device))
+        torch.autograd.grad(total, params, allow_unused=True)
+    del root, outs
+    return [b.detach().clone() for b in model.buffers()]
+
+
+def _all_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(_bitwise_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -81,6 +81,9 @@ class _Recorder(_Listener):
         # per open call: its inputs' versions
         self.versions: list[list[tuple[torch.Tensor, int | None]]] = []
         self.mutating: set[str | None] = set()  # modules that changed an input in place
+        # per module: the other objects it was called with (a Hugging Face cache); a
+        # checkpoint keeps them, and so every tensor they hold at the end of the forward
+        self.objects: dict[str, list[Any]] = {}
 
     def path_stack(self) -> tuple[str, ...]:
         return tuple(p for _, p in self.stack if p is not None)
@@ -114,10 +117,25 @@ class _Recorder(_Listener):
             return
         kept = self.inputs.setdefault(path, {})
         for _, t in iter_tensors((args, kwargs), "input"):
-            key, nbytes = _key(t)
-            if key not in kept:
-                kept[key] = (nbytes, str(t.dtype).replace("torch.", ""))
-                self.held.append(t.detach())
+            self._keep(kept, t)
+        loose = [v for v in (*args, *kwargs.values()) if _loose(v)]
+        if loose:
+            self.objects.setdefault(path, []).extend(loose)
+
+    def _keep(self, kept: dict[Any, tuple[int, str]], t: torch.Tensor) -> None:
+        key, nbytes = _key(t)
+        if key not in kept:
+            kept[key] = (nbytes, str(t.dtype).replace("torch.", ""))
+            self.held.append(t.detach())
+
+    def settle_objects(self) -> None:
+        """At the end of the forward: the tensors the modules' other arguments hold now
+        (a key/value cache filled by later layers too) join the modules' inputs."""
+        for path, objs in self.objects.items():
+            kept = self.inputs.setdefault(path, {})
+            for t in _tensors_held_by(objs):
+                self._keep(kept, t)
+        self.objects = {}
 
     def _chain(self, path: str | None, args: Any, kwargs: Any, output: Any) -> None:
         """Note a candidate chain link: the previous call at this level handed its only output
@@ -147,6 +165,43 @@ class _Recorder(_Listener):
             post.remove()
             pre.remove()
             torchcompat.forget_kwargs_flag(post)  # torch's handle leaves it behind
+
+
+_PLAIN = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device)
+
+
+def _loose(v: Any) -> bool:
+    """An argument that is neither a tensor, a plain nest, a module nor a plain value."""
+    if isinstance(v, (torch.Tensor, torch.nn.Module, *_PLAIN)):
+        return False
+    return not isinstance(v, (tuple, list, dict))
+
+
+def _tensors_held_by(objs: list[Any], depth: int = 8, most: int = 20000) -> list[torch.Tensor]:
+    """The tensors reachable from ``objs`` through their attributes and containers
+    (``gc.get_referents``, breadth first, at most ``depth`` levels and ``most`` objects;
+    modules, classes, functions and plain values not entered)."""
+    import types
+
+    skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+            types.MethodType, types.CodeType, types.FrameType, torch.nn.Module, *_PLAIN)
+    found: list[torch.Tensor] = []
+    seen: set[int] = set()
+    level = list(objs)
+    for _ in range(depth):
+        nxt: list[Any] = []
+        for obj in level:
+            if id(obj) in seen or len(seen) >= most:
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, torch.Tensor):
+                found.append(obj)
+            elif not isinstance(obj, skip):
+                nxt.extend(gc.get_referents(obj))
+        level = nxt
+        if not level:
+            break
+    return found
 
 
 _TAG = "gradscope.memplan.chain"
@@ -283,6 +338,7 @@ def _record(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
         )
     flops = _flops_by_module(counter.get_flop_counts(), model)
     rec.frames, rec.versions = [None], []
+    rec.settle_objects()
     # the liveness of each save is read while the outputs (and their graph) are held
     alive = [s for s in rec.saves if s[3]() is not None]
     rec.saves = alive

@@ -210,6 +210,9 @@ class Verification:
         budget: the plan's budget (None: none given).
         outputs_equal: the forward's outputs (the loss, with ``loss_fn``) with the plan equal
             those without, bitwise, from the same RNG state (None: not compared).
+        buffers_equal: the model's buffers after a forward and backward with the plan equal
+            those without (a recomputation that updates BatchNorm's running statistics a
+            second time makes them differ; None: not compared).
     """
 
     predicted: int
@@ -219,6 +222,7 @@ class Verification:
     method: str
     budget: int | None = None
     outputs_equal: bool | None = None
+    buffers_equal: bool | None = None
 
     @property
     def error(self) -> float:
@@ -235,9 +239,16 @@ class Verification:
             fit = "; fits the budget" if self.fits else "; does NOT fit the budget"
         same = {None: "", True: "; outputs equal",
                 False: "; outputs DIFFER from the model's without the plan"}[self.outputs_equal]
+        bufs = {None: "", True: "", False: "; buffers DIFFER after the backward (the "
+                "recomputation updated them)"}[self.buffers_equal]
         return (f"measured ({self.method}): {format_bytes(self.measured_baseline)} without the "
                 f"plan, {format_bytes(self.measured)} with it; predicted "
-                f"{format_bytes(self.predicted)} ({100 * self.error:+.1f}%){fit}{same}")
+                f"{format_bytes(self.predicted)} ({100 * self.error:+.1f}%){fit}{same}{bufs}")
+
+    @property
+    def equal(self) -> bool:
+        """Neither the outputs nor the buffers were found to differ."""
+        return self.outputs_equal is not False and self.buffers_equal is not False
 
 
 def format_flops(n: int) -> str:

@@ -11,4 +11,5 @@ from __future__ import annotations
 # isort: off
 from . import dot, json_text, html, graphviz  # noqa: F401  (formats, in gs.FORMATS order)
 from . import check, diff, doctor, explain, memory, memplan, monitor, tree  # noqa: F401  (record renderers)
+from . import step_memory  # noqa: F401  (record renderers)
 # isort: on

@@ -1,0 +1,93 @@
+"""``gradscope memory FILE --step``: the peak memory of a whole training step (forward,
+backward, optimizer step), where it occurs and what is live then; with ``--capacity`` whether
+it fits, and the largest batch that does when the file defines ``build_inputs(batch)``.
+
+Exit codes: 0 done (and, with ``--capacity``, the step fits); 1 the step does not fit the
+capacity; 2 the file or an option could not be used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+OPTIMIZERS = ("adamw", "sgd", "none")
+
+
+def check_options(optimizer: str | None, capacity: str | None) -> None:
+    """Refuse a bad ``--optimizer`` or ``--capacity`` before the model file runs."""
+    import gradscope as gs
+
+    if optimizer is not None and optimizer.lower() not in OPTIMIZERS:
+        raise gs.BudgetError(f"--optimizer {optimizer!r}: expected one of adamw, sgd, none")
+    if capacity is not None:
+        if capacity.strip().endswith("%"):
+            raise gs.BudgetError(
+                f"--capacity {capacity!r}: give a size (24GiB, 80GB), not a share"
+            )
+        try:
+            gs.parse_size(capacity)
+        except (OverflowError, ValueError):
+            raise gs.BudgetError(
+                f"--capacity {capacity!r} is not a size; give e.g. 24GiB"
+            ) from None
+
+
+def _optimizer(mf: Any, model: Any, name: str | None) -> Any:
+    import torch
+
+    if name is None:
+        make = mf.get("optimizer")
+        if callable(make):
+            return mf.call("building the optimizer", make, model.parameters())
+        return None
+    name = name.lower()
+    if name == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=1e-2)
+    return None
+
+
+def run_step(mf: Any, model: Any, args: tuple[Any, ...], *, optimizer: str | None,
+             capacity: str | None, autocast: str | None, out: Any, json_out: Path | None,
+             plot_out: Path | None, json_path: Path | None, plot_path: Path | None) -> int:
+    """Record the step, print it, write ``--json`` / ``--plot``; returns the exit code."""
+    import dataclasses
+
+    import gradscope as gs
+
+    from .common import note, show
+
+    loss_fn = (lambda output: mf.loss(output)) if callable(mf.get("loss_fn")) else None
+    opt = _optimizer(mf, model, optimizer)
+    mem = mf.call("running the training step", gs.step_memory, model, *args, optimizer=opt,
+                  loss_fn=loss_fn, autocast=autocast)
+    if not mem.device.startswith("meta"):
+        first, steady, method = mf.call("measuring the step", gs.measure_step, model, *args,
+                                        optimizer=opt, loss_fn=loss_fn, autocast=autocast)
+        mem = dataclasses.replace(mem, measured=max(first, steady), measured_method=method)
+    show(mem.render(), console=out)
+    code = 0
+    found = None
+    if capacity is not None:
+        fits = mem.fits(capacity)
+        size = gs.format_bytes(gs.parse_size(capacity))
+        note(f"the step {'fits' if fits else 'does NOT fit'} in {size}")
+        code = 0 if fits else 1
+        build = mf.get("build_inputs")
+        if callable(build):
+            found = mf.call("searching the largest batch", gs.max_batch, build, model, capacity,
+                            optimizer=opt, loss_fn=loss_fn, autocast=autocast)
+            show(found.summary(), console=out)
+    if json_out is not None:
+        extra: dict[str, Any] = {}
+        if found is not None:
+            extra["max_batch"] = {"batch": found.batch, "capacity": found.capacity,
+                                  "peak": found.peak, "next_peak": found.next_peak}
+        mem.write_json(json_out, **extra)
+        note(f"wrote {json_path}")
+    if plot_out is not None:
+        mem.plot(plot_out, title=mf.path.name)
+        note(f"wrote {plot_path}")
+    return code
