@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..errors import AutogradError, GradscopeError
-from ..model.doctor import DoctorReport, Finding, Site, findings_json, torch_error_kind
+from ..model.doctor import DoctorReport, Finding, findings_json, torch_error_kind
 from . import doctor_explain as explain
 from . import dynamo
 from .doctor_record import _DoctorMode, user_line
@@ -214,9 +214,6 @@ class Doctor:
         """The module path that owns parameter ``bit`` (None for a parameter of the root)."""
         name = self.names[bit]
         return name.rsplit(".", 1)[0] if "." in name else None
-
-    def site_line(self, site: Site | None) -> str | None:
-        return site.line if site is not None else None
 
 
 def doctor(model: torch.nn.Module | None = None,
