@@ -98,16 +98,21 @@ def to_dot(
     else:
         for node in graph.nodes:
             out.extend(_node_lines(node, opt, "\t"))
-    for e in graph.edges:  # an edge to a node the graph lacks: ids.of names it too
-        ends = ids.of(e.dst) + " -> " + ids.of(e.src) if (
-            e.dst not in ids.tok or e.src not in ids.tok) else (
-            ids.tok[e.dst] + " -> " + ids.tok[e.src])
-        if e.kind in ("view", "saved"):
-            out.append(f"\t{ends} [style=dotted]")
+    tok, add = ids.tok.get, out.append
+    for e in graph.edges:
+        d, s = tok(e.dst), tok(e.src)
+        # an edge to a node the graph lacks: ids.of names it too
+        ends = ("\t" + d + " -> " + s if d is not None and s is not None
+                else "\t" + ids.of(e.dst) + " -> " + ids.of(e.src))
+        kind = e.kind
+        if kind == "grad" and e.grad_norm is None and e.count == 1:  # the common edge
+            add(ends)
+        elif kind in ("view", "saved"):
+            add(ends + " [style=dotted]")
         elif e.grad_norm is not None or e.count != 1:
-            out.append(f"\t{ends} [{_edge_attrs(e)}]")
+            add(f"{ends} [{_edge_attrs(e)}]")
         else:
-            out.append(f"\t{ends}")
+            add(ends)
     if legend:
         out.append(legend_line(graph, saved=saved, clustered=clustered))
     out.append("}")

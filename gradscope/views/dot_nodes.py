@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from ..model.graph import Node, SavedTensor, format_bytes
 from ..model.nodes import format_split, plural
 from ..model.paths import levels
-from .dot_tokens import _Ids, quote
+from .dot_tokens import MAX_QUOTED, _Ids, _Plain, _Quoted, quote
 from .style import (
     BAD_COLOR,
     BASE_COLOR,
@@ -208,10 +208,42 @@ def saved_style(s: SavedTensor) -> tuple[str, dict[str, str]]:
     return var_label(s.name, s.shape), {"fillcolor": SAVED_COLOR, "tooltip": tip}
 
 
-def _attr_list(label: str, extra: dict[str, str]) -> str:
+def _attr_list(label: str, extra: dict[str, str], quoted: _Quoted | None = None) -> str:
+    # colours repeat thousands of times (cached); a tooltip names a storage or module path
+    q = quote if quoted is None else quoted.__getitem__
     parts = ["label=" + quote(label)]
-    parts.extend(f"{k}={quote(v)}" for k, v in extra.items())
+    parts.extend([f"{k}={quote(v) if k == 'tooltip' else q(v)}" for k, v in extra.items()])
     return " ".join(parts)
+
+
+def _saved_attrs(s: SavedTensor, opt: _Options) -> str:
+    """A saved box's attribute list. The common box's label is quoted once per distinct name
+    and shape, and its tooltip joined from pieces ``quote`` leaves as they are (each checked
+    once, ``_Plain``); anything else is quoted whole."""
+    if s.freed:
+        slabel, sextra = saved_style(s)
+        return _attr_list(slabel, sextra)
+    name, shape = s.name, s.shape
+    try:
+        key = (type(name), name, None if shape is None else tuple(shape))
+        label = opt.labels.get(key)
+        if label is None:
+            label = opt.labels[key] = quote(var_label(name, shape))
+    except TypeError:  # unhashable parts (a hand-built graph): no memo
+        label = quote(var_label(name, shape))
+    dtype, device, storage, plain = s.dtype, s.device, s.storage, opt.plain
+    head: str | None = ""
+    if type(dtype) is str and type(device) is str and type(storage) is str and plain[storage]:
+        hkey = (dtype, device, s.nbytes)
+        head = opt.tips.get(hkey)
+        if head is None:
+            text = f"{dtype} on {device}, {format_bytes(s.nbytes)}, storage "
+            head = opt.tips[hkey] = text if plain[text] else ""
+    if head and storage is not None and len(head) + len(storage) <= MAX_QUOTED:
+        tip = '"' + head + storage + '"'
+    else:
+        tip = quote(f"{dtype} on {device}, {format_bytes(s.nbytes)}, storage {storage}")
+    return f'label={label} fillcolor="{SAVED_COLOR}" tooltip={tip}'
 
 
 @dataclass(frozen=True)
@@ -226,6 +258,11 @@ class _Options:
     # Attribute lists of plain backward nodes, by everything they depend on: a deep model
     # repeats the same few (1,000 identical AddmmBackward0 labels), so each is built once.
     memo: dict[tuple[object, ...], str] = field(default_factory=dict, compare=False)
+    # quoted once per distinct string / name and shape / dtype, device and bytes (saved boxes)
+    quoted: _Quoted = field(default_factory=_Quoted, compare=False)
+    plain: _Plain = field(default_factory=_Plain, compare=False)
+    labels: dict[tuple[object, ...], str] = field(default_factory=dict, compare=False)
+    tips: dict[tuple[object, ...], str] = field(default_factory=dict, compare=False)
 
 
 def _op_key(node: Node) -> tuple[object, ...] | None:
@@ -235,7 +272,7 @@ def _op_key(node: Node) -> tuple[object, ...] | None:
     attrs = node.attrs
     if node.nonfinite or node.forward_nonfinite:
         return None
-    saved = tuple((s.name, s.freed) for s in node.saved)
+    saved = tuple([(s.name, s.freed) for s in node.saved])
     return (node.name, node.kind, node.module, tuple(attrs.items()) if attrs else (), saved)
 
 
@@ -249,27 +286,19 @@ def _node_lines(node: Node, opt: _Options, indent: str) -> list[str]:
         label, extra = node_style(node, opt.attrs, opt.max_attr_chars, opt.root)
         if note:
             label += "\n" + note
-        attr_list = _attr_list(label, extra)
+        attr_list = _attr_list(label, extra, opt.quoted)
         if key is not None:
             opt.memo[key] = attr_list
     ids = opt.ids
     nid = ids.of(node.id)
     lines = [f"{indent}{nid} [{attr_list}]"]
-    if opt.saved and node.kind != "module":
+    if opt.saved and node.kind != "module" and node.saved:
         sids = []
         for i, s in enumerate(node.saved):
             sid = ids.saved(node.id, i)
             sids.append(sid)
-            if s.freed:
-                slabel, sextra = saved_style(s)
-                lines.append(f"{indent}{sid} [{_attr_list(slabel, sextra)}]")
-            else:  # the common case, written directly
-                tip = f"{s.dtype} on {s.device}, {format_bytes(s.nbytes)}, storage {s.storage}"
-                label = quote(var_label(s.name, s.shape))
-                lines.append(
-                    f'{indent}{sid} [label={label} fillcolor="{SAVED_COLOR}" tooltip={quote(tip)}]'
-                )
+            lines.append(f"{indent}{sid} [{_saved_attrs(s, opt)}]")
             lines.append(f"{indent}{nid} -> {sid} [dir=none]")
-        if opt.compact and sids:  # beside their node, not on a rank of their own
+        if opt.compact:  # beside their node, not on a rank of their own
             lines.append(f"{indent}{{rank=same; {'; '.join([nid, *sids])}}}")
     return lines

@@ -40,10 +40,38 @@ _QUOTE_WORK = re.compile(
 )
 
 
+class _Quoted(dict[str, str]):
+    """``quote`` of each distinct string of one render, computed on first use: a deep model
+    repeats the same few labels and colours thousands of times (``cache[s] == quote(s)``)."""
+
+    __slots__ = ()
+
+    def __missing__(self, s: str) -> str:
+        q = self[s] = quote(s)
+        return q
+
+
+class _Plain(dict[str, bool]):
+    """Whether ``quote`` would only add the quotes around a string (``plain[s]``), checked
+    once per distinct string: a text made of plain pieces, no longer than ``MAX_QUOTED`` in
+    all, is then quoted by joining them. Only ``str`` itself is checked (anything else: False)."""
+
+    __slots__ = ()
+
+    def __missing__(self, s: str) -> bool:
+        ok = self[s] = (type(s) is str and len(s) <= MAX_QUOTED and "\n" not in s
+                        and not _QUOTE_WORK.search(s))
+        return ok
+
+
 #: An id DOT reads as one token without quotes; DOT's keywords (any case) are not.
 _BARE_ID = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _BARE_IDS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:,[A-Za-z_][A-Za-z0-9_]*)*")
 _DOT_KEYWORDS = frozenset({"node", "edge", "graph", "digraph", "subgraph", "strict"})
+#: One of them (any case) as a whole id in a comma-joined list of bare ids.
+_KEYWORD_IN = re.compile(
+    "(?:^|,)(?:" + "|".join(sorted(_DOT_KEYWORDS)) + ")(?=,|$)", re.IGNORECASE
+)
 
 
 class _Ids:
@@ -56,11 +84,12 @@ class _Ids:
     def __init__(self, nodes: list[Node]) -> None:
         ids = [n.id for n in nodes]
         joined = ",".join(ids)
-        if (_BARE_IDS.fullmatch(joined) and len(set(ids)) == len(ids)
-                and not _DOT_KEYWORDS.intersection(joined.lower().split(","))):
-            self.used = set(ids)  # every captured graph: n0, n1... each its own token
-            self.tok = dict(zip(ids, ids, strict=True))
-            return
+        if _BARE_IDS.fullmatch(joined) and not _KEYWORD_IN.search(joined):
+            used = set(ids)
+            if len(used) == len(ids):  # every captured graph: n0, n1... each its own token
+                self.used = used
+                self.tok = dict(zip(ids, ids, strict=True))
+                return
         self.used = set()
         self.tok = {}
         for nid in ids:
