@@ -61,8 +61,9 @@ def test_every_package_folder_and_file_of_the_checkout_is_in_the_wheel() -> None
 
 
 def test_gradscope_is_imported_from_the_installed_wheel_not_the_checkout() -> None:
-    import gradscope
     import gradscope_cli
+
+    import gradscope
 
     for mod in (gradscope, gradscope_cli):
         where = Path(mod.__file__ or "").resolve()
