@@ -2,7 +2,7 @@
 ``note``, ``fail``), the guard around the model file's code (``model_code``), the common
 arguments, and the command classes that show boolean options as flags in ``--help``.
 
-Every text printed goes through ``gradscope.views.style.terminal_text`` (``show`` turns a
+Every text printed goes through ``gs.terminal_text`` (``gradscope.views.style``; ``show`` turns a
 ``str`` into a ``Text`` of it; views build their renderables with ``style.cell``): rich never
 reads a model's names as markup, and no escape sequence reaches the terminal. The consoles
 write to the streams gradscope started with (``main.real_stdout``), not to whatever the model
@@ -26,7 +26,6 @@ from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
 import gradscope as gs
-from gradscope.views.style import terminal_text
 
 from .main import (
     EXIT_FOUND,
@@ -59,8 +58,13 @@ def stderr() -> Console:
     return Console(file=real_stderr() or _Discard(), highlight=False, soft_wrap=True)
 
 
+def cell(text: object, style: str = "") -> Text:
+    """One piece of text for the terminal, escaped and cut (``gs.terminal_text``)."""
+    return Text(gs.terminal_text(text), style=style)
+
+
 def _as_text(what: str) -> Text:
-    return Text("\n".join(terminal_text(line) for line in what.split("\n")))
+    return Text("\n".join(gs.terminal_text(line) for line in what.split("\n")))
 
 
 def show(what: Any, *, console: Console | None = None) -> None:
@@ -78,7 +82,7 @@ def note(text: str) -> None:
 
 def fail(message: str) -> None:
     """Print one error line and exit with code 2."""
-    say(terminal_text(" ".join(f"gradscope: error: {message}".splitlines())))
+    say(gs.terminal_text(" ".join(f"gradscope: error: {message}".splitlines())))
     raise typer.Exit(EXIT_UNUSABLE)
 
 

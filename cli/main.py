@@ -147,10 +147,10 @@ def _on_signal(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
 
 
-def _watchdog() -> None:
-    assert _EDGE.fired is not None and _EDGE.done is not None
-    _EDGE.fired.wait()
-    if _EDGE.done.wait(GRACE):
+def _watchdog(fired: Any, done: Any) -> None:
+    """Its own two events (a later ``main`` in the same process makes new ones)."""
+    fired.wait()
+    if done.wait(GRACE):
         return
     signum = _EDGE.signals[0] if _EDGE.signals else None
     _end_children()
@@ -167,7 +167,8 @@ def install_signals(*, watchdog: bool = True) -> None:
 
     _EDGE.fired, _EDGE.done = threading.Event(), threading.Event()
     if watchdog:
-        threading.Thread(target=_watchdog, name="gradscope-watchdog", daemon=True).start()
+        threading.Thread(target=_watchdog, args=(_EDGE.fired, _EDGE.done),
+                         name="gradscope-watchdog", daemon=True).start()
     for name in ("SIGINT", "SIGTERM", "SIGHUP"):
         sig = getattr(signal, name, None)
         if sig is None or (name != "SIGINT" and signal.getsignal(sig) == signal.SIG_IGN):
@@ -405,7 +406,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     remember_streams()
     signalled = False
     try:
-        install_signals()
+        install_signals(watchdog=argv is None)  # main([...]) runs inside a process that goes on
         _sane_environment()
         code = _run(argv)
         _restore_streams()
@@ -429,7 +430,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
                 signal.signal(getattr(signal, name), signal.SIG_IGN)
         signum = exc.signum if isinstance(exc, Terminated) else (
             _EDGE.signals[0] if _EDGE.signals else None)
-        _end_children()
+        if argv is None:  # the console script: its children are gradscope's own
+            _end_children()
         say(_signal_line(signum))
         code, signalled = _code_of(signum), True
     except BaseException as exc:  # whatever escaped the handlers above (a bug in them)

@@ -20,9 +20,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import gradscope as gs
-from gradscope.views.style import cell
 
-from .common import model_code, note, plural, require_plot, show, stderr, stdout
+from .common import cell, model_code, note, plural, require_plot, show, stderr, stdout
 from .main import check_signals
 from .outputs import settle
 

@@ -134,6 +134,7 @@ _LAZY = {
     "fold": ".model.transforms",
     "auto_depth": ".model.transforms",
     "readable_view": ".model.transforms",
+    "terminal_text": ".views.style",
     "record_backward": ".capture.backward",
     "record_forward": ".capture.forward",
     "release": ".capture.release",
@@ -292,6 +293,7 @@ __all__ = [
     "saved_memory",
     "scopes",
     "step_memory",
+    "terminal_text",
     "trace",
     "trace_backward",
 ]
