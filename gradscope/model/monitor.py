@@ -316,11 +316,24 @@ def _finite_or_none(v: float | None) -> float | None:
     return v if v is None or math.isfinite(v) else None
 
 
+_FLOAT_FIELDS = ("norm", "max_abs", "mean_abs", "zero_frac", "update_ratio")
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _kind(v: float) -> str:
+    return "nan" if v != v else ("inf" if v > 0 else "-inf")
+
+
 def _stats_dict(ps: ParamStats) -> dict[str, Any]:
+    """The fields of ``STAT_FIELDS`` (non-finite floats as null), and only when some are not
+    finite ``"nonfinite"``: which, as ``"nan"``, ``"inf"`` or ``"-inf"`` (so a log read back
+    reports what the live monitor did)."""
     d = ps.__dict__
-    return {
-        f: d[f] if f in ("nan", "inf") else _finite_or_none(d[f]) for f in STAT_FIELDS
-    }
+    out = {f: d[f] if f in ("nan", "inf") else _finite_or_none(d[f]) for f in STAT_FIELDS}
+    bad = {f: _kind(v) for f in _FLOAT_FIELDS if (v := d[f]) is not None and not math.isfinite(v)}
+    if bad:
+        out["nonfinite"] = bad
+    return out
 
 
 def alert_dict(a: Alert) -> dict[str, Any]:
@@ -348,7 +361,7 @@ def step_record(
 ) -> dict[str, Any]:
     """One logged step as a JSON object (one line of the JSON Lines log); ``incident``: the
     event this step starts, if any."""
-    obj = {
+    obj: dict[str, Any] = {
         "step": st.step,
         "total_norm": _finite_or_none(st.total_norm),
         "full": st.full,
@@ -360,6 +373,9 @@ def step_record(
         "modules": {n: _stats_dict(ps) for n, ps in st.modules.items()},
         "alerts": [alert_dict(a) for a in alerts],
     }
+    total = st.total_norm
+    if not math.isfinite(total):  # which non-finite value (null above)
+        obj["nonfinite"] = {"total_norm": _kind(total)}
     if incident is not None:  # only on a step that has one
         obj["incident"] = incident.to_dict()
     return obj
@@ -370,8 +386,12 @@ def _float(v: Any) -> float:
 
 
 def _stats_from(d: dict[str, Any]) -> ParamStats:
-    opt = {f: d.get(f) for f in ("max_abs", "mean_abs", "zero_frac", "update_ratio")}
-    return ParamStats(norm=_float(d.get("norm")), nan=d.get("nan"), inf=d.get("inf"), **opt)
+    values: dict[str, Any] = {f: d.get(f) for f in _FLOAT_FIELDS}
+    for f, kind in (d.get("nonfinite") or {}).items():
+        if f in values and kind in _NONFINITE:
+            values[f] = _NONFINITE[kind]
+    values["norm"] = _float(values["norm"])
+    return ParamStats(nan=d.get("nan"), inf=d.get("inf"), **values)
 
 
 def read_jsonl(path: str | Path) -> MonitorLog:
@@ -391,7 +411,10 @@ def read_jsonl(path: str | Path) -> MonitorLog:
                 header = obj.get("log", header)
                 st = StepStats(
                     step=int(obj["step"]),
-                    total_norm=_float(obj.get("total_norm")),
+                    total_norm=_NONFINITE.get(
+                        str((obj.get("nonfinite") or {}).get("total_norm")),
+                        _float(obj.get("total_norm")),
+                    ),
                     params={n: _stats_from(d) for n, d in obj.get("params", {}).items()},
                     modules={n: _stats_from(d) for n, d in obj.get("modules", {}).items()},
                     full=bool(obj.get("full", True)),

@@ -657,7 +657,9 @@ def test_jsonl_and_csv_hold_the_history(tmp_path) -> None:
         "inf": 0,
         "zero_frac": 0.0,
         "update_ratio": None,
+        "nonfinite": {"norm": "nan", "max_abs": "nan", "mean_abs": "nan", "update_ratio": "nan"},
     }
+    assert "nonfinite" not in objs[0]["params"]["0.weight"]  # only where there is one
     assert {a["kind"] for a in objs[3]["alerts"]} == {"nan", "exploding"}
     with (mon.to_csv(tmp_path / "g.csv")).open() as f:
         rows = list(csv.DictReader(f))

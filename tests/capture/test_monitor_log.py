@@ -215,3 +215,25 @@ def test_memory_is_flat_over_100k_steps(tmp_path) -> None:
         lines = sum(1 for _ in f)
     assert lines == 2_000
     assert json.loads(stream.read_text().splitlines()[-1])["step"] == 99_950
+
+
+def test_a_log_read_back_reports_like_the_live_monitor(tmp_path) -> None:
+    """MonitorLog owns the views: the report of a streamed or saved log, read back with
+    read_jsonl, is the live monitor's, line for line; and it writes the same JSONL/CSV."""
+    from rich.console import Console
+
+    def text(renderable) -> str:
+        console = Console(width=140, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+        console.print(renderable)
+        console.file.close()
+        return console.export_text()
+
+    mon = _alerting_run(tmp_path, jsonl=tmp_path / "stream.jsonl")
+    live = text(mon.report())
+    for path in (tmp_path / "stream.jsonl", mon.to_jsonl(tmp_path / "saved.jsonl")):
+        log = read_jsonl(path)
+        assert text(log.report()) == live
+        assert log.to_csv(tmp_path / "r.csv").read_text() == mon.to_csv(
+            tmp_path / "l.csv").read_text()
+    again = read_jsonl(tmp_path / "saved.jsonl").to_jsonl(tmp_path / "again.jsonl")
+    assert again.read_text() == (tmp_path / "saved.jsonl").read_text()  # a fixed point
