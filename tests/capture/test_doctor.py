@@ -265,3 +265,26 @@ def test_a_backward_that_does_not_involve_a_part_is_no_finding_for_it():
         disc(torch.randn(8, 4)).mean().backward()
         disc(gen(torch.randn(8, 4))).mean().backward()
     assert doc.findings == []
+
+
+def _leaf_program(doctored: bool) -> tuple[RuntimeError, gs.Doctor | None]:
+    torch.manual_seed(0)
+    x = torch.randn(3, requires_grad=True)
+    doc = gs.doctor() if doctored else contextlib.nullcontext()
+    with pytest.raises(RuntimeError) as info, doc:
+        y = (x * x).sum()
+        x.detach().zero_()  # the leaf, changed through an alias that shares its version counter
+        y.backward()
+    return info.value, (doc if doctored else None)
+
+
+def test_a_leaf_changed_through_detach_is_explained_without_a_model():
+    plain, _ = _leaf_program(False)
+    err, doc = _leaf_program(True)
+    assert isinstance(err, gs.AutogradError) and err.torch_message == str(plain)
+    f = doc.findings[0]
+    here = inspect.getsourcelines(_leaf_program)
+    first = here[1]
+    lines = {f"test_doctor.py:{first + i}" for i, text in enumerate(here[0])
+             if "(x * x).sum()" in text or ".zero_()" in text}
+    assert set(f.lines) == lines and "a leaf tensor" in f.message and f.op == "zero_"
