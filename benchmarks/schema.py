@@ -1,15 +1,15 @@
 """Schema and deep-path benchmark (issue 20, item 3): work linear in the input.
 
 Times, in one run on this machine:
-  1. ``Graph.from_json`` of a generated graph file of about ``--mb`` MB (default 300; nodes like a
-     traced MLP's: saved tensors, attributes, module paths), against ``json.loads`` of the same
-     text (target: at most about 2x), with the peak RSS growth of each (a subprocess per side,
-     so one side's freed memory does not hide the other's);
+  1. ``Graph.from_json`` of generated graph files of about ``--mb`` MB each (default 60 and 300;
+     nodes like a traced MLP's: saved tensors, attributes, module paths), against ``json.loads``
+     of the same text (target: at most about 2x), with the peak RSS growth of each (a
+     subprocess per side, so one side's freed memory does not hide the other's);
   2. ``to_dot``, ``to_html``, ``fold``, the tree and ``to_json`` of a graph whose module path is
      ``--levels`` levels deep (default 100,000; before issue 20, 20,000 levels took 50 s and
      5.3 GiB in ``to_dot``, and ``to_html`` raised RecursionError at 1,000).
 
-    .venv/bin/python benchmarks/schema.py [--mb 300] [--levels 100000]
+    .venv/bin/python benchmarks/schema.py [--mb 60 300] [--levels 100000]
 """
 
 from __future__ import annotations
@@ -140,13 +140,15 @@ def bench_deep(levels: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mb", type=float, default=300.0)
+    ap.add_argument("--mb", type=float, nargs="*", default=[60.0, 300.0],
+                    help="file sizes to time, in one run (0 or none: skip)")
     ap.add_argument("--levels", type=int, default=100_000)
     args = ap.parse_args()
     if args.levels:
         bench_deep(args.levels)
-    if args.mb:
-        bench_from_json(args.mb)
+    for mb in args.mb:
+        if mb:
+            bench_from_json(mb)
 
 
 if __name__ == "__main__":
