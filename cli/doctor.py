@@ -8,6 +8,7 @@ of them, explained); 2 the file could not be used (one line on stderr).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -68,10 +69,15 @@ def doctor(
     target: Annotated[
         str, typer.Argument(metavar="FILE[:NAME]", help="A model file, e.g. samples/mlp.py")
     ],
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the findings as JSON.")
+    ] = None,
 ) -> None:
     """Explain autograd errors and silent failures: in-place changes of saved tensors, a second
     backward through a freed graph, a loss without a graph, parameters left without gradients,
     and training-loop slips (exit code 1 when anything is found)."""
+    # absolute, symlinks followed, non-files refused: before the model file runs (it may chdir)
+    json_out = gs.output_target(json_path) if json_path is not None else None
     mf = gs.load_model_file(target)
     loop = callable(mf.get("loss_fn")) and (mf.has("optimizer") or mf.has("batches"))
     held: list[Any] = []  # the doctor, kept when the step raises
@@ -83,6 +89,9 @@ def doctor(
     report = held[0].report()
     console = Console(highlight=False, soft_wrap=False, width=min(Console().width, 80))
     console.print(report.render())
+    if json_out is not None:
+        report.write_json(json_out)
+        Console(stderr=True, highlight=False).print(f"wrote {json_path}", markup=False)
     raise typer.Exit(EXIT_FOUND if report.findings else EXIT_OK)
 
 

@@ -218,6 +218,12 @@ class DoctorReport:
     def to_json(self) -> str:
         return findings_json(self.findings)
 
+    def write_json(self, path: Any) -> None:
+        """Write ``to_json()`` to ``path`` atomically (the old file is kept if it fails)."""
+        from .files import write_atomic
+
+        write_atomic(path, self.to_json() + "\n")
+
     def render(self) -> Any:
         """A rich renderable: one panel per finding (``gradscope doctor`` prints it)."""
         from .formats import renderer

@@ -95,3 +95,14 @@ def test_render_backward_and_report_point_at_the_doctor(invoke):
     assert code == 2
     last = err.strip().splitlines()[-1]
     assert "backward through the graph a second time" in last and "gradscope doctor" in last
+
+
+def test_json_writes_the_findings(invoke, tmp_path):
+    from gradscope.model.doctor import findings_from_json
+
+    out = tmp_path / "f.json"
+    code, _, err = invoke("doctor", str(DOCTOR / "grad_none.py"), "--json", str(out))
+    assert code == 1 and "wrote" in err
+    found = findings_from_json(out.read_text())
+    assert [(f.kind, f.reason, f.param) for f in found] == [
+        ("grad_none", "cut", "gate.weight"), ("grad_none", "cut", "gate.bias")]
