@@ -33,7 +33,11 @@
   const N = D.n_nodes, E = D.n_edges;
   const nodeId = new Array(N), nodeName = new Array(N), nodeKind = new Uint8Array(N);
   const nodeC = new Int32Array(N), nodeInfo = new Array(N);
-  const idIndex = new Map();
+  let idMap = null; // node id -> index, made on first use (a million ids cost a third of a second)
+  function idIndex(id) {
+    if (!idMap) { idMap = new Map(); for (let n = 0; n < N; n++) idMap.set(nodeId[n], n); }
+    return idMap.get(id);
+  }
   const eSrc = new Int32Array(E), eDst = new Int32Array(E), eNr = new Int32Array(E);
   const eView = new Uint8Array(E), eCount = new Int32Array(E), eNorm = new Array(E);
   // a diff page (views/diff.py): node marks in their info, gradient-norm ratios b/a by edge
@@ -49,22 +53,27 @@
   // canvas. Larger graphs (or first views) take their usual steps, each a task of its own.
   const QUICK_NODES = 1500;
   let quick = false;
-  // lets timers, input and paint run (a resolved promise while the quick first view is made)
-  const tick = () => (quick ? Promise.resolve() : new Promise((r) => setTimeout(r, 0)));
+  // lets timers, input and paint run (a resolved promise while the quick first view is made):
+  // a message to itself, not setTimeout(0), which Chromium holds back 4 ms once timers nest
+  // (400 blocks of a million-node page would wait 1.6 s doing nothing)
+  const channel = new MessageChannel(), woken = [];
+  channel.port1.onmessage = () => { const r = woken.shift(); if (r) r(); };
+  const tick = () => (quick ? Promise.resolve() : new Promise((r) => { woken.push(r); channel.port2.postMessage(0); }));
+  // blocks are parsed in slices of about this many milliseconds, a task each
+  const SLICE_MS = 30;
   async function loadParts() {
     // the blocks follow this script: the HTML parser reads them in its own slices of time
     if (document.readyState === "loading") await new Promise((r) => document.addEventListener("DOMContentLoaded", r));
     await tick();
     buildContainers();
-    let i = 0, k = 0;
+    let i = 0, k = 0, sliceEnd = performance.now() + SLICE_MS;
     for (const el of document.querySelectorAll("script.gs-part")) {
-      await tick();
+      if (performance.now() >= sliceEnd) { await tick(); sliceEnd = performance.now() + SLICE_MS; }
       const rows = JSON.parse(el.textContent);
       if (el.dataset.kind === "nodes") {
         for (const r of rows) {
           nodeId[i] = r[NF.id]; nodeName[i] = r[NF.name]; nodeKind[i] = r[NF.kind];
           nodeC[i] = r[NF.container]; nodeInfo[i] = r[NF.info] || null;
-          idIndex.set(nodeId[i], i);
           i++;
         }
       } else {
@@ -254,6 +263,8 @@
   // ------------------------------------------------------------------ the visible graph
   // Returns {items: Map key -> item, open: [container j, parents first], edges: [...]}.
   const labelCache = new Array(N); // a node's lines and widths, until a toggle changes them
+  const sharedLabels = new Map(); // the same for ops with only a name: kind and name -> label
+  const LEAF = KINDS.indexOf("leaf"), OUTPUT = KINDS.indexOf("output"), MODULE = KINDS.indexOf("module");
   let labelState = 0;
   function buildView() {
     computeStatus();
@@ -263,12 +274,16 @@
     const direct = new Map(open.map((j) => [j, []])); // open container -> item keys in it
     function add(key, parent) {
       if (items.has(key)) return;
-      const it = { key, parent, x: 0, y: 0 };
+      const it = { key, parent, x: 0, y: 0, w: 0, h: 0, cw: 0, lines: null, saved: null, open: false };
       if (key < N) {
-        let lab = labelCache[key];
+        // an op with nothing but its name (most of a long chain) shares its label with its likes
+        const plain = nodeInfo[key] === null && nodeKind[key] !== LEAF && nodeKind[key] !== OUTPUT && nodeKind[key] !== MODULE;
+        let lab = plain ? sharedLabels.get(nodeKind[key] + "\u0000" + nodeName[key]) : labelCache[key];
         if (!lab || lab.state !== labelState) {
           const lines = nodeLines(key);
-          lab = labelCache[key] = { state: labelState, lines, cw: textWidth(lines), saved: savedBoxes(key) };
+          lab = { state: labelState, lines, cw: textWidth(lines), saved: savedBoxes(key) };
+          if (plain) sharedLabels.set(nodeKind[key] + "\u0000" + nodeName[key], lab);
+          else labelCache[key] = lab;
         }
         it.lines = lab.lines;
         it.cw = lab.cw;
@@ -297,15 +312,37 @@
       else if (s < SUM) add(s, drawnParent[s - BOX]);
       else add(s, s - SUM);
     }
-    // edges between visible items, merged; each routed in the open container that holds both
-    const merged = new Map();
+    // edges between visible items, merged (in the order of their first edge); each routed in
+    // the open container that holds both. Typed arrays, no map keyed by pairs: a million edges.
+    const KEYS = SUM + M, ea = new Int32Array(E), eb = new Int32Array(E);
+    const byA = new Int32Array(KEYS + 1);
     for (let k = 0; k < E; k++) {
       const a = visOf(eDst[k]), b = visOf(eSrc[k]); // drawn forward: input -> consumer
-      if (a === b) continue;
-      const id = a * 4294967296 + b;
-      const m = merged.get(id);
-      if (m) { m.count += eCount[k]; m.norm = null; m.ratio = null; m.view = m.view && eView[k]; m.edges.push(k); if (m.diff !== eDiff.get(k)) m.diff = null; }
-      else merged.set(id, { a, b, count: eCount[k], norm: eNorm[k], view: !!eView[k], edges: [k], ratio: eRatio.has(k) ? eRatio.get(k) : null, diff: eDiff.get(k) || null });
+      ea[k] = a; eb[k] = b;
+      if (a !== b) byA[a + 1]++;
+    }
+    for (let q = 0; q < KEYS; q++) byA[q + 1] += byA[q];
+    const grouped = new Int32Array(byA[KEYS]), fill = byA.slice(0, KEYS);
+    for (let k = 0; k < E; k++) if (ea[k] !== eb[k]) grouped[fill[ea[k]]++] = k;
+    const rep = new Int32Array(E).fill(-1), seenA = new Int32Array(KEYS).fill(-1), firstK = new Int32Array(KEYS);
+    for (let a = 0; a < KEYS; a++) {
+      for (let q = byA[a]; q < byA[a + 1]; q++) {
+        const k = grouped[q], b = eb[k];
+        if (seenA[b] !== a) { seenA[b] = a; firstK[b] = k; }
+        rep[k] = firstK[b];
+      }
+    }
+    const mergedOf = new Int32Array(E), mergedList = [];
+    for (let k = 0; k < E; k++) {
+      const r = rep[k];
+      if (r < 0) continue;
+      if (r === k) {
+        mergedOf[k] = mergedList.length;
+        mergedList.push({ a: ea[k], b: eb[k], count: eCount[k], norm: eNorm[k], view: !!eView[k], ratio: eRatio.has(k) ? eRatio.get(k) : null, diff: eDiff.get(k) || null });
+      } else {
+        const m = mergedList[mergedOf[r]];
+        m.count += eCount[k]; m.norm = null; m.ratio = null; m.view = m.view && eView[k]; if (m.diff !== eDiff.get(k)) m.diff = null;
+      }
     }
     const level = new Int32Array(M); // depth of each open container in the drawn tree
     for (const j of open) level[j] = j === 0 ? 0 : level[drawnParent[j]] + 1;
@@ -321,7 +358,7 @@
       return n;
     };
     const edges = [];
-    for (const e of merged.values()) {
+    for (const e of mergedList) {
       let ca = e.a, cb = e.b;
       let pa = containerOfItem(ca), pb = containerOfItem(cb);
       const up = [], down = [];
@@ -513,12 +550,18 @@
         follow(pts, e.down[q], e.down[q + 1], false);
       }
       pts.push(b.x + (b.cw || b.w) / 2, b.y);
-      if (pts.length > 4) { pts.splice(2, 2); pts.splice(pts.length - 4, 2); } // ends: the boxes' own
+      if (pts.length > 4) { // ends: the boxes' own, in place of the routes' outline points
+        const n = pts.length;
+        for (let q = 2; q < n - 4; q++) pts[q] = pts[q + 2];
+        pts[n - 4] = pts[n - 2]; pts[n - 3] = pts[n - 1];
+        pts.length = n - 4;
+      }
       e.pts = pts;
       let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
       for (let q = 0; q < pts.length; q += 2) {
-        x0 = Math.min(x0, pts[q]); x1 = Math.max(x1, pts[q]);
-        y0 = Math.min(y0, pts[q + 1]); y1 = Math.max(y1, pts[q + 1]);
+        const x = pts[q], y = pts[q + 1];
+        if (x < x0) x0 = x; if (x > x1) x1 = x;
+        if (y < y0) y0 = y; if (y > y1) y1 = y;
       }
       e.bb = [x0, y0, x1, y1];
       edges.push(e);
@@ -530,15 +573,16 @@
     const bounds = { w: Math.max(root.w, 1), h: Math.max(root.h, 1) };
     const s = { items: view.items, nodes, frames, edges, bounds, view };
     s.grid = makeGrid(s);
-    s.adj = adjacency(s);
+    s.adj = null; // made on first use (a selection): adjacencyOf(s)
     placeLabels(s);
     return s;
   }
   function containerLevel(j) { return C[j].level; }
 
-  const CELL = 400;
+  const CELL = 400, LONG_CELLS = 12;
   function makeGrid(s) {
     const g = new Map();
+    s.gridEntries = 0; // objects put in cells, all cells: linear in what is drawn
     function put(obj, x0, y0, x1, y1, kind) {
       const cx0 = Math.floor(x0 / CELL), cx1 = Math.floor(x1 / CELL);
       const cy0 = Math.floor(y0 / CELL), cy1 = Math.floor(y1 / CELL);
@@ -547,6 +591,7 @@
         let cell = g.get(id);
         if (!cell) { cell = { n: [], f: [], e: [] }; g.set(id, cell); }
         cell[kind].push(obj);
+        s.gridEntries++;
       }
     }
     for (const it of s.nodes) put(it, it.x, it.y, it.x + it.w, it.y + it.h, "n");
@@ -556,7 +601,15 @@
       put(it, it.x, it.y, it.x, it.y + it.h, "f"); put(it, it.x + it.w, it.y, it.x + it.w, it.y + it.h, "f");
       put(it, it.x, it.y + it.h, it.x + it.w, it.y + it.h, "f");
     }
-    for (const e of s.edges) put(e, e.bb[0], e.bb[1], e.bb[2], e.bb[3], "e");
+    // An edge whose box spans many cells (one op's thousands of inputs, laid out side by side)
+    // is kept in a list of its own, tested against the view by its box: put in every cell it
+    // spans, N such edges would fill N x (the graph's width) cells.
+    s.long = [];
+    for (const e of s.edges) {
+      const cells = (Math.floor(e.bb[2] / CELL) - Math.floor(e.bb[0] / CELL) + 1) * (Math.floor(e.bb[3] / CELL) - Math.floor(e.bb[1] / CELL) + 1);
+      if (cells > LONG_CELLS) s.long.push(e);
+      else put(e, e.bb[0], e.bb[1], e.bb[2], e.bb[3], "e");
+    }
     return g;
   }
   let stamp = 0;
@@ -580,9 +633,11 @@
         o._s = stamp; out[kind].push(o);
       }
     }
+    for (const e of scene.long) if (e.bb[0] <= x1 && e.bb[2] >= x0 && e.bb[1] <= y1 && e.bb[3] >= y0) out.e.push(e);
     out.f.sort((p, q) => containerLevel(p.key - BOX) - containerLevel(q.key - BOX));
     return out;
   }
+  function adjacencyOf(s) { if (!s.adj) s.adj = adjacency(s); return s.adj; }
   function adjacency(s) {
     const up = new Map(), down = new Map(); // item -> inputs, item -> consumers
     for (const e of s.edges) {
@@ -845,6 +900,7 @@
   // ------------------------------------------------------------------ minimap
   const mini = $("minimap"), mctx = mini.getContext("2d");
   let miniImage = null, miniX = 1, miniY = 1; // a very tall graph is widened in the minimap
+  const MINI_RECTS = 20000;
   function renderMinimap() {
     if (!scene) return;
     const big = scene.bounds.w * 0.6 > cssW || scene.bounds.h * 0.6 > cssH;
@@ -861,7 +917,25 @@
     o.fillStyle = "#fff"; o.fillRect(0, 0, off.width, off.height);
     o.setTransform(miniX, 0, 0, miniY, 1, 1);
     for (const f of scene.frames) { o.fillStyle = "rgba(150,160,190,0.25)"; o.fillRect(f.x, f.y, f.w, f.h); }
-    for (const it of scene.nodes) { o.fillStyle = fillOf(it); o.fillRect(it.x, it.y, Math.max(it.w, 2 / miniX), Math.max(it.h, 2 / miniY)); }
+    if (scene.nodes.length <= MINI_RECTS) {
+      for (const it of scene.nodes) { o.fillStyle = fillOf(it); o.fillRect(it.x, it.y, Math.max(it.w, 2 / miniX), Math.max(it.h, 2 / miniY)); }
+    } else { // many boxes: set their pixels (a million fillRect calls take seconds)
+      const img = o.getImageData(0, 0, off.width, off.height), px = img.data, W = off.width, H = off.height;
+      const rgb = new Map();
+      for (const it of scene.nodes) {
+        const col = fillOf(it);
+        let c = rgb.get(col);
+        if (!c) { c = [parseInt(col.slice(1, 3), 16), parseInt(col.slice(3, 5), 16), parseInt(col.slice(5, 7), 16)]; rgb.set(col, c); }
+        const x0 = Math.max(0, Math.floor(it.x * miniX + 1)), y0 = Math.max(0, Math.floor(it.y * miniY + 1));
+        const x1 = Math.min(W, Math.max(x0 + 2, Math.ceil((it.x + it.w) * miniX + 1)));
+        const y1 = Math.min(H, Math.max(y0 + 2, Math.ceil((it.y + it.h) * miniY + 1)));
+        for (let y = y0; y < y1; y++) for (let x = x0; x < x1; x++) {
+          const q = 4 * (y * W + x);
+          px[q] = c[0]; px[q + 1] = c[1]; px[q + 2] = c[2]; px[q + 3] = 255;
+        }
+      }
+      o.putImageData(img, 0, 0);
+    }
     miniImage = off;
   }
   function drawMinimapView() {
@@ -1143,7 +1217,7 @@
       while (todo.length) for (const nxt of map.get(todo.pop()) || []) if (!seen.has(nxt)) { seen.add(nxt); todo.push(nxt); }
       return seen;
     };
-    related = { up: walk(scene.adj.up), down: walk(scene.adj.down) };
+    related = { up: walk(adjacencyOf(scene).up), down: walk(adjacencyOf(scene).down) };
     $("path-only").disabled = false;
   }
   function openPanel() { // a selection shows its details: in a frame the folded panel opens
@@ -1419,8 +1493,8 @@
     const it = scene.items.get(selected);
     if (!it) return -1;
     let list;
-    if (dir === "up") list = scene.adj.up.get(selected) || [];
-    else if (dir === "down") list = scene.adj.down.get(selected) || [];
+    if (dir === "up") list = adjacencyOf(scene).up.get(selected) || [];
+    else if (dir === "down") list = adjacencyOf(scene).down.get(selected) || [];
     else {
       const sibs = scene.view.direct.get(it.parent).map((k) => scene.items.get(k)).filter((s) => !s.open)
         .sort((p, q) => (Math.abs(p.y - it.y) < 10 ? p.x - q.x : p.y - q.y));
@@ -1690,7 +1764,7 @@
     // what the drawing says now: the selection, whether the rest is dimmed, Path to output
     state: () => ({ selected: api.selected(), dimmed: !!related, pathOnly: toggles.pathOnly, note: noteEl.textContent }),
     select(id) {
-      const i = idIndex.get(id);
+      const i = idIndex(id);
       if (i !== undefined) return selectNode(i).then(() => undefined);
       const j = findContainer(String(id).replace(/^box:/, ""));
       if (j < 0) return Promise.reject(new Error("no node " + JSON.stringify(id)));
@@ -1703,7 +1777,7 @@
     selected: () => (selected < 0 ? null : selected < N ? nodeId[selected] : selected < SUM ? "box:" + C[selected - BOX].path : "sum:" + C[selected - SUM].path),
     toggle: (name) => (name in toggles ? toggle(name, name === "saved" || name === "shapes") : Promise.reject(new Error("no toggle " + name))),
     exportSvg: () => viewSvg(),
-    stats: () => ({ readyMs, drawnMs, timings: T, phases, bounds: scene ? scene.bounds : null, layoutMs, jobs: lastLayoutJobs, drawMs: lastDrawMs, worker: !!worker, boxes: scene ? scene.nodes.length : 0, frames: scene ? scene.frames.length : 0, edges: scene ? scene.edges.length : 0 }),
+    stats: () => ({ readyMs, drawnMs, timings: T, phases, bounds: scene ? scene.bounds : null, layoutMs, jobs: lastLayoutJobs, drawMs: lastDrawMs, worker: !!worker, boxes: scene ? scene.nodes.length : 0, frames: scene ? scene.frames.length : 0, edges: scene ? scene.edges.length : 0, gridEntries: scene ? scene.gridEntries : 0, longEdges: scene ? scene.long.length : 0 }),
     view: () => ({ ...view, width: cssW, height: cssH }),
     // What is drawn, in page coordinates: boxes [key, x, y, w, h, w with the saved boxes beside
     // it], edges {pts, label}.
@@ -1712,7 +1786,7 @@
       edges: scene.edges.map((e) => ({ a: e.a, b: e.b, pts: e.pts, label: edgeLabel(e) })),
     } : null),
     boxAt(id) { // where a node (or "box:path") is drawn now, in CSS pixels of the canvas
-      let key = idIndex.get(id);
+      let key = idIndex(id);
       if (key === undefined) { const j = findContainer(String(id).replace(/^box:/, "")); key = j < 0 ? -1 : BOX + j; }
       const it = scene && scene.items.get(key);
       return it ? { x: it.x * view.k + view.x, y: it.y * view.k + view.y, w: (it.cw || it.w) * view.k, h: it.h * view.k } : null;
