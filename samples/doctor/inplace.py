@@ -8,7 +8,7 @@ are the op that saved the tensor and the op that modified it.
 import torch
 from torch import nn
 
-VARIANTS = ("view", "setitem", "iadd", "module_inplace", "hook", "autocast")
+VARIANTS = ("view", "setitem", "iadd", "module_inplace", "hook", "autocast", "loop")
 
 
 class Net(nn.Module):
@@ -37,6 +37,11 @@ class Net(nn.Module):
             y = self.relu(y)  # doctor: module_inplace
         elif v == "hook":
             y = self.act(self.fc(x))  # doctor: hook
+        elif v == "loop":
+            y = self.fc(x)
+            for _ in range(3):
+                y = torch.sigmoid(y)  # doctor: loop
+            y.mul_(2)  # doctor: loop
         else:
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 y = torch.sigmoid(self.fc(x))  # doctor: autocast
