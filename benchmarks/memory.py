@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/memory.py            # CNN, GPT-2, Llama (transformers)
     .venv-214/bin/python benchmarks/memory.py        # + torchvision ResNet-18
     .venv/bin/python benchmarks/memory.py --meta-7b  # + a Llama-7B-shaped model on meta
+    .venv/bin/python benchmarks/memory.py --step [--step-7b]   # the whole step's peak
 
 For each model: the baseline (activation bytes held at the end of forward + loss, predicted by
 ``gs.activation_report`` and measured by ``gs.measure_forward``, i.e. the profiler's CPU
@@ -150,6 +151,56 @@ def bench(label: str, make: Callable[[], Model]) -> None:
     print()
 
 
+def bench_step(label: str, make: Callable[[], Model]) -> None:
+    """The whole step's peak (issue 31): ``gs.step_memory`` vs ``measure_step`` (the
+    profiler), first and steady-state step, SGD with momentum and AdamW."""
+    from gradscope.capture.step_memory import measure_step
+
+    for name in ("sgd", "adamw"):
+        torch.manual_seed(0)
+        try:
+            model, inputs, loss_fn = make()
+        except ImportError as exc:
+            print(f"{label}: skipped ({exc})")
+            return
+        opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if name == "sgd"
+               else torch.optim.AdamW(model.parameters()))
+        start = time.perf_counter()
+        mem = gs.step_memory(model, *inputs, optimizer=opt, loss_fn=loss_fn)
+        took = time.perf_counter() - start
+        first, steady, _ = measure_step(model, *inputs, optimizer=opt, loss_fn=loss_fn)
+        print(f"  {label:<28} {name:<5} first {mib(mem.first_step)} / {mib(first)} MiB "
+              f"({100 * (mem.first_step - first) / first:+.2f}%), steady "
+              f"{mib(mem.steady_state)} / {mib(steady)} MiB "
+              f"({100 * (mem.steady_state - steady) / steady:+.2f}%), peak in the "
+              f"{mem.peak_phase}; recorded in {took:.1f} s")
+
+
+def step_7b() -> None:
+    """A Llama-7B-shaped model with AdamW at 1 x 2048 tokens on meta: the step's peak, the
+    time, the process's memory, against the floor params + grads + two Adam states."""
+    import transformers as tf
+
+    cfg = tf.LlamaConfig(num_hidden_layers=32, hidden_size=4096, intermediate_size=11008,
+                         num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
+                         max_position_embeddings=4096, use_cache=False)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    with torch.device("meta"):
+        model = tf.LlamaForCausalLM(cfg)
+    ids = torch.randint(0, 32000, (1, 2048), device="meta")
+    opt = torch.optim.AdamW(model.parameters())
+    mem = gs.step_memory(model, ids, optimizer=opt, loss_fn=lambda out: out.logits.float().mean())
+    took = time.perf_counter() - start
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    print(f"Llama-7B shape, AdamW, 1 x 2048 on meta: {took:.1f} s, max RSS grew {grown:.0f} MiB, "
+          f"{mem.events} events")
+    print(f"  {mem.summary()}")
+    print(f"  floor (params + grads + 2 states): {4 * params / 2**30:.2f} GiB; "
+          f"peak {mem.peak / 2**30:.2f} GiB")
+
+
 def meta_7b() -> None:
     import transformers as tf
 
@@ -179,10 +230,22 @@ def meta_7b() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--meta-7b", action="store_true")
+    parser.add_argument("--step", action="store_true",
+                        help="the whole step's peak (step_memory vs the profiler) instead")
+    parser.add_argument("--step-7b", action="store_true",
+                        help="with --step: also a Llama-7B-shaped step with AdamW on meta")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, CPU, {torch.get_num_threads()} threads\n")
-    for label, make in (("CNN (6 residual conv blocks)", cnn), ("GPT-2 (6 layers, d=256)", gpt2),
-                        ("Llama (6 layers, d=256)", llama), ("ResNet-18 (torchvision)", resnet)):
+    models = (("CNN (6 residual conv blocks)", cnn), ("GPT-2 (6 layers, d=256)", gpt2),
+              ("Llama (6 layers, d=256)", llama), ("ResNet-18 (torchvision)", resnet))
+    if args.step:
+        print("step peaks: predicted / measured (profiler)")
+        for label, make in models:
+            bench_step(label, make)
+        if args.step_7b:
+            step_7b()
+        return
+    for label, make in models:
         bench(label, make)
     if args.meta_7b:
         meta_7b()

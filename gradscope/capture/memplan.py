@@ -185,12 +185,13 @@ class CheckpointPlan(Plan):
         ``.remove()`` restores the model."""
         return apply_checkpoints(model, self.modules)
 
-    def verify(self, model: torch.nn.Module, *inputs: Any, loss_fn: LossFn = None
-               ) -> Verification:
-        """Measure the forward with and without the plan (``measure_forward``), compare their
-        outputs (the loss, with ``loss_fn``), and the buffers after a forward and backward
-        (BatchNorm's running statistics: the recomputation must not update them twice), each
-        run from the same RNG state and buffers; the model is left as it was."""
+    def verify(self, model: torch.nn.Module, *inputs: Any, loss_fn: LossFn = None,
+               optimizer: Any = None) -> Verification:
+        """Measure the forward with and without the plan (``measure_forward``; for a plan of
+        ``target="peak"``, the whole step's peak: ``measure_step``, with ``optimizer``),
+        compare their outputs (the loss, with ``loss_fn``), and the buffers after a forward
+        and backward (BatchNorm's running statistics: the recomputation must not update them
+        twice), each run from the same RNG state and buffers; the model is left as it was."""
         plain: list[torch.Tensor] = []
         planned: list[torch.Tensor] = []
         with _preserved(model):
@@ -202,6 +203,13 @@ class CheckpointPlan(Plan):
                 with _preserved(model):
                     measured, _ = _measure(model, inputs, loss_fn, planned)
                 planned_buffers = _buffers_after_backward(model, inputs, loss_fn)
+        if self.target == "peak":
+            from .step_memory import measure_step
+
+            base, method = max(measure_step(model, *inputs, optimizer=optimizer,
+                                            loss_fn=loss_fn)[:2]), "profiler"
+            measured = max(measure_step(model, *inputs, optimizer=optimizer, loss_fn=loss_fn,
+                                        plan=self.modules)[:2])
         same = _all_equal(plain, planned)
         return Verification(self.predicted, self.baseline, measured, base, method, self.budget,
                             same, _all_equal(plain_buffers, planned_buffers))
@@ -240,9 +248,12 @@ def plan_checkpoints(
     loss_fn: LossFn = None,
     report: ActivationReport | None = None,
     max_recompute: int | str | None = None,
+    target: str = "activations",
+    optimizer: Any = None,
 ) -> CheckpointPlan:
     """The modules to checkpoint so the activations held at the end of the forward fit
-    ``budget``, with the least recompute.
+    ``budget`` (with ``target="peak"``: so the peak of the whole training step does), with the
+    least recompute.
 
     Args:
         model, inputs, loss_fn: as for ``activation_report`` (a meta model plans too).
@@ -251,6 +262,14 @@ def plan_checkpoints(
         max_recompute: leave out modules that free more than this (bytes, ``"64MiB"``,
             ``"10%"``): the backward brings about that much back at once when it recomputes
             one (see ``ActivationReport.plan``).
+        target: ``"activations"`` (the default) or ``"peak"``: the budget is for the step's
+            peak (``gs.step_memory``: forward, backward and, with ``optimizer``, the optimizer
+            step; ``"40%"`` is of the step peak without a plan). The candidates (the report's
+            budget sweep, every block, the smallest plan) are run with the plan applied,
+            cheapest recompute first; the first that fits is the plan, so a smaller budget
+            never gives a higher peak. Where parameters, gradients and optimizer state set the
+            peak, the error says no plan can help.
+        optimizer: with ``target="peak"``, the optimizer whose step is part of the step.
 
     Returns:
         ``CheckpointPlan``: ``.modules`` (none nested in another), ``.predicted``,
@@ -260,16 +279,22 @@ def plan_checkpoints(
         BudgetError (a ``GradscopeError``): the budget cannot be read, or no plan reaches
         it; the message says the smallest reachable figure.
     """
+    if target not in ("activations", "peak"):
+        raise GradscopeError(f"target={target!r}: expected 'activations' or 'peak'")
     rep = report if report is not None else activation_report(model, *inputs, loss_fn=loss_fn)
-    plan = rep.plan(budget, max_recompute=max_recompute)
-    return CheckpointPlan(plan.modules, plan.predicted, plan.baseline, plan.recompute_flops,
-                          plan.budget, plan.recompute_bytes)
+    if target == "peak":
+        from .memplan_peak import plan_for_peak
+
+        plan = plan_for_peak(model, inputs, budget, loss_fn, optimizer, rep, max_recompute)
+    else:
+        plan = rep.plan(budget, max_recompute=max_recompute)
+    return as_checkpoint_plan(plan)
 
 
 def as_checkpoint_plan(plan: Plan) -> CheckpointPlan:
     """A plain ``Plan`` (from ``ActivationReport.evaluate`` or ``.sweep``) made appliable."""
     return CheckpointPlan(plan.modules, plan.predicted, plan.baseline, plan.recompute_flops,
-                          plan.budget, plan.recompute_bytes)
+                          plan.budget, plan.recompute_bytes, plan.target)
 
 
 __all__ = [

@@ -201,6 +201,8 @@ class _Step:
         loss.backward()
         del loss
         if rec is not None:
+            rec.end_backward()
+        if rec is not None:
             rec.mark((p.grad for p in self.params if p.grad is not None), GRADS)
         if self.optimizer is None:
             return
@@ -315,6 +317,12 @@ def step_memory(
     step = _Step(model, inputs, loss_fn, optimizer, dtype)
     rec = Lifetimes()
     rec.names = {id(m): n for n, m in model.named_modules()}
+    if modules:
+        from ..model.memplan import segment_paths
+        from .memplan_record import _rng_bytes
+
+        rec.checkpoint_starts = {segment_paths(m)[0] for m in modules}
+        rec.rng_bytes = _rng_bytes()
     notes: list[str] = []
     if device.type == "meta" and dtype is not None:
         notes.append("autocast: torch.autocast does not cast on the meta device; the figures "

@@ -68,6 +68,11 @@ class Lifetimes(TorchDispatchMode):
         self.forward_start: dict[int, int] = {}  # step -> first event of its forward
         self.forward_end: dict[int, int] = {}
         self.workspace: dict[int, int] = {}  # event -> bytes its kernel used inside, briefly
+        # a checkpoint keeps the CPU RNG state per call (made outside any dispatched op): the
+        # paths whose forward call starts one, its bytes, and those held until the backward
+        self.checkpoint_starts: set[str] = set()
+        self.rng_bytes = 0
+        self.held_by_graph: list[int] = []
         self.measured_workspace: dict[Any, int] = {}  # (op, shapes) -> bytes
 
     # -------------------------------------------------------------- storages
@@ -188,7 +193,29 @@ class Lifetimes(TorchDispatchMode):
 
     # -------------------------------------------------------------- module stack
     def pre(self, module: torch.nn.Module, args: Any) -> None:
-        self.modules.append(self.names.get(id(module)))
+        name = self.names.get(id(module))
+        self.modules.append(name)
+        if self.phase == "forward" and name in self.checkpoint_starts and self.rng_bytes:
+            self.held_by_graph.append(self._virtual(self.rng_bytes))
+
+    def _virtual(self, nbytes: int) -> int:
+        """A storage no dispatched op shows, live from now until ``end_backward``."""
+        n = len(self.size)
+        self.size.append(nbytes)
+        self.born.append(len(self.events))
+        self.died.append(-1)
+        self.cat.append(TEMPS)
+        self.refs.append(None)
+        self.live += nbytes
+        return n
+
+    def end_backward(self) -> None:
+        """The graph is gone: what it held without a dispatched op (``held_by_graph``) too."""
+        for n in self.held_by_graph:
+            if self.died[n] == -1:
+                self.died[n] = len(self.events)
+                self.live -= self.size[n]
+        self.held_by_graph = []
 
     def post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self.modules:

@@ -156,6 +156,9 @@ class Plan:
         recompute_bytes: the most that one of its modules frees, i.e. about what the backward
             brings back at once when it recomputes that module; the backward's peak is
             about ``predicted + recompute_bytes`` (see ``ActivationReport.plan``).
+        target: ``"activations"`` (``predicted`` and ``baseline`` are activation bytes at the
+            end of the forward) or ``"peak"`` (they are the peaks of the whole training step,
+            ``gs.step_memory``; ``plan_checkpoints(..., target="peak")``).
     """
 
     modules: tuple[str, ...]
@@ -164,6 +167,7 @@ class Plan:
     recompute_flops: int
     budget: int | None = None
     recompute_bytes: int = 0
+    target: str = "activations"
 
     @property
     def saved(self) -> int:
@@ -179,7 +183,8 @@ class Plan:
         budget = f" (budget {format_bytes(self.budget)})" if self.budget is not None else ""
         again = (f"; the largest module recomputed brings back about "
                  f"{format_bytes(self.recompute_bytes)} at once" if self.modules else "")
-        return (f"{what}{budget}: activations {format_bytes(self.baseline)} -> "
+        figure = "step peak" if self.target == "peak" else "activations"
+        return (f"{what}{budget}: {figure} {format_bytes(self.baseline)} -> "
                 f"{format_bytes(self.predicted)} predicted, recomputing "
                 f"{format_flops(self.recompute_flops)}{again}")
 

@@ -285,3 +285,34 @@ def test_cli_memory_step_exit_codes(tmp_path, capsys):
     code, out = _cli(capsys, "memory", str(path), "--step", "--optimizer", "adam")
     assert code == 2 and "expected one of adamw, sgd, none" in out
     assert len(out.strip().splitlines()) == 1
+
+
+def test_plans_against_the_step_peak_fit_when_measured_and_are_monotone():
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 512), nn.Tanh(), nn.Linear(512, 64))
+                            for _ in range(6)])
+    x = torch.randn(384, 64)
+    base = gs.step_memory(model, x)
+    rep = gs.activation_report(model, x)
+    peaks = []
+    for share in ("90%", "80%"):  # (the step peak is not monotone in the activations)
+        plan = gs.plan_checkpoints(model, x, budget=share, report=rep, target="peak")
+        assert plan.target == "peak" and plan.modules and plan.baseline == base.peak
+        assert plan.predicted <= plan.budget
+        peaks.append(plan)
+    assert peaks[1].predicted <= peaks[0].predicted  # a smaller budget never a higher peak
+    assert peaks[1].recompute_flops >= peaks[0].recompute_flops
+    measured = max(measure_step(model, x, plan=peaks[1])[:2])
+    assert measured <= peaks[1].budget + 64, (measured, peaks[1])  # measured: it fits
+
+
+def test_a_peak_set_by_the_optimizer_state_says_no_plan_helps():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 512))
+    x = torch.randn(4, 512)  # a tiny batch: weights, grads and Adam's state set the peak
+    o = optimizer("adamw", model)
+    assert gs.step_memory(model, x, optimizer=o).peak_phase == "optimizer"
+    with pytest.raises(gs.BudgetError, match="no checkpoint plan frees"):
+        gs.plan_checkpoints(model, x, budget="90%", target="peak", optimizer=o)
+    with pytest.raises(gs.GradscopeError, match="target="):
+        gs.plan_checkpoints(model, x, budget="90%", target="end")
