@@ -203,3 +203,24 @@ def test_gpt2_with_its_cache_predicted_as_measured():
         with apply_checkpoints(model, mods):
             measured = gs.measure_forward(model, x, loss_fn=loss_fn)
         assert measured - rep.predict(mods) == base_gap, mods
+
+
+class Counts(nn.Module):
+    """A buffer reassigned out of place in the forward (``self.count = self.count + 1``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count = self.count + 1
+        return torch.tanh(self.lin(x))
+
+
+def test_a_buffer_reassigned_in_the_forward_is_counted_once():
+    torch.manual_seed(0)
+    model, x = nn.Sequential(Counts(), nn.Linear(8, 1)), torch.randn(4, 8)
+    with apply_checkpoints(model, ["0"]):
+        model(x).sum().backward()  # the recomputation runs the forward again
+    assert model[0].count.item() == 1

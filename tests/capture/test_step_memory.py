@@ -316,3 +316,17 @@ def test_a_peak_set_by_the_optimizer_state_says_no_plan_helps():
         gs.plan_checkpoints(model, x, budget="90%", target="peak", optimizer=o)
     with pytest.raises(gs.GradscopeError, match="target="):
         gs.plan_checkpoints(model, x, budget="90%", target="end")
+
+
+def test_the_timeline_plot_is_a_png_and_the_table_renders(tmp_path):
+    pytest.importorskip("matplotlib")
+    from rich.console import Console
+
+    model, (x,), loss_fn = mlp()
+    mem = gs.step_memory(model, x, optimizer=optimizer("adamw", model), loss_fn=loss_fn)
+    path = mem.plot(tmp_path / "t.png", title="mlp")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+    console = Console(width=100, record=True)
+    console.print(mem.render())
+    text = console.export_text()
+    assert "step peak" in text and "optimizer state" in text and "first step" in text
