@@ -330,3 +330,27 @@ def test_the_timeline_plot_is_a_png_and_the_table_renders(tmp_path):
     console.print(mem.render())
     text = console.export_text()
     assert "step peak" in text and "optimizer state" in text and "first step" in text
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adamw"])
+def test_the_peak_equals_torch_memtracker_on_the_same_step(opt):
+    """torch's own tracker (``torch.distributed._tools.mem_tracker.MemTracker``, private):
+    the same two steps run for real under it give the same peak."""
+    import copy
+
+    tools = pytest.importorskip("torch.distributed._tools.mem_tracker")
+    model, (x,), loss_fn = mlp()
+    model.eval()  # no dropout: the two runs are the same computation
+    mem = gs.step_memory(model, x, optimizer=optimizer(opt, model), loss_fn=loss_fn)
+    twin = copy.deepcopy(model)
+    o = optimizer(opt, twin)
+    tracker = tools.MemTracker()
+    tracker.track_external(twin, o, x)
+    with tracker:
+        for _ in range(2):
+            loss_fn(twin(x)).backward()
+            o.step()
+            o.zero_grad(set_to_none=True)
+            tracker.reset_mod_stats()
+    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    assert mem.peak == peak
