@@ -106,3 +106,32 @@ def test_a_250_character_name_is_written_and_a_300_one_refused_first(model, tmp_
     refused(run_cli("render", str(model), "-o", "h" * 295 + ".json", cwd=tmp_path),
             "too long")
     unchanged(model)
+
+
+def test_every_way_of_naming_an_input_is_caught_in_process(tmp_path, monkeypatch):
+    """``settle`` itself, over the spellings of one file: relative, ``..``, a link to a
+    link, a hard link; and two outputs that are one file however they are written."""
+    from gradscope_cli.outputs import settle
+
+    import gradscope as gs
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    model = tmp_path / "m.py"
+    model.write_text("x = 1\n")
+    (tmp_path / "l1.py").symlink_to(model)
+    (tmp_path / "l2.py").symlink_to(tmp_path / "l1.py")
+    os.link(model, tmp_path / "h.py")
+    inputs = [("the model file", "m.py")]
+    for aim in ("m.py", "./m.py", "sub/../m.py", str(model), "l2.py", "h.py"):
+        with pytest.raises(gs.OutputError, match="the model file"):
+            settle([("--json", Path(aim))], inputs=inputs)
+    for a, b in (("x.json", "./x.json"), ("x.json", "sub/../x.json"), ("x.json", "x.json")):
+        with pytest.raises(gs.OutputError, match="name the same file"):
+            settle([("--json", Path(a)), ("--csv", Path(b))], inputs=inputs)
+    done = settle([("--json", Path("a.json")), ("--csv", None), ("-o", Path("-"))],
+                  inputs=inputs)
+    assert done[0] is not None and done[0].path == tmp_path / "a.json"
+    assert done[1:] == [None, None]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.py", "l1.py", "l2.py", "m.py",
+                                                         "sub"]
