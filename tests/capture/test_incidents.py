@@ -363,7 +363,7 @@ def test_replay_false_records_the_incident_without_origin() -> None:
 def test_replay_costs_no_transfer_more_per_logged_step(monkeypatch) -> None:
     """The incident watch decides a replay from the step's one transfer (made at
     optimizer.step()'s pre-hook then): replay=True moves no more than replay=False."""
-    from tests.capture.test_monitor import Transfers
+    from test_monitor import Transfers
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
@@ -386,7 +386,7 @@ def test_replay_costs_no_transfer_more_per_logged_step(monkeypatch) -> None:
 
 
 def test_memory_held_is_the_inputs_and_output_gradients() -> None:
-    from tests.capture.test_monitor import _reachable_tensor_bytes
+    from test_monitor import _reachable_tensor_bytes
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),

@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import run_cli
+from conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 

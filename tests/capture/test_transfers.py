@@ -17,10 +17,10 @@ import math
 
 import pytest
 import torch
+from test_monitor import Transfers
 from torch import nn
 
 import gradscope as gs
-from tests.capture.test_monitor import Transfers
 
 STEPS = 7
 EVERY = 3

@@ -8,9 +8,8 @@ import logging
 
 import pytest
 import torch
+from test_incidents import incident_of, load
 from torch import nn
-
-from tests.capture.test_incidents import incident_of, load
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*does not have many workers"),

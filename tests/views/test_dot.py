@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,7 +128,7 @@ def test_save_text_formats_and_errors(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------- structured goldens
 def test_structured_dot_goldens(golden, monkeypatch):
-    monkeypatch.chdir(gs.__file__.rsplit("/gradscope/", 1)[0])  # forward lines relative to ROOT
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # forward lines relative to ROOT
     graph, loss, net = scoped_net()
     golden("net_clusters.dot", graph.to_dot())
     golden("net_depth1.dot", graph.collapse(1).to_dot())
