@@ -140,7 +140,10 @@
   // Visible item keys: node i -> i; container j as a box or open frame -> N + j; the summary of
   // fold j -> N + M + j.
   const BOX = N, SUM = N + M;
-  const IN = -1, OUT = -2, ROUTE = 2 ** 24; // ports, and the base of a route's numeric key
+  // ports; a route's key is (a + 2) * ROUTE + (b + 2) of its ends' places among their container's
+  // items (small integers, which maps hash fast; a container holds at most about CHUNK items)
+  const IN = -1, OUT = -2, ROUTE = 16384;
+  const NO_HOPS = Object.freeze([]); // an edge's up/down hops when it stays in one container
   const status = new Int32Array(M); // -1: open; else the key of the item that stands for it
   const drawnParent = new Int32Array(M); // the open container a drawn container sits in
 
@@ -274,7 +277,7 @@
     const direct = new Map(open.map((j) => [j, []])); // open container -> item keys in it
     function add(key, parent) {
       if (items.has(key)) return;
-      const it = { key, parent, x: 0, y: 0, w: 0, h: 0, cw: 0, lines: null, saved: null, open: false };
+      const it = { key, parent, local: direct.get(parent).length, x: 0, y: 0, w: 0, h: 0, cw: 0, lines: null, saved: null, open: false };
       if (key < N) {
         // an op with nothing but its name (most of a long chain) shares its label with its likes
         const plain = nodeInfo[key] === null && nodeKind[key] !== LEAF && nodeKind[key] !== OUTPUT && nodeKind[key] !== MODULE;
@@ -338,7 +341,8 @@
       if (r < 0) continue;
       if (r === k) {
         mergedOf[k] = mergedList.length;
-        mergedList.push({ a: ea[k], b: eb[k], count: eCount[k], norm: eNorm[k], view: !!eView[k], ratio: eRatio.has(k) ? eRatio.get(k) : null, diff: eDiff.get(k) || null });
+        mergedList.push({ a: ea[k], b: eb[k], count: eCount[k], norm: eNorm[k], view: !!eView[k], ratio: eRatio.has(k) ? eRatio.get(k) : null, diff: eDiff.get(k) || null,
+                          lca: 0, ca: 0, cb: 0, route: 0, up: NO_HOPS, down: NO_HOPS, pts: null, x0: 0, y0: 0, x1: 0, y1: 0, lab: null, _s: 0 });
       } else {
         const m = mergedList[mergedOf[r]];
         m.count += eCount[k]; m.norm = null; m.ratio = null; m.view = m.view && eView[k]; if (m.diff !== eDiff.get(k)) m.diff = null;
@@ -350,9 +354,12 @@
     // exit port (OUT, at the bottom of that container's layout), in the container holding both
     // ends, then from each entry port (IN, at the top) to its end: so no segment cuts straight
     // through an open module's contents.
-    const routes = new Map(open.map((j) => [j, new Map()])); // container -> "a,b" -> index
+    const routes = new Map(open.map((j) => [j, new Map()])); // container -> route key -> index
+    let RK = ROUTE; // the key's base: more than any container's items (a bigger one still works)
+    for (const keys of direct.values()) if (keys.length + 4 > RK) RK = keys.length + 4;
     const route = (j, a, b) => { // a, b: item keys, or IN / OUT (the ports)
-      const r = routes.get(j), rk = (a + 2) * ROUTE + (b + 2);
+      const la = a < 0 ? a : items.get(a).local, lb = b < 0 ? b : items.get(b).local;
+      const r = routes.get(j), rk = (la + 2) * RK + (lb + 2);
       let n = r.get(rk);
       if (n === undefined) { n = r.size; r.set(rk, n); }
       return n;
@@ -361,17 +368,17 @@
     for (const e of mergedList) {
       let ca = e.a, cb = e.b;
       let pa = containerOfItem(ca), pb = containerOfItem(cb);
-      const up = [], down = [];
+      let up = NO_HOPS, down = NO_HOPS; // most edges stay in one container: no arrays made
       while (pa !== pb) {
-        if (level[pa] >= level[pb]) { up.push(pa, route(pa, ca, OUT)); ca = BOX + pa; pa = drawnParent[pa]; }
-        else { down.push(pb, route(pb, IN, cb)); cb = BOX + pb; pb = drawnParent[pb]; }
+        if (level[pa] >= level[pb]) { if (up === NO_HOPS) up = []; up.push(pa, route(pa, ca, OUT)); ca = BOX + pa; pa = drawnParent[pa]; }
+        else { if (down === NO_HOPS) down = []; down.push(pb, route(pb, IN, cb)); cb = BOX + pb; pb = drawnParent[pb]; }
       }
       e.lca = pa; e.ca = ca; e.cb = cb;
       e.route = route(pa, ca, cb);
       e.up = up; e.down = down; // [container, route index, ...], innermost first
       edges.push(e);
     }
-    return { items, open, direct, routes, edges };
+    return { items, open, direct, routes, edges, rk: RK };
   }
 
   // Layout jobs in post-order (children first); job.key is the container it lays out.
@@ -380,7 +387,6 @@
     const post = view.open.slice().reverse(); // ORDER is parents-first: reversed, children first
     for (const j of post) {
       const keys = view.direct.get(j);
-      const index = new Map(keys.map((k, n) => [k, n]));
       const w = [], h = [], c = [];
       keys.forEach((k, n) => {
         const it = view.items.get(k);
@@ -390,13 +396,13 @@
       const e = [];
       const port = [-1, -1]; // IN, OUT
       const at = (k) => {
-        if (k >= 0) return index.get(k);
+        if (k >= 0) return k; // the item's place in keys
         const q = k === IN ? 0 : 1;
         if (port[q] < 0) { port[q] = w.length; w.push(1); h.push(1); } // a port: a 1 px node
         return port[q];
       };
       for (const rk of view.routes.get(j).keys()) {
-        const a = Math.floor(rk / ROUTE) - 2, b = (rk % ROUTE) - 2;
+        const a = Math.floor(rk / view.rk) - 2, b = (rk % view.rk) - 2;
         e.push(at(a), at(b));
       }
       // The ports go above and below everything in the container (unseen edges from the IN
@@ -563,7 +569,7 @@
         if (x < x0) x0 = x; if (x > x1) x1 = x;
         if (y < y0) y0 = y; if (y > y1) y1 = y;
       }
-      e.bb = [x0, y0, x1, y1];
+      e.x0 = x0; e.y0 = y0; e.x1 = x1; e.y1 = y1;
       edges.push(e);
     }
     const root = byJob.get(0);
@@ -606,9 +612,9 @@
     // spans, N such edges would fill N x (the graph's width) cells.
     s.long = [];
     for (const e of s.edges) {
-      const cells = (Math.floor(e.bb[2] / CELL) - Math.floor(e.bb[0] / CELL) + 1) * (Math.floor(e.bb[3] / CELL) - Math.floor(e.bb[1] / CELL) + 1);
+      const cells = (Math.floor(e.x1 / CELL) - Math.floor(e.x0 / CELL) + 1) * (Math.floor(e.y1 / CELL) - Math.floor(e.y0 / CELL) + 1);
       if (cells > LONG_CELLS) s.long.push(e);
-      else put(e, e.bb[0], e.bb[1], e.bb[2], e.bb[3], "e");
+      else put(e, e.x0, e.y0, e.x1, e.y1, "e");
     }
     return g;
   }
@@ -633,7 +639,7 @@
         o._s = stamp; out[kind].push(o);
       }
     }
-    for (const e of scene.long) if (e.bb[0] <= x1 && e.bb[2] >= x0 && e.bb[1] <= y1 && e.bb[3] >= y0) out.e.push(e);
+    for (const e of scene.long) if (e.x0 <= x1 && e.x1 >= x0 && e.y0 <= y1 && e.y1 >= y0) out.e.push(e);
     out.f.sort((p, q) => containerLevel(p.key - BOX) - containerLevel(q.key - BOX));
     return out;
   }
