@@ -10,7 +10,29 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import SAMPLES, run_cli
+from conftest import SAMPLES
+from gradscope_cli.main import main
+
+
+class Done:
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def run_cli(capsys, monkeypatch):
+    """The whole CLI (main's codes and one-line errors) in this process: torch imported once."""
+
+    def call(*args: str, cwd: Path) -> Done:
+        monkeypatch.chdir(cwd)
+        monkeypatch.setenv("COLUMNS", "120")
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exc:
+            main(list(args))
+        out, err = capsys.readouterr()
+        return Done(int(exc.value.code or 0), out, err)
+
+    return call
 
 MODEL = """
 import pathlib, torch
@@ -50,7 +72,8 @@ def unchanged(model: Path) -> None:
     ["report", "{m}", "--csv", "{hard}", "--steps", "1"],
     ["render", "{m}", "-o", "{m}", "-f", "dot"],
 ], ids=["report-json", "memory-json", "memory-json-symlink", "report-csv-hardlink", "render"])
-def test_an_output_aimed_at_the_model_file_is_refused_before_it_runs(model, tmp_path, args):
+def test_an_output_aimed_at_the_model_file_is_refused_before_it_runs(model, tmp_path, args,
+                                                                    run_cli):
     (tmp_path / "link.py").symlink_to(model)
     os.link(model, tmp_path / "hard.py")
     names = {"m": str(model), "link": str(tmp_path / "link.py"), "hard": str(tmp_path / "hard.py")}
@@ -59,7 +82,7 @@ def test_an_output_aimed_at_the_model_file_is_refused_before_it_runs(model, tmp_
     unchanged(model)
 
 
-def test_two_outputs_naming_one_file_are_refused(model, tmp_path):
+def test_two_outputs_naming_one_file_are_refused(model, tmp_path, run_cli):
     proc = run_cli("report", str(model), "--json", "x.out", "--csv", "./x.out", "--steps", "1",
                    cwd=tmp_path)
     refused(proc, "--json and --csv name the same file")
@@ -67,7 +90,7 @@ def test_two_outputs_naming_one_file_are_refused(model, tmp_path):
     assert not (tmp_path / "x.out").exists()
 
 
-def test_diff_refuses_an_output_over_an_input_and_a_wrong_suffix(tmp_path):
+def test_diff_refuses_an_output_over_an_input_and_a_wrong_suffix(tmp_path, run_cli):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     for p in (a, b):
         proc = run_cli("render", str(SAMPLES / "mlp.py"), "-o", str(p), cwd=tmp_path)
@@ -85,7 +108,7 @@ def test_diff_refuses_an_output_over_an_input_and_a_wrong_suffix(tmp_path):
     ["render", "{m}", "-o", "{out}.json"],
     ["memory", "{m}", "--json", "{out}.json"],
 ], ids=["render", "memory"])
-def test_a_missing_folder_is_refused_unless_mkdir(model, tmp_path, command):
+def test_a_missing_folder_is_refused_unless_mkdir(model, tmp_path, command, run_cli):
     out = tmp_path / "missing" / "deeper" / "x"
     args = [a.format(m=model, out=out) for a in command]
     refused(run_cli(*args, cwd=tmp_path), "does not exist", "--mkdir")
@@ -96,7 +119,8 @@ def test_a_missing_folder_is_refused_unless_mkdir(model, tmp_path, command):
     assert Path(f"{out}.json").stat().st_size > 0
 
 
-def test_a_250_character_name_is_written_and_a_300_one_refused_first(model, tmp_path):
+def test_a_250_character_name_is_written_and_a_300_one_refused_first(model, tmp_path,
+                                                                    run_cli):
     name = "g" * 245 + ".json"
     proc = run_cli("render", str(model), "-o", name, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
