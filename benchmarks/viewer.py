@@ -16,6 +16,14 @@ the encoder <= 10 s, no stall over 200 ms, text >= 9 px; the notebook display <=
 
     .venv/bin/python benchmarks/viewer.py [--repeat N] [--skip-big-expand-all]
 
+With ``--scale`` it prints, instead, the page at scale (issue 29 item 16, issue 33 item 4): one op
+with N inputs (``torch.stack`` of N leaves: 2N + 2 nodes) for N = 20,000, 60,000 and 200,000,
+and a 1,000,000-node chain of multiplications: time to ready and ``expandAll()`` (targets for
+the chain: ready <= 3 s, expand all <= 3 s; for the fan-in: near-linear in N). Building these
+pages in Python takes minutes (``to_html`` of the chain: about 2 minutes here).
+
+    .venv/bin/python benchmarks/viewer.py --scale [--fan-in 20000,60000,200000] [--chain 1000000]
+
 With ``--overlaps`` it prints, instead, what is drawn over what on the sample pages, a GPT-2
 ``--backward`` page and (where torchvision is installed) ResNet-50 and Faster R-CNN, in the first
 view and after Expand all: edges through a box, edge labels over labels and over boxes (the
@@ -168,6 +176,65 @@ def overlaps() -> None:
         browser.close()
 
 
+def fan_in_graph(n: int):
+    import torch
+
+    import gradscope as gs
+
+    xs = [torch.zeros(1, requires_grad=True) for _ in range(n)]
+    return gs.trace(torch.stack(xs))
+
+
+def chain_graph(n: int):
+    """``n - 3`` multiplications in a row from one leaf (output, ops, AccumulateGrad, leaf)."""
+    import torch
+
+    import gradscope as gs
+
+    x = torch.randn(4, requires_grad=True)
+    y = x
+    for _ in range(n - 3):
+        y = y * 1.0001
+    graph = gs.trace(y, params={"x": x})
+    del y  # freed here, in the big-stack thread
+    return graph
+
+
+def scale(fan_ins: list[int], chain: int) -> None:
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        cases = [(f"one op with {n:,} inputs", lambda n=n: fan_in_graph(n)) for n in fan_ins]
+        if chain:
+            cases.append((f"{chain:,}-node chain",
+                          lambda: in_big_stack(lambda: chain_graph(chain))))
+        for name, build in cases:
+            graph = build()
+            t0 = time.perf_counter()
+            path = graph.save(Path(tmp) / "scale.html")
+            t_py = time.perf_counter() - t0
+            v = Viewer(browser, path)
+            first = v.page.evaluate("gradscope.visible()")
+            t_all, gap = v.timed("expandAll")
+            shown = v.page.evaluate("gradscope.visible()")
+            phases = v.page.evaluate("gradscope.stats().phases")
+            v.close()
+            is_chain = "chain" in name
+            figures = {
+                "time to ready": f"{v.ready_s:.2f} s, {first} boxes"
+                                 + (f" ({verdict(v.ready_s, 3)}: <= 3 s)" if is_chain else ""),
+                "expand all": f"{t_all:.2f} s, {shown:,} boxes of {len(graph.nodes):,}"
+                              + (f" ({verdict(t_all, 3)}: <= 3 s)" if is_chain else ""),
+                "  of which (ms)": ", ".join(f"{k} {v:.0f}" for k, v in phases.items()),
+                "longest stall during expand all": f"{gap:.0f} ms",
+                "Python to_html": f"{t_py:.1f} s, {path.stat().st_size / 1e6:.0f} MB",
+            }
+            report(name, figures)
+            del graph
+        browser.close()
+
+
 def in_big_stack(fn):
     """Run ``fn`` in a thread with a 256 MiB stack: PyTorch frees a deep autograd chain
     recursively (see the README's known limits)."""
@@ -226,6 +293,12 @@ def main() -> None:
                         help="do not open all 100,000 nodes at once")
     parser.add_argument("--overlaps", action="store_true",
                         help="count what is drawn over what (edges, labels, boxes) instead")
+    parser.add_argument("--scale", action="store_true",
+                        help="one op with many inputs and a million-node chain instead")
+    parser.add_argument("--fan-in", default="20000,60000,200000",
+                        help="the --scale fan-in sizes, comma-separated")
+    parser.add_argument("--chain", type=int, default=1_000_000,
+                        help="the --scale chain's nodes (0: none)")
     args = parser.parse_args()
     try:
         from playwright.sync_api import sync_playwright
@@ -233,6 +306,9 @@ def main() -> None:
         sys.exit("playwright is not installed: bash scripts/setup-browser.sh")
     if args.overlaps:
         overlaps()
+        return
+    if args.scale:
+        scale([int(n) for n in args.fan_in.split(",") if n], args.chain)
         return
 
     encoder = encoder_graph()
