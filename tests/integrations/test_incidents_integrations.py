@@ -4,6 +4,7 @@ checked against an independent forward check in tests/capture/test_incidents.py)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pytest
@@ -59,6 +60,18 @@ def test_lightning_logs_the_loss_op_once(caplog) -> None:
     assert len(told) == 1 and "DivBackward0" in told[0] and "loss_nan.py:22" in told[0]
 
 
+@contextlib.contextmanager
+def _transformers_logs_to(caplog):
+    """Transformers' loggers do not propagate to the root logger (where caplog listens) unless
+    some earlier test in the same process turned propagation on: listen on its own logger."""
+    logger = logging.getLogger("transformers")
+    logger.addHandler(caplog.handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
 def test_transformers_trainer_logs_the_loss_op_once(tmp_path, caplog) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
@@ -92,7 +105,7 @@ def test_transformers_trainer_logs_the_loss_op_once(tmp_path, caplog) -> None:
         model=WithLoss(), args=args, train_dataset=data, callbacks=[callback],
         data_collator=lambda items: items[0],
     )
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING), _transformers_logs_to(caplog):
         trainer.train()
     incidents = callback.monitor.incidents
     assert incidents, "no incident"
@@ -215,7 +228,7 @@ def test_transformers_trainer_logs_the_plain_loops_origin(name: str, tmp_path, c
         model=model, args=args, train_dataset=data, callbacks=[callback],
         data_collator=lambda items: items[0], optimizers=(opt, schedule),
     )
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING), _transformers_logs_to(caplog):
         trainer.train()
     (inc,) = callback.monitor.incidents
     assert (inc.step, inc.kind, inc.phase, inc.op, inc.line) == (
