@@ -127,8 +127,17 @@ def _where(exc: BaseException, path: Path) -> str:
     return f"{frame.filename}:{frame.lineno}"
 
 
+def _message(exc: BaseException) -> str:
+    """``str(exc)``, or a stand-in when the exception's own ``__str__`` raises (the user's
+    class may do anything): the one-line error must still be one line."""
+    try:
+        return str(exc)
+    except Exception as inner:  # any failure of the user's code
+        return f"(its message could not be read: {type(inner).__name__} in __str__)"
+
+
 def _describe(exc: BaseException) -> str:
-    msg = str(exc).strip().splitlines()
+    msg = _message(exc).strip().splitlines()
     first = msg[0] if msg else ""
     if isinstance(exc, SyntaxError):
         return f"SyntaxError: {exc.msg}"
@@ -159,7 +168,7 @@ def _user_code(path: Path, doing: str) -> Iterator[None]:
 
 def _doctor_hint(exc: BaseException, path: Path) -> str:
     """For autograd's in-place / second-backward / no-grad_fn errors: where to look next."""
-    if isinstance(exc, RuntimeError) and torch_error_kind(str(exc)) is not None:
+    if isinstance(exc, RuntimeError) and torch_error_kind(_message(exc)) is not None:
         return f"; gradscope doctor {path} shows which lines did it"
     return ""
 
@@ -395,7 +404,7 @@ class ModelFile:
         try:
             trace = trace_backward(root, model=fwd.model, saved=saved, keep=fwd.outputs)
         except RuntimeError as exc:
-            first = (str(exc).strip().splitlines() or [""])[0]
+            first = (_message(exc).strip().splitlines() or [""])[0]
             raise ModelFileError(f"{self.path}: backward raised RuntimeError: {first}"
                                  f"{_doctor_hint(exc, self.path)}") from exc
         found = (built.first_nonfinite if module is None else None) or forward.first_nonfinite

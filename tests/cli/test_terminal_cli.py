@@ -231,9 +231,6 @@ def test_a_bad_mplbackend_and_a_closed_stdout_are_one_line_and_exit_2(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-@pytest.mark.xfail(strict=True, reason="the loader's one-line message reads str(exc) itself "
-                   "(gradscope/capture/loader.py, _describe): its owner makes it survive a "
-                   "raising __str__; the CLI's own internal-error line already does")
 def test_a_model_exception_whose_str_raises_is_one_line_and_exit_2(tmp_path):
     write(tmp_path, "s.py", """
         class Odd(Exception):
