@@ -16,6 +16,7 @@ from rich.console import Console
 
 import gradscope as gs
 
+from .common import note, show
 from .main import EXIT_FOUND, EXIT_OK
 
 #: Training steps run when the file defines optimizer() or batches().
@@ -88,10 +89,10 @@ def doctor(
             raise
     report = held[0].report()
     console = Console(highlight=False, soft_wrap=False, width=min(Console().width, 80))
-    console.print(report.render())
+    show(report.render(), console=console)
     if json_out is not None:
         report.write_json(json_out)
-        Console(stderr=True, highlight=False).print(f"wrote {json_path}", markup=False)
+        note(f"wrote {json_path}")
     raise typer.Exit(EXIT_FOUND if report.findings else EXIT_OK)
 
 

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from ..model.doctor import DoctorReport, Finding
 from ..model.formats import register_renderer
-from .style import clean_text
+from .style import terminal_text
 
 _KIND_STYLE = {"inplace": "bold red", "backward_twice": "bold red", "no_grad_fn": "bold red"}
 
@@ -52,24 +52,24 @@ class _Indented:
 
 
 def _finding(f: Finding) -> Group:
-    head = Text(clean_text(f.title()), style=_KIND_STYLE.get(f.kind, "bold yellow"))
+    head = Text(terminal_text(f.title()), style=_KIND_STYLE.get(f.kind, "bold yellow"))
     if f.module:
-        head.append(f"  [{clean_text(f.module)}]", style="dim")
-    body: list[Text] = [Text(clean_text(f.message))]
+        head.append(f"  [{terminal_text(f.module)}]", style="dim")
+    body: list[Text] = [Text(terminal_text(f.message))]
     for site in f.sites:
-        body.append(Text(f"- {clean_text(site.describe())}", style="dim"))
+        body.append(Text(f"- {terminal_text(site.describe())}", style="dim"))
     fix = Text("fix: ", style="bold green")
-    fix.append(clean_text(f.fix))
+    fix.append(terminal_text(f.fix))
     body.append(fix)
     return Group(head, _Indented(body))
 
 
 def render_report(report: DoctorReport) -> Group:
     """The findings, first the ones that broke backward."""
-    parts: list[Text | Group] = [Text(verdict(report),
+    parts: list[Text | Group] = [Text(terminal_text(verdict(report)),
                                       style="bold" if report.healthy else "bold red")]
     parts.extend(_finding(f) for f in report.findings)
-    parts.extend(Text(f"note: {clean_text(n)}", style="dim") for n in report.notes)
+    parts.extend(Text(f"note: {terminal_text(n)}", style="dim") for n in report.notes)
     return Group(*parts)
 
 
