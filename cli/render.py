@@ -47,7 +47,7 @@ def load_graph(mf: gs.ModelFile, *, loss: bool = False, saved: bool = True) -> g
     released by Python's usual path would overflow the C stack."""
     fwd = mf.forward()
     outputs = mf.loss(fwd.outputs) if loss else fwd.outputs
-    graph = gs.trace(outputs, saved=saved, model=fwd.model)
+    graph = gs.trace(outputs, saved=saved, model=fwd.model, inputs=(fwd.inputs, fwd.kwargs))
     gs.release((outputs, fwd.outputs))
     return graph
 

@@ -45,7 +45,7 @@ enum { N_ID, N_NAME, N_KIND, N_MODULE, N_ATTRS, N_SAVED, N_TENSOR, N_ORDER, N_FI
 enum { E_SRC, E_DST, E_INPUT_NR, E_KIND, E_GRAD_NORM, E_COUNT, E_FIELDS };
 enum { T_NAME, T_SHAPE, T_DTYPE, T_DEVICE, T_STORAGE, T_FIELDS };
 enum { S_NAME, S_SHAPE, S_DTYPE, S_DEVICE, S_NBYTES, S_STORAGE, S_FREED, S_STORAGE_NBYTES,
-       S_FIELDS };
+       S_ALIAS, S_FIELDS };
 
 static Layout NODE, EDGE, TINFO, SAVED;
 static int configured = 0;
@@ -381,7 +381,8 @@ shape_list(Ctx *c, PyObject *t)
 }
 
 /* `_Walker.saved_record(name, t)`: a SavedTensor for a tensor still held by the graph. The
- * dataclass's __post_init__ (storage_nbytes defaults to nbytes) is applied here. */
+ * dataclass's __post_init__ (storage_nbytes defaults to nbytes) is applied here; `alias` is
+ * None (the walk marks the storages of a model's parameters, buffers and inputs afterwards). */
 static PyObject *
 saved_record(Ctx *c, PyObject *name, PyObject *t)
 {
@@ -392,7 +393,7 @@ saved_record(Ctx *c, PyObject *name, PyObject *t)
         goto done;
     PyObject *size = PyTuple_GET_ITEM(rec, 1);
     PyObject *vals[S_FIELDS] = {name, shape, dtype, device, nbytes, PyTuple_GET_ITEM(rec, 0),
-                                Py_False, size != Py_None ? size : nbytes};
+                                Py_False, size != Py_None ? size : nbytes, Py_None};
     out = new_instance(&SAVED, vals);
 done:
     if (out == NULL && PyErr_ExceptionMatches(PyExc_RuntimeError)) {

@@ -27,7 +27,7 @@ import re
 import sys
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -59,6 +59,7 @@ class Forward:
     outputs: Any
     model: torch.nn.Module | None
     inputs: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)  # a dict of inputs, spread as keywords
 
 
 @dataclass
@@ -344,7 +345,8 @@ class ModelFile:
 
         with torch.enable_grad(), scopes(module):
             out = self.run_model(module, inputs)
-        return Forward(outputs=out, model=module, inputs=_as_args(inputs)[0])
+        args, kwargs = _as_args(inputs)
+        return Forward(outputs=out, model=module, inputs=args, kwargs=kwargs)
 
     def loss(self, output: Any, target: Any = None) -> Any:
         """Apply the file's ``loss_fn`` to ``output`` (and ``target`` when it takes two)."""

@@ -227,9 +227,10 @@ class SavedMemory(_Listener):
     # -------------------------------------------------------------- modules
     def _adopt(self, model: torch.nn.Module) -> None:
         self._rec = ScopeRecorder(model)
-        for p in model.parameters():
-            if p.requires_grad:
-                self._leaf_keys.add(_storage_of(p)[0])
+        # parameters (frozen ones too) and buffers are alive without the graph, as
+        # ``gs.trace(model=...)`` and ``activation_report`` count them
+        for p in (*model.parameters(), *model.buffers()):
+            self._leaf_keys.add(_storage_of(p)[0])
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
         if self._rec is None and self.model is None:

@@ -451,6 +451,7 @@ def trace(
     saved: bool = True,
     model: Any = None,
     regions: bool = True,
+    inputs: Any = None,
 ) -> Graph:
     """Walk the autograd graph behind ``outputs`` into a plain-data ``Graph``.
 
@@ -470,6 +471,10 @@ def trace(
             into the aten ops of the AOTAutograd backward graph it runs, as a cluster
             ``<compiled>`` (see ``gradscope.capture.regions``); False keeps it one node, as
             torchviz draws it.
+        inputs: what the forward was given (any nest of tensors). Saved tensors on the storage
+            of an input, or of a parameter or buffer of ``model`` (BatchNorm's running
+            statistics), are marked ``SavedTensor.alias = "leaf"``: alive without the graph,
+            ``Graph.memory()`` counts them with the parameters/inputs, not as activations.
 
     Returns:
         The graph, with stable ids ``n0, n1, ...`` in walk order (depth first from each output).
@@ -484,7 +489,9 @@ def trace(
         >>> sorted(n.name for n in g.nodes if n.kind == "leaf")
         ['bias', 'weight']
     """
-    return _trace_with_ids(outputs, params, saved=saved, model=model, regions=regions)[0]
+    return _trace_with_ids(
+        outputs, params, saved=saved, model=model, regions=regions, inputs=inputs
+    )[0]
 
 
 def _trace_with_ids(
@@ -494,6 +501,7 @@ def _trace_with_ids(
     saved: bool = True,
     model: Any = None,
     regions: bool = True,
+    inputs: Any = None,
 ) -> tuple[Graph, dict[Any, str]]:
     """``trace``, also returning its map from each live ``grad_fn`` to its node id, so that
     ``gs.record_backward`` can hook the very nodes it drew. The map holds the nodes alive:
@@ -540,7 +548,33 @@ def _trace_with_ids(
             region_nodes = _regions.find(walker.ids)
             if region_nodes:
                 _regions.expand(graph, region_nodes, walker, model)
+        if saved and (model is not None or inputs is not None):
+            _mark_held(graph, walker.storages, model, inputs)
         return graph, walker.ids
     finally:
         if pause_gc:
             gc.enable()
+
+
+def _mark_held(graph: Graph, storages: _Storages, model: Any, inputs: Any) -> None:
+    """Mark the saved tensors on a storage of ``model``'s parameters and buffers or of
+    ``inputs`` as ``leaf`` aliases: they are alive without the graph, as ``activation_report``
+    counts them. Only storages the walk saw are looked up (``storages.by_key``)."""
+    tensors = [t for _, t in iter_tensors(inputs)]
+    if isinstance(model, torch.nn.Module):
+        tensors += model.parameters()
+        tensors += model.buffers()
+    by_key = storages.by_key
+    held: set[str] = set()
+    for t in tensors:
+        try:
+            found = by_key.get(_storage_key(t))
+        except (RuntimeError, NotImplementedError, AttributeError):
+            continue  # no storage (sparse, nested...): nothing saved can share it
+        if found is not None:
+            held.add(found[0])
+    if held:
+        for node in graph.nodes:
+            for s in node.saved:
+                if s.storage in held:
+                    s.alias = "leaf"

@@ -98,8 +98,10 @@ class MemoryReport:
             including those the graph released before it ended.
         cuda: allocator snapshots (empty on the CPU).
 
-    An input that does not require grad is no node of the graph, so its storage counts as an
-    activation: the graph does keep it alive. Buffers (BatchNorm's running statistics) too.
+    An input that does not require grad is no node of the graph: its storage counts as an
+    activation unless the trace marked it (``gs.trace(model=..., inputs=...)`` marks the
+    storages of the model's parameters and buffers, BatchNorm's running statistics, and of the
+    inputs, ``SavedTensor.alias``), which then count with the parameters/inputs.
 
     Example:
         >>> from gradscope.model.graph import Graph, Node, SavedTensor
@@ -270,9 +272,13 @@ def add_use(report: MemoryReport, use: StorageUse) -> None:
 
 def alias_kinds(graph: GraphLike) -> dict[str, str]:
     """Storage id -> ``leaf``/``output`` for storages of leaf and output tensors (leaf wins),
-    and those a collapsed box recorded (``Box.aliases``: its leaves are inside it)."""
+    those a collapsed box recorded (``Box.aliases``: its leaves are inside it), and those of
+    saved tensors marked ``alias`` (a model's parameters, buffers and inputs, ``leaf``)."""
     kinds: dict[str, str] = {}
     for n in graph.nodes:
+        for s in n.saved:
+            if s.alias is not None and s.storage is not None and kinds.get(s.storage) != LEAF:
+                kinds[s.storage] = s.alias
         if n.kind in (LEAF, OUTPUT) and n.tensor is not None and n.tensor.storage is not None:
             if kinds.get(n.tensor.storage) != LEAF:
                 kinds[n.tensor.storage] = n.kind

@@ -35,6 +35,10 @@ class SavedTensor:
         freed: True once backward released the tensor (``retain_graph=False``).
         storage_nbytes: bytes of the whole storage behind it (a saved slice keeps all of it
             alive); defaults to ``nbytes``.
+        alias: ``leaf`` when the storage is alive without the graph though no leaf node holds
+            it: a parameter or buffer (BatchNorm's running statistics) of the model, or an
+            input of the forward (``gs.trace(model=..., inputs=...)`` marks them); memory
+            figures count it with the parameters/inputs. None: the graph's own (or unknown).
     """
 
     name: str
@@ -45,6 +49,7 @@ class SavedTensor:
     storage: str | None
     freed: bool = False
     storage_nbytes: int | None = None
+    alias: str | None = None
 
     def __post_init__(self) -> None:
         if self.storage_nbytes is None:

@@ -39,7 +39,9 @@ regions); a version 2 document is a version 3 document without them and loads as
 A module box's ``saved_bytes`` counts each storage once; ``leaf_bytes`` and ``output_bytes``
 (optional, 0 when absent) are the parts of it that alias a leaf (a parameter or an input) or an
 output, and ``aliases`` names those storages (optional keys: a box written without them, in
-any version, reads as all activations).
+any version, reads as all activations). A saved tensor's optional ``alias`` (``"leaf"``) says
+its storage is alive without the graph though no leaf node holds it (a parameter, buffer or
+input of the traced model); without it the storage counts as the graph's own.
 
 Reading validates structure and types and raises ``SchemaError`` naming the JSON path of the
 first problem (``nodes[3].saved[0].freed: expected true or false, got "false"``).
@@ -183,9 +185,9 @@ _FAST_NODE_KEYS = frozenset(
      "created_at"}
 )
 _FAST_SAVED_KEYS = frozenset(
-    {"name", "shape", "dtype", "device", "nbytes", "storage", "freed", "storage_nbytes"}
+    {"name", "shape", "dtype", "device", "nbytes", "storage", "freed", "storage_nbytes", "alias"}
 )
-_SAVED_REQUIRED = _FAST_SAVED_KEYS - {"storage_nbytes"}
+_SAVED_REQUIRED = _FAST_SAVED_KEYS - {"storage_nbytes", "alias"}
 _FAST_TENSOR_KEYS = frozenset({"name", "shape", "dtype", "device", "storage"})
 _TENSOR_REQUIRED = _FAST_TENSOR_KEYS - {"storage"}
 _FAST_EDGE_KEYS = frozenset({"src", "dst", "input_nr", "kind", "count"})
@@ -230,7 +232,7 @@ def _fast_node(d: Any) -> Node | None:
                 or not _SAVED_REQUIRED <= sd.keys()):
             return None
         shape, nbytes, freed = sd["shape"], sd["nbytes"], sd["freed"]
-        size = sd.get("storage_nbytes")
+        size, alias = sd.get("storage_nbytes"), sd.get("alias")
         sname = sd["name"]
         dtype, device, storage = sd["dtype"], sd["device"], sd["storage"]
         if (type(sname) is not str or (shape is not None and not _fast_shape(shape))
@@ -238,9 +240,11 @@ def _fast_node(d: Any) -> Node | None:
                 or (device is not None and type(device) is not str)
                 or type(nbytes) is not int or not 0 <= nbytes <= MAX_INT
                 or (storage is not None and type(storage) is not str) or type(freed) is not bool
-                or (size is not None and (type(size) is not int or not 0 <= size <= MAX_INT))):
+                or (size is not None and (type(size) is not int or not 0 <= size <= MAX_INT))
+                or (alias is not None and alias not in ALIAS_KINDS)):
             return None
-        saved.append(SavedTensor(sname, shape, dtype, device, nbytes, storage, freed, size))
+        saved.append(
+            SavedTensor(sname, shape, dtype, device, nbytes, storage, freed, size, alias))
     t = d.get("tensor")
     tensor = None
     if t is not None:
@@ -367,7 +371,9 @@ class _Reader:
     def saved(self, v: Any, at: str) -> SavedTensor:
         d = self.obj(v, at)
         nbytes = self.expect_int(self.field(d, "nbytes", at), f"{at}.nbytes")
-        size = d.get("storage_nbytes")
+        size, alias = d.get("storage_nbytes"), d.get("alias")
+        if alias is not None and alias not in ALIAS_KINDS:
+            raise self.fail(f"{at}.alias", '"leaf" or "output"', alias)
         return SavedTensor(
             self.expect_str(self.field(d, "name", at), f"{at}.name"),
             self.shape(self.field(d, "shape", at), f"{at}.shape", optional=True),
@@ -377,6 +383,7 @@ class _Reader:
             self.opt_str(self.field(d, "storage", at), f"{at}.storage"),
             self.expect_bool(self.field(d, "freed", at), f"{at}.freed"),
             None if size is None else self.expect_int(size, f"{at}.storage_nbytes"),
+            alias,
         )
 
     def tensor(self, v: Any, at: str) -> TensorInfo | None:

@@ -89,7 +89,8 @@ def _saved_to_dict(s: SavedTensor) -> dict[str, Any]:
         "nbytes": s.nbytes,
         "storage": s.storage,
         "freed": s.freed,
-    } | ({"storage_nbytes": s.storage_nbytes} if s.storage_nbytes != s.nbytes else {})
+    } | ({"storage_nbytes": s.storage_nbytes} if s.storage_nbytes != s.nbytes else {}) | (
+        {"alias": s.alias} if s.alias is not None else {})
 
 
 def _tensor_to_dict(t: TensorInfo | None) -> dict[str, Any] | None:
