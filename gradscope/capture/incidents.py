@@ -24,6 +24,7 @@ from ..errors import MonitorError
 from ..model.alerts import FLAP_WINDOW
 from ..model.incident import Incident, changes
 from .replay import Replayer, ReplayResult
+from .replay_isolated import replay_isolated
 
 
 class IncidentWatch:
@@ -68,6 +69,11 @@ class IncidentWatch:
         self.last_good: dict[str, float] | None = None
         self.hot = False  # the previous logged step raised an exploding alert
         self.checked = False  # this step's gradients were finite when the backward ended
+        self.rules: Any = None  # the log's AlertRules (read: the spike a step starts)
+
+    def read_spikes(self, rules: Any) -> None:
+        """Read the spike events from ``rules`` (the log's ``AlertRules``; never written)."""
+        self.rules = rules
 
     @property
     def replaying(self) -> bool:
@@ -132,7 +138,10 @@ class IncidentWatch:
         if finite:
             self.checked = True
             return
-        self.pending = self.replayer.replay()
+        self.pending = replay_isolated(self.replayer.replay)  # the contract: replay_isolated
+
+    def _spike_started(self) -> Any:
+        return None if self.rules is None else self.rules.spike_started
 
     def end_step(self) -> None:
         if self.replayer is not None:
@@ -165,6 +174,11 @@ class IncidentWatch:
                 line=res.line, code=res.code, value=res.value, inputs=res.inputs,
                 changes=changes(self.last_good, norms, self.norm_type),
                 micro_batch=res.micro_batch, replayed=res.replayed, note=res.note,
+            )
+        elif finite and (spike := self._spike_started()) is not None:
+            incident = Incident(
+                step=st.step, kind="spike", signal=spike.signal, ratio=spike.ratio,
+                changes=changes(self.last_good, norms, self.norm_type),
             )
         elif (  # growth needs a good step to grow from
             finite and not self.hot and self.last_good is not None

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 #: what went bad: gradients with NaN/Inf, or a total norm past the explode threshold
-INCIDENT_KINDS = ("nonfinite", "exploding")
+INCIDENT_KINDS = ("nonfinite", "exploding", "spike")
 #: where it started: the model's forward, its backward, or outside the model (the loss made a
 #: non-finite gradient before it reached the model's outputs)
 PHASES = ("forward", "backward", "outside")
@@ -72,13 +72,40 @@ class ModuleChange:
         return f"{self.module or '(model)'}: {good} -> {self.bad:.3g}{grew}"
 
 
+@dataclass(frozen=True)
+class SampleNorm:
+    """One example of a replayed micro-batch: ``index`` (its position in the micro-batch),
+    ``id`` (the data's own id when known), ``norm`` (the norm of its own gradient, scaled as
+    the batch loss reduces it) and ``share`` (its squared norm over the sum of every
+    example's squared norm)."""
+
+    index: int
+    norm: float
+    share: float
+    id: str | None = None
+
+    def describe(self) -> str:
+        who = f"sample {self.id}" if self.id is not None else f"sample {self.index}"
+        return f"{who}: {self.norm:.3g} ({self.share:.0%})"
+
+
+@dataclass(frozen=True)
+class SampleModule:
+    """A module's part of one example's gradient: its norm and its share of the example's
+    squared norm."""
+
+    module: str
+    norm: float
+    share: float
+
+
 @dataclass
 class Incident:
     """The first bad step of an event, and where it started.
 
     Attributes:
         step: the monitor's step number.
-        kind: ``nonfinite`` or ``exploding``.
+        kind: ``nonfinite``, ``exploding`` or ``spike``.
         phase: ``forward`` (an op's forward output first held NaN/Inf), ``backward`` (the
             forward was finite; an op's backward made the first NaN/Inf), ``outside`` (the
             gradient reaching the model's outputs was already non-finite: the loss made it),
@@ -99,6 +126,12 @@ class Incident:
         repeats: the later non-finite logged steps of the same event (each within
             ``FLAP_WINDOW`` logged steps of the one before: a gradient that flaps), counted
             here rather than made incidents of their own; ``last_step`` the last of them.
+        signal, ratio, steps: a spike's signal (``grad_norm``, ``loss``, ``update``), its
+            value over its baseline at the first step, and how many logged steps it lasted
+            (None while it goes on; ``gradscope.model.spikes``).
+        samples: a spike's examples of the replayed micro-batch whose own gradients are the
+            largest (``SampleNorm``, largest first); ``sample_modules``: the modules where the
+            top example's gradient concentrates (``SampleModule``, largest first).
     """
 
     step: int
@@ -116,6 +149,11 @@ class Incident:
     note: str | None = None
     repeats: int = 0
     last_step: int | None = None
+    signal: str | None = None
+    ratio: float | None = None
+    steps: int | None = None
+    samples: list[SampleNorm] = field(default_factory=list)
+    sample_modules: list[SampleModule] = field(default_factory=list)
 
     def origin(self) -> str:
         """``LogBackward0 in head (model.py:12)``, or what is known of it."""
@@ -132,6 +170,8 @@ class Incident:
         """Two to four lines a person reads first: what happened where, the code line, what
         the op was given, and which modules changed most."""
         lines = []
+        if self.kind == "spike":
+            return self._spike_summary()
         if self.kind == "exploding":
             head = f"step {self.step}: the gradient norm exploded"
             if self.op is not None:
@@ -166,6 +206,36 @@ class Incident:
             lines.append(f"  {self.note}")
         return "\n".join(lines[:4])
 
+    def spike_sentence(self) -> str:
+        """``spike x37 at step 1204 (the gradient norm, 3 steps): sample 13 carries 91% of
+        the gradient, through layers.5.attn``."""
+        what = {"grad_norm": "the gradient norm", "loss": "the loss",
+                "update": "the update ratio"}.get(self.signal or "", self.signal or "?")
+        lasted = "" if self.steps is None else (
+            f", {self.steps} logged step{'' if self.steps == 1 else 's'}")
+        ratio = "" if self.ratio is None else f" x{self.ratio:.3g}"
+        head = f"spike{ratio} at step {self.step} ({what}{lasted})"
+        if self.samples:
+            top = self.samples[0]
+            who = f"sample {top.id}" if top.id is not None else f"sample {top.index}"
+            mb = "" if self.micro_batch is None else f" of micro-batch {self.micro_batch}"
+            head += f": {who}{mb} carries {top.share:.0%} of the gradient"
+            if self.sample_modules:
+                head += f", through {self.sample_modules[0].module or '(model)'}"
+        return head
+
+    def _spike_summary(self) -> str:
+        lines = [self.spike_sentence()]
+        if len(self.samples) > 1:
+            lines.append("  largest samples: " + "; ".join(
+                s.describe() for s in self.samples[:4]))
+        if self.changes:
+            shown = "; ".join(c.describe() for c in self.changes[:3])
+            lines.append(f"  gradient norms vs the last good step: {shown}")
+        if self.note:
+            lines.append(f"  {self.note}")
+        return "\n".join(lines[:4])
+
     def op_sentence(self) -> str:
         """``LogBackward0 was given self [64, 10] float32: min 0.0, max 0.93``."""
         parts = ", ".join(i.describe() for i in self.inputs[:3])
@@ -183,6 +253,11 @@ class Incident:
         d["inputs"] = [
             dict(asdict(i), min=_finite(i.min), max=_finite(i.max)) for i in self.inputs
         ]
+        d["ratio"] = _finite(self.ratio)
+        d["samples"] = [dict(asdict(x), norm=_finite(x.norm), share=_finite(x.share))
+                        for x in self.samples]
+        d["sample_modules"] = [dict(asdict(x), norm=_finite(x.norm), share=_finite(x.share))
+                               for x in self.sample_modules]
         return d
 
     @classmethod
@@ -193,8 +268,12 @@ class Incident:
             for c in d.get("changes", [])
         ]
         inputs = [OpInput(**i) for i in d.get("inputs", [])]
-        keep = {k: v for k, v in d.items() if k not in ("changes", "inputs")}
-        return cls(**keep, changes=changes, inputs=inputs)
+        samples = [SampleNorm(**x) for x in d.get("samples", [])]
+        modules = [SampleModule(**x) for x in d.get("sample_modules", [])]
+        keep = {k: v for k, v in d.items()
+                if k not in ("changes", "inputs", "samples", "sample_modules")}
+        return cls(**keep, changes=changes, inputs=inputs, samples=samples,
+                   sample_modules=modules)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), allow_nan=False)
@@ -241,6 +320,10 @@ def origin_suffix(alert: Any, incidents: list[Incident]) -> str:
         if inc.phase == "outside":
             return "; origin: the loss, outside the model (pass loss_fn= to name its op)"
         return ""
+    if alert.kind == "spike" and inc.kind == "spike":
+        if inc.samples:
+            return "; " + inc.spike_sentence().partition(": ")[2]
+        return f"; grew most: {inc.changes[0].describe()}" if inc.changes else ""
     if alert.kind == "exploding" and inc.kind == "exploding" and inc.changes:
         return f"; grew most: {inc.changes[0].describe()}"
     return ""

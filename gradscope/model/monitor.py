@@ -17,7 +17,9 @@ from .formats import renderer
 from .incident import Incident
 
 #: the kinds an ``Alert`` can have, most severe first
-ALERT_KINDS = ("nan", "inf", "exploding", "dead", "vanishing", "forward_nonfinite", "leak")
+ALERT_KINDS = (
+    "nan", "inf", "exploding", "spike", "dead", "vanishing", "forward_nonfinite", "leak"
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class StepStats:
     ``measured_at``: ``"backward"`` (as the last backward left them) or ``"optimizer"`` (at
     ``optimizer.step()``). ``forward_nonfinite``: with ``activations=True``, the module whose
     output was the step's first non-finite forward value (None when all were finite).
+    ``loss``: the step's loss (the mean of the micro-batches' losses given to
+    ``GradMonitor.observe_loss``), or None.
     """
 
     step: int
@@ -64,6 +68,7 @@ class StepStats:
     scope: str | None = None
     measured_at: str = "backward"
     forward_nonfinite: str | None = None
+    loss: float | None = None
 
 
 @dataclass(frozen=True)
@@ -93,11 +98,16 @@ class Thresholds:
     ``vanish``: a per-element size (norm / numel^(1/p)) below this for ``VANISH_PATIENCE``
     logged steps is "vanishing"; ``vanish_ratio``: ... or below this fraction of the model's
     median per-element size at the same step; ``explode``: a norm above this (or
-    ``SPIKE_FACTOR`` x its running median) is "exploding"."""
+    ``SPIKE_FACTOR`` x its running median) is "exploding". ``spike``: a total gradient norm,
+    loss or update ratio above this times the median of its last ``spike_window`` logged
+    values (the first ``spike_warmup`` ignored) is a "spike" (``gradscope.model.spikes``)."""
 
     vanish: float = 1e-7
     vanish_ratio: float = 1e-4
     explode: float = 1e3
+    spike: float = 10.0
+    spike_window: int = 50
+    spike_warmup: int = 10
 
 
 @dataclass
@@ -178,7 +188,7 @@ class MonitorLog:
     #: the alert rules ``append`` runs (``gradscope.model.alerts.AlertRules``); None: none
     rules: Any = field(default=None, repr=False, compare=False)
     _sink: JsonlSink | None = field(default=None, init=False, repr=False, compare=False)
-    _held: list[tuple[StepStats, int, Incident | None, int | None]] = field(
+    _held: list[tuple[StepStats, int, Incident | None, dict[str, int]]] = field(
         default_factory=list, init=False, repr=False, compare=False
     )
 
@@ -194,10 +204,20 @@ class MonitorLog:
         incident = incident_for(st, new) if incident_for is not None else None
         if incident is not None:
             self.incidents.append(incident)
+        ended = getattr(self.rules, "spike_ended", None)
+        if ended is not None:  # a spike event ended here: its length
+            spike = next((i for i in reversed(self.incidents)
+                          if i.kind == "spike" and i.step == ended[0]), None)
+            if spike is not None:
+                spike.steps = ended[1]
         if self._sink is not None:
             last = self.incidents[-1] if self.incidents and incident is None else None
-            repeat = last.step if last is not None and last.last_step == st.step else None
-            self._held.append((st, len(self.alerts), incident, repeat))
+            extra: dict[str, int] = {}
+            if last is not None and last.last_step == st.step:
+                extra["repeat_of"] = last.step
+            if ended is not None:  # streamed before the event's length was known
+                extra["spike_of"], extra["spike_steps"] = ended
+            self._held.append((st, len(self.alerts), incident, extra))
             if not hold:
                 self._flush()
         self._trim()
@@ -214,8 +234,8 @@ class MonitorLog:
             if st.step == step:
                 self.steps[k] = _with_ratios(st, ratios)
                 break
-        self._held = [(_with_ratios(h, ratios) if h.step == step else h, n, inc, rep)
-                      for h, n, inc, rep in self._held]
+        self._held = [(_with_ratios(h, ratios) if h.step == step else h, n, inc, extra)
+                      for h, n, inc, extra in self._held]
         self._flush()
 
     def rewatch(self, names: list[str], numels: dict[str, int]) -> None:
@@ -241,10 +261,9 @@ class MonitorLog:
         if sink is None or sink.closed:
             self._held = []
             return
-        for st, n_alerts, incident, repeat in self._held:
+        for st, n_alerts, incident, extra in self._held:
             obj = step_record(st, self.alerts[sink.alerts_written : n_alerts], incident)
-            if repeat is not None:  # streamed before the event's count was known
-                obj["repeat_of"] = repeat
+            obj.update(extra)  # repeat_of, spike_of: streamed before the event's end
             sink.alerts_written = n_alerts
             if sink.lines == 0:
                 obj["log"] = log_header(self)
@@ -369,6 +388,7 @@ def step_record(
         "scope": st.scope,
         "measured_at": st.measured_at,
         "forward_nonfinite": st.forward_nonfinite,
+        "loss": None if st.loss is None else _finite_or_none(st.loss),
         "params": {n: _stats_dict(ps) for n, ps in st.params.items()},
         "modules": {n: _stats_dict(ps) for n, ps in st.modules.items()},
         "alerts": [alert_dict(a) for a in alerts],
@@ -422,6 +442,7 @@ def read_jsonl(path: str | Path) -> MonitorLog:
                     scope=obj.get("scope"),
                     measured_at=obj.get("measured_at", "backward"),
                     forward_nonfinite=obj.get("forward_nonfinite"),
+                    loss=None if obj.get("loss") is None else float(obj["loss"]),
                 )
                 alerts.extend(
                     Alert(a["kind"], st.step, a["name"], a["message"], a.get("count", 1),
@@ -436,6 +457,12 @@ def read_jsonl(path: str | Path) -> MonitorLog:
                     if inc is not None:
                         inc.repeats += 1
                         inc.last_step = st.step
+                spike_of = obj.get("spike_of")
+                if spike_of is not None:  # a streamed spike event ended here
+                    inc = next((i for i in reversed(incidents)
+                                if i.kind == "spike" and i.step == int(spike_of)), None)
+                    if inc is not None:
+                        inc.steps = int(obj["spike_steps"])
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise MonitorError(
                     f"{path}: line {number} is not a gradscope monitor record ({exc}); give a "

@@ -117,3 +117,37 @@ def test_deferred_update_ratios_equal_the_weight_change(monkeypatch) -> None:
     for st, truth in zip(mon.history, want, strict=True):
         for name, ps in st.params.items():
             assert ps.update_ratio == pytest.approx(truth[name], rel=1e-5), (st.step, name)
+
+
+def test_one_transfer_per_logged_step_with_spikes_and_the_loss(monkeypatch) -> None:
+    """``observe_loss`` and spike detection ride in the same transfer, and a detected spike
+    (the loss of one step scaled x1000) costs none more."""
+    model = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randn(8, 6, generator=g) for _ in range(12)]
+    counts = {}
+    for monitor in (False, True):
+        model = _mlp()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        mon = (gs.GradMonitor(model, optimizer=opt, spike_warmup=0, full_every=1)
+               if monitor else None)
+        counter = Transfers(monkeypatch)
+        seen = []
+        for step, x in enumerate(data):
+            before = counter.count
+            opt.zero_grad()
+            loss = model(x).square().mean() * (1000 if step == 9 else 1)
+            if mon is not None:
+                mon.observe_loss(loss)
+            loss.backward()
+            opt.step()
+            seen.append(counter.count - before)
+        monkeypatch.undo()
+        counts[monitor] = seen
+        if mon is not None:
+            mon.remove()
+            spikes = [(i.kind, i.step) for i in mon.incidents if i.kind == "spike"]
+            assert spikes == [("spike", 9)]
+            assert all(st.loss is not None for st in mon.history)
+    assert [w - p for w, p in zip(counts[True], counts[False], strict=True)] == [1] * 12

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ...errors import GradscopeError, MonitorWarning, UnsupportedSetupError
+from ...errors import GradscopeError, MonitorError, MonitorWarning, UnsupportedSetupError
 from ...model.alerts import AlertRules
 from ...model.formats import renderer
 from ...model.incident import Incident
@@ -102,6 +102,10 @@ class GradMonitor:
         vanish_ratio: ... or whose per-element size stays below this fraction of the median
             per-element size of the model's parameters at the same step.
         explode: a norm above this (or ``SPIKE_FACTOR`` x its running median) alerts.
+        spike, spike_window, spike_warmup: a total gradient norm, loss (``observe_loss``)
+            or update ratio above ``spike`` x the median of its last ``spike_window`` logged
+            values (the first ``spike_warmup`` logged ones ignored) is a spike: one alert and
+            one ``Incident(kind="spike")`` per event (``gradscope.model.spikes``).
         leaks: also watch for autograd graphs of earlier steps still alive at the next step
             (a loss kept without ``.detach()``), with ``gs.leak_check``; each leak is an
             ``Alert`` of kind ``leak``.
@@ -143,6 +147,9 @@ class GradMonitor:
         vanish: float = 1e-7,
         vanish_ratio: float = 1e-4,
         explode: float = 1e3,
+        spike: float = 10.0,
+        spike_window: int = 50,
+        spike_warmup: int = 10,
         leaks: bool = False,
         history: int | None = HISTORY,
         jsonl: str | Path | None = None,
@@ -159,7 +166,15 @@ class GradMonitor:
         self.vanish = vanish
         self.vanish_ratio = vanish_ratio
         self.explode = explode
-        self.thresholds = Thresholds(vanish, vanish_ratio, explode)
+        if not (spike > 1 and spike_window >= 1 and spike_warmup >= 0):
+            raise MonitorError(
+                f"spike={spike!r}, spike_window={spike_window!r}, spike_warmup="
+                f"{spike_warmup!r}: give a factor above 1, a window of at least one logged "
+                "step and a warm-up of zero or more"
+            )
+        self.thresholds = Thresholds(
+            vanish, vanish_ratio, explode, float(spike), int(spike_window), int(spike_warmup)
+        )
         self.optimizer = unwrap_optimizer(optimizer) if optimizer is not None else None
         self.measure = measure
         self.update_sample = update_sample
@@ -204,6 +219,7 @@ class GradMonitor:
             self._leak_check = LeakCheck(grace=1, warn=False).start()
         self._attach(model, activations)
         self._handles.add(self._incidents.install())
+        self._incidents.read_spikes(self._log.rules)
         if stream is not None:  # last: a refused monitor leaves an existing file as it was
             try:
                 self._log.stream_to(stream)
@@ -349,6 +365,21 @@ class GradMonitor:
         """The targets of the micro-batch just run, for ``loss_fn(output, *values)``."""
         self._incidents.target(*values)
 
+    def observe_loss(self, loss: Any) -> None:
+        """The loss of the micro-batch just run (a one-element tensor; call it before
+        ``backward()``, or before ``optimizer.step()`` with ``optimizer=``): the step's mean
+        loss is read in the step's one transfer (``StepStats.loss``) and watched for spikes.
+        Costs nothing on steps that are not logged."""
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            what = (f"a tensor of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor)
+                    else type(loss).__name__)
+            raise MonitorError(
+                f"observe_loss() takes the loss as a one-element tensor, got {what}; pass "
+                "the reduced loss (loss.mean())"
+            )
+        if self._clock.logged():
+            self._buffers.add_loss(loss.detach())
+
     def replay_run(self, run: Any) -> None:
         """A framework's own step for the next micro-batch (returns its loss; Lightning)."""
         self._incidents.add_run(run)
@@ -478,9 +509,13 @@ class GradMonitor:
 
     def _transfer(self, m: Measure, update: torch.Tensor | None, d: Drained) -> HostStep:
         previous, self._deferred = self._deferred, None
+        loss = None
+        if d.losses:  # the micro-batches' mean loss, moved with the rest
+            loss = torch.stack([x.reshape(()).float() for x in d.losses]).mean()
         return transfer(
             m, topology=self._topology, norm_type=self.norm_type, update=update,
             probe=d.probe, module_calls=d.module_calls, flags=d.flags, previous=previous,
+            loss=loss,
         )
 
     def _record(self, host: HostStep, skipped: bool, deferred: Deferred | None) -> None:

@@ -25,7 +25,7 @@ from .distributed import Sharding
 #: matrix ("table": rows x parameters, or ranks x rows x parameters when shards are gathered),
 #: the ranks' replication checksums, the probe measured at optimizer.step(), the module rows,
 #: the activation flags, the update rows an earlier step left on the device
-PACKET_FIELDS = ("table", "checksums", "probe", "modules", "flags", "previous")
+PACKET_FIELDS = ("table", "checksums", "probe", "modules", "flags", "previous", "loss")
 
 
 class Packet:

@@ -61,14 +61,16 @@ class Drained(NamedTuple):
     sample: UpdateSample | None
     module_calls: list[tuple[int, torch.Tensor]]
     flags: list[tuple[int, torch.Tensor]]
+    losses: list[torch.Tensor]
 
 
 class StepBuffers:
     """What a logged step accumulates before its transfer: the measurement that counts (the
     last backward's, or the one at ``optimizer.step()``), the probe at the step (replication
-    detection), the update-ratio sample, the module rows and the activation flags."""
+    detection), the update-ratio sample, the module rows, the activation flags and the
+    losses given to ``observe_loss``."""
 
-    __slots__ = ("pending", "probe", "sample", "_module_calls", "_flags")
+    __slots__ = ("pending", "probe", "sample", "_module_calls", "_flags", "_losses")
 
     def __init__(self, n_modules: int) -> None:
         self.pending: Measure | None = None
@@ -76,6 +78,10 @@ class StepBuffers:
         self.sample: UpdateSample | None = None
         self._module_calls: list[list[torch.Tensor]] = [[] for _ in range(n_modules)]
         self._flags: list[tuple[int, torch.Tensor]] = []
+        self._losses: list[torch.Tensor] = []
+
+    def add_loss(self, loss: torch.Tensor) -> None:
+        self._losses.append(loss)
 
     def add_module_row(self, index: int, row: torch.Tensor) -> None:
         self._module_calls[index].append(row)
@@ -86,7 +92,7 @@ class StepBuffers:
     def drain(self) -> Drained:
         """Hand everything over and start empty."""
         calls = [(i, c) for i, cs in enumerate(self._module_calls) for c in cs]
-        out = Drained(self.pending, self.probe, self.sample, calls, self._flags)
+        out = Drained(self.pending, self.probe, self.sample, calls, self._flags, self._losses)
         self.clear()
         return out
 
@@ -95,3 +101,4 @@ class StepBuffers:
         for calls in self._module_calls:
             calls.clear()
         self._flags = []
+        self._losses = []

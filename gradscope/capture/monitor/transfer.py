@@ -72,7 +72,7 @@ class HostStep:
     shards combined), the scope, the module rows by module, the first non-finite activation's
     index, and the update ratios of a deferred earlier step."""
 
-    __slots__ = ("m", "table", "with_update", "scope", "mods", "first_bad", "previous")
+    __slots__ = ("m", "table", "with_update", "scope", "mods", "first_bad", "previous", "loss")
 
     def __init__(self, m: Measure, table: list[list[float]], with_update: bool) -> None:
         self.m = m
@@ -82,6 +82,7 @@ class HostStep:
         self.mods: dict[int, list[list[float]]] = {}
         self.first_bad: int | None = None
         self.previous: tuple[int, dict[str, float]] | None = None
+        self.loss: float | None = None
 
     def finite(self) -> bool:
         """Whether every measured gradient's norm is finite."""
@@ -98,6 +99,7 @@ def transfer(
     module_calls: Sequence[tuple[int, torch.Tensor]] = (),
     flags: Sequence[tuple[int, torch.Tensor]] = (),
     previous: Deferred | None = None,
+    loss: torch.Tensor | None = None,
 ) -> HostStep:
     """Move one logged step to the host in ONE transfer (and at most two collectives: the
     shards' table, the replication checksums)."""
@@ -130,6 +132,8 @@ def transfer(
         packet.put("flags", torch.stack([f for _, f in flags]), (len(flags),))
     if previous is not None:
         packet.put("previous", previous.rows, previous.shape())
+    if loss is not None:  # the step's loss (observe_loss), in the same transfer
+        packet.put("loss", loss, (1,))
     host = packet.to_host()
 
     kinds = ["norm"] + (["max", "sum", "sum"] if m.full else [])
@@ -163,6 +167,8 @@ def transfer(
         )
     if previous is not None:
         out.previous = (previous.step, previous.ratios(host["previous"]))
+    if loss is not None:
+        out.loss = float(host["loss"][0])
     return out
 
 
@@ -200,4 +206,5 @@ def finish(
         scope=h.scope,
         measured_at=m.at,
         forward_nonfinite=act_names[h.first_bad] if h.first_bad is not None else None,
+        loss=h.loss,
     )

@@ -1,0 +1,116 @@
+"""Spike detection: a logged step whose total gradient norm, loss or update ratio jumps far
+above its recent level, as plain data (no torch; the monitor's ``AlertRules`` runs it).
+
+A value is a spike when it is above ``Thresholds.spike`` (default 10) times its baseline: the
+median of the last ``Thresholds.spike_window`` logged finite values of the same signal, the
+first ``Thresholds.spike_warmup`` logged values ignored (the early steps of a run, whose
+norms fall fast, are no baseline), and only once ``SPIKE_MIN_VALUES`` values are in the
+window. Every finite value enters the window, spikes included (the median is not moved by a
+few of them, and a run that settles at a new level stops spiking after half a window).
+
+An event starts at the first spiking logged step (any signal; the one with the largest ratio
+names it) and lasts while some signal still spikes: one alert and one incident per event,
+its length (``steps``) known when it ends. Skipped and non-finite steps are not figures (a
+NaN is another event) and neither start nor end one.
+
+Signals: ``grad_norm`` (``StepStats.total_norm``), ``loss`` (``StepStats.loss``, when the
+monitor was given the loss), ``update`` (the largest update-to-weight ratio of the step, on
+full-statistics steps with ``optimizer=``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+#: what a spike is measured on
+SIGNALS = ("grad_norm", "loss", "update")
+#: values a signal's window needs before it can tell a spike
+SPIKE_MIN_VALUES = 5
+
+
+@dataclass(frozen=True)
+class SpikeStart:
+    """A spike event's first logged step: which signal, its value, the baseline (median)
+    it is compared with, ``ratio`` = value / baseline, and ``over``: how many logged values
+    the median is of."""
+
+    step: int
+    signal: str
+    value: float
+    baseline: float
+    ratio: float
+    over: int
+
+    def message(self) -> str:
+        return (
+            f"step {self.step}: {_word(self.signal)} spiked x{self.ratio:.3g} "
+            f"({self.value:.4g} against a median of {self.baseline:.4g} over the last "
+            f"{self.over} logged steps)"
+        )
+
+
+def _word(signal: str) -> str:
+    return {"grad_norm": "the gradient norm", "loss": "the loss",
+            "update": "the update ratio"}.get(signal, signal)
+
+
+def signals(st: Any) -> dict[str, float]:
+    """The step's finite figures, by signal (a ``StepStats``)."""
+    out: dict[str, float] = {}
+    if math.isfinite(st.total_norm):
+        out["grad_norm"] = st.total_norm
+    loss = getattr(st, "loss", None)
+    if loss is not None and math.isfinite(loss):
+        out["loss"] = loss
+    ratios = [ps.update_ratio for ps in st.params.values()
+              if ps.update_ratio is not None and math.isfinite(ps.update_ratio)]
+    if ratios:
+        out["update"] = max(ratios)
+    return out
+
+
+class SpikeRule:
+    """The spike state of one run across logged steps. ``update(st)`` returns the event
+    ``st`` starts (or None); after it, ``ended`` is ``(first step, logged steps it lasted)``
+    of the event that ended at ``st`` (or None) and ``open`` the event still running."""
+
+    def __init__(self, factor: float, window: int, warmup: int) -> None:
+        self.factor = factor
+        self.window = window
+        self.warmup = warmup
+        self.values: dict[str, deque[float]] = {s: deque(maxlen=window) for s in SIGNALS}
+        self.seen = dict.fromkeys(SIGNALS, 0)
+        self.open: SpikeStart | None = None
+        self.length = 0
+        self.ended: tuple[int, int] | None = None
+
+    def update(self, st: Any) -> SpikeStart | None:
+        self.ended = None
+        if st.skipped or not math.isfinite(st.total_norm):
+            return None
+        hits: list[SpikeStart] = []
+        for signal, value in signals(st).items():
+            window = self.values[signal]
+            if self.seen[signal] < self.warmup:
+                self.seen[signal] += 1
+                continue
+            if len(window) >= SPIKE_MIN_VALUES:
+                base = statistics.median(window)
+                if base > 0 and value > self.factor * base:
+                    hits.append(SpikeStart(st.step, signal, value, base, value / base,
+                                           len(window)))
+            window.append(value)
+        if hits and self.open is None:
+            self.open = max(hits, key=lambda h: h.ratio)
+            self.length = 1
+            return self.open
+        if hits:
+            self.length += 1
+        elif self.open is not None:
+            self.ended = (self.open.step, self.length)
+            self.open = None
+        return None

@@ -1,0 +1,133 @@
+"""Spikes: a logged step whose gradient norm, loss or update ratio jumps far above its median
+(``gradscope.model.spikes``) gives one alert and one ``Incident(kind="spike")`` per event.
+
+Ground truth: the planted spike's step (one example of one batch scaled x1000), a healthy run
+with warm-up and a cosine schedule that raises nothing, and training that stays bitwise the
+same as without a monitor. The transfer count is in ``test_transfers.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import gradscope as gs
+
+K = 40  # the spiking step
+B = 16
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                         nn.Linear(32, 1))
+
+
+def _data(steps: int, plant: int | None = None, row: int = 5):
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(8, 1, generator=g)
+    out = []
+    for step in range(steps):
+        x = torch.randn(B, 8, generator=g)
+        y = x @ w + 0.1 * torch.randn(B, 1, generator=g)
+        if step == plant:
+            x[row] *= 1000
+        out.append((x, y))
+    return out
+
+
+def _train(model, data, *, mon_options: dict | None = None, loss_shift: dict | None = None,
+           schedule: bool = False):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = None
+    if schedule:  # linear warm-up, then cosine
+        steps = len(data)
+
+        def lr(i: int) -> float:
+            return (i + 1) / 20 if i < 20 else 0.5 * (1 + math.cos(math.pi * (i - 20) / steps))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr)
+    mon = gs.GradMonitor(model, optimizer=opt, **mon_options) if mon_options is not None else None
+    for step, (x, y) in enumerate(data):
+        opt.zero_grad()
+        loss = (model(x) - y).square().mean()
+        if loss_shift and step in loss_shift:  # a loss spike without a gradient spike
+            loss = loss + loss_shift[step]
+        if mon is not None:
+            mon.observe_loss(loss)
+        loss.backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+    if mon is not None:
+        mon.remove()
+    return mon
+
+
+def test_planted_spike_is_detected_once_at_its_step(tmp_path) -> None:
+    mon = _train(_model(), _data(60, plant=K), mon_options={"jsonl": tmp_path / "s.jsonl"})
+    spikes = [a for a in mon.alerts if a.kind == "spike"]
+    assert [(a.step, a.name) for a in spikes] == [(K, "grad_norm")]
+    (inc,) = [i for i in mon.incidents if i.kind == "spike"]
+    assert inc.step == K and inc.signal == "grad_norm"
+    norms = [st.total_norm for st in mon.history]
+    base = sorted(norms[K - 30 : K])  # the 30 logged values after the 10 warm-up ones
+    assert inc.ratio == pytest.approx(norms[K] / ((base[14] + base[15]) / 2), rel=1e-9)
+    assert inc.ratio > 100
+    assert inc.steps is not None and inc.steps >= 1
+    assert inc.changes and inc.changes[0].module in ("0", "2", "4")
+    assert f"spike x{inc.ratio:.3g} at step {K}" in inc.summary()
+    # the JSON Lines log, streamed and written after, round-trips the incident
+    streamed = gs.read_jsonl(tmp_path / "s.jsonl")
+    written = gs.read_jsonl(mon.to_jsonl(tmp_path / "w.jsonl"))
+    for log in (streamed, written):
+        (back,) = [i for i in log.incidents if i.kind == "spike"]
+        assert back == inc
+        assert [st.loss for st in log.steps] == [st.loss for st in mon.history]
+    text = _render(mon.report())
+    assert f"spike x{inc.ratio:.3g} at step {K}" in text
+
+
+def _render(renderable) -> str:
+    import io
+
+    from rich.console import Console
+
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_loss_spike_from_observe_loss() -> None:
+    # a constant added to the loss: no gradient change, only the loss jumps
+    mon = _train(_model(), _data(40), mon_options={}, loss_shift={30: 1e4})
+    assert [(a.step, a.name) for a in mon.alerts if a.kind == "spike"] == [(30, "loss")]
+    (inc,) = [i for i in mon.incidents if i.kind == "spike"]
+    assert inc.signal == "loss" and inc.steps == 1
+    assert mon.history[30].loss == pytest.approx(1e4, rel=1e-3)
+
+
+def test_no_false_alarm_on_a_healthy_run() -> None:
+    mon = _train(_model(), _data(200), mon_options={"full_every": 1}, schedule=True)
+    assert [a for a in mon.alerts if a.kind == "spike"] == []
+    assert [i for i in mon.incidents if i.kind == "spike"] == []
+    assert all(st.loss is not None for st in mon.history)
+
+
+def test_training_is_bitwise_identical_with_spike_detection() -> None:
+    data = _data(50, plant=K)
+    plain, watched = _model(), _model()
+    _train(plain, data)
+    mon = _train(watched, data, mon_options={})
+    assert any(i.kind == "spike" for i in mon.incidents)
+    for (n, a), b in zip(plain.state_dict().items(), watched.state_dict().values(), strict=True):
+        assert torch.equal(a, b), n
+
+
+def test_observe_loss_refuses_a_non_scalar() -> None:
+    model = _model()
+    with gs.GradMonitor(model) as mon, pytest.raises(gs.MonitorError, match="one-element"):
+        mon.observe_loss(torch.zeros(3))
