@@ -25,6 +25,7 @@ from ..model.alerts import FLAP_WINDOW
 from ..model.incident import Incident, changes
 from .replay import Replayer, ReplayResult
 from .replay_isolated import replay_isolated
+from .spike_samples import SampleResult, replay_samples
 
 
 class IncidentWatch:
@@ -70,10 +71,18 @@ class IncidentWatch:
         self.hot = False  # the previous logged step raised an exploding alert
         self.checked = False  # this step's gradients were finite when the backward ended
         self.rules: Any = None  # the log's AlertRules (read: the spike a step starts)
+        self.preview: Callable[[], bool] = lambda: False
+        self.samples: SampleResult | None = None  # the spiking step's per-sample norms
+        self.ids: Any = None  # the data's own ids of the next micro-batch
 
-    def read_spikes(self, rules: Any) -> None:
-        """Read the spike events from ``rules`` (the log's ``AlertRules``; never written)."""
+    def read_spikes(self, rules: Any, preview: Callable[[], bool]) -> None:
+        """Read the spike events from ``rules`` (the log's ``AlertRules``; never written);
+        ``preview()``: whether the step just moved to the host starts a spike."""
         self.rules = rules
+        self.preview = preview
+
+    def batch_ids(self, ids: Any) -> None:
+        self.ids = list(ids)
 
     @property
     def replaying(self) -> bool:
@@ -137,13 +146,40 @@ class IncidentWatch:
             return
         if finite:
             self.checked = True
+            if self.preview():  # a spike: which examples, before the parameters change
+                rp, ids = self.replayer, self.ids
+                found = replay_isolated(lambda: replay_samples(rp, ids))
+                if not isinstance(found, SampleResult):  # the child failed: its note
+                    failed, found = found, SampleResult()
+                    found.note = failed.note
+                self.samples = found
             return
         self.pending = replay_isolated(self.replayer.replay)  # the contract: replay_isolated
+
+    def _spike_incident(self, step: int, spike: Any, norms: dict[str, float]) -> Incident:
+        found = self.samples
+        note = found.note if found is not None else (
+            (self.no_replay or "not replayed").replace("not replayed", "no per-sample norms", 1)
+        )
+        if found is not None and found.samples and found.samples[0].share < 0.5:
+            note = note or (
+                f"no single example carries the spike (the largest has "
+                f"{found.samples[0].share:.0%} of the micro-batch's squared norm)"
+            )
+        return Incident(
+            step=step, kind="spike", signal=spike.signal, ratio=spike.ratio,
+            changes=changes(self.last_good, norms, self.norm_type),
+            samples=found.samples if found is not None else [],
+            sample_modules=found.modules if found is not None else [],
+            micro_batch=found.micro_batch if found is not None else None,
+            replayed=found is not None and found.replayed, note=note,
+        )
 
     def _spike_started(self) -> Any:
         return None if self.rules is None else self.rules.spike_started
 
     def end_step(self) -> None:
+        self.ids = None
         if self.replayer is not None:
             self.replayer.clear()
 
@@ -176,10 +212,7 @@ class IncidentWatch:
                 micro_batch=res.micro_batch, replayed=res.replayed, note=res.note,
             )
         elif finite and (spike := self._spike_started()) is not None:
-            incident = Incident(
-                step=st.step, kind="spike", signal=spike.signal, ratio=spike.ratio,
-                changes=changes(self.last_good, norms, self.norm_type),
-            )
+            incident = self._spike_incident(st.step, spike, norms)
         elif (  # growth needs a good step to grow from
             finite and not self.hot and self.last_good is not None
             and any(a.kind == "exploding" for a in alerts)
@@ -191,6 +224,7 @@ class IncidentWatch:
                 "gradient norm grew most are listed",
             )
         self.pending = None
+        self.samples = None
         self.checked = False
         # the event stays open until FLAP_WINDOW finite logged steps passed (one incident,
         # one replay for a gradient that flaps)

@@ -88,6 +88,21 @@ class SpikeRule:
         self.length = 0
         self.ended: tuple[int, int] | None = None
 
+    def would_start(self, values: dict[str, float | None]) -> bool:
+        """Whether a step with these figures would start a spike event (no state changed:
+        the monitor asks before ``optimizer.step()``, to replay the micro-batch then)."""
+        if self.open is not None:
+            return False
+        for signal, value in values.items():
+            window = self.values[signal]
+            if (value is None or not math.isfinite(value) or self.seen[signal] < self.warmup
+                    or len(window) < SPIKE_MIN_VALUES):
+                continue
+            base = statistics.median(window)
+            if base > 0 and value > self.factor * base:
+                return True
+        return False
+
     def update(self, st: Any) -> SpikeStart | None:
         self.ended = None
         if st.skipped or not math.isfinite(st.total_norm):

@@ -20,6 +20,15 @@ K = 40  # the spiking step
 B = 16
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models: one intra-op thread (a shared, loaded machine makes a pool spin)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
@@ -111,7 +120,7 @@ def test_loss_spike_from_observe_loss() -> None:
 
 
 def test_no_false_alarm_on_a_healthy_run() -> None:
-    mon = _train(_model(), _data(200), mon_options={"full_every": 1}, schedule=True)
+    mon = _train(_model(), _data(200), mon_options={"full_every": 4}, schedule=True)
     assert [a for a in mon.alerts if a.kind == "spike"] == []
     assert [i for i in mon.incidents if i.kind == "spike"] == []
     assert all(st.loss is not None for st in mon.history)
@@ -131,3 +140,73 @@ def test_observe_loss_refuses_a_non_scalar() -> None:
     model = _model()
     with gs.GradMonitor(model) as mon, pytest.raises(gs.MonitorError, match="one-element"):
         mon.observe_loss(torch.zeros(3))
+
+
+# ---------------------------------------------------------------------- which samples
+def _truth(data, k: int) -> list[float]:
+    """Each example's own gradient norm at step ``k`` (the batch loss is a mean: its part is
+    the single example's loss / B), from torch's .grad, on a model trained to ``k`` without
+    a monitor."""
+    model = _model()
+    _train(model, data[:k])
+    x, y = data[k]
+    out = []
+    for i in range(B):
+        model.zero_grad()
+        ((model(x[i : i + 1]) - y[i : i + 1]).square().sum() / B).backward()
+        out.append(math.sqrt(sum(float(p.grad.double().square().sum())
+                                 for p in model.parameters())))
+    return out
+
+
+@pytest.mark.parametrize("path", ["vmap", "loop"])
+def test_per_sample_norms_equal_single_example_backwards(monkeypatch, path: str) -> None:
+    import gradscope.capture.spike_samples as ss
+
+    if path == "loop":  # the fallback: vmap refused
+        def refuse(*args, **kwargs):
+            raise RuntimeError("no batching rule")
+
+        monkeypatch.setattr(ss, "_vmap", refuse)
+    data = _data(K + 1, plant=K, row=11)
+    mon = _train(_model(), data, mon_options={})
+    (inc,) = [i for i in mon.incidents if i.kind == "spike"]
+    truth = _truth(data, K)
+    assert inc.replayed and inc.micro_batch == 0
+    assert inc.samples[0].index == 11
+    assert [s.index for s in inc.samples] == sorted(range(B), key=lambda i: -truth[i])[:5]
+    for s in inc.samples:
+        assert s.norm == pytest.approx(truth[s.index], rel=1e-4)
+        assert s.share == pytest.approx(truth[s.index] ** 2 / sum(t * t for t in truth),
+                                        rel=1e-4)
+    assert inc.samples[0].share > 0.99
+    assert inc.sample_modules and inc.sample_modules[0].module in ("0", "2", "4")
+    assert sum(m.share for m in inc.sample_modules) == pytest.approx(1.0, rel=1e-6)
+    assert "sample 11 of micro-batch 0 carries" in inc.summary()
+
+
+def test_batch_norm_in_train_mode_says_samples_are_coupled() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 1))
+    data = _data(K + 1)
+    x, y = data[K]
+    data[K] = (x, y * 1000)  # a spike whose cause is the targets
+    mon = _train(model, data, mon_options={})
+    (inc,) = [i for i in mon.incidents if i.kind == "spike"]
+    assert inc.samples == [] and not inc.replayed
+    assert inc.note is not None and "coupled" in inc.note and "BatchNorm 1" in inc.note
+
+
+def test_samples_named_by_the_data_ids() -> None:
+    data = _data(K + 1, plant=K, row=3)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with gs.GradMonitor(model, optimizer=opt) as mon:
+        for step, (x, y) in enumerate(data):
+            opt.zero_grad()
+            mon.observe_batch_ids([f"row-{step}-{i}" for i in range(B)])
+            (model(x) - y).square().mean().backward()
+            opt.step()
+    (inc,) = [i for i in mon.incidents if i.kind == "spike"]
+    assert (inc.samples[0].index, inc.samples[0].id) == (3, f"row-{K}-3")
+    assert f"sample row-{K}-3 of micro-batch 0" in inc.summary()

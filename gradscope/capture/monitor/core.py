@@ -47,7 +47,7 @@ from .checks import (
 )
 from .distributed import Topology
 from .measure import Measure, inverse_scale, measure
-from .stats import UPDATE_SAMPLE, UpdateSample, local, module_row
+from .stats import NORM, UPDATE_SAMPLE, UpdateSample, local, module_row, pnorm
 from .step import Drained, StepBuffers, StepClock
 from .transfer import Deferred, HostStep, finish, transfer
 from .watched import WatchedParams, on_registration
@@ -219,7 +219,7 @@ class GradMonitor:
             self._leak_check = LeakCheck(grace=1, warn=False).start()
         self._attach(model, activations)
         self._handles.add(self._incidents.install())
-        self._incidents.read_spikes(self._log.rules)
+        self._incidents.read_spikes(self._log.rules, self._spike_preview)
         if stream is not None:  # last: a refused monitor leaves an existing file as it was
             try:
                 self._log.stream_to(stream)
@@ -380,6 +380,11 @@ class GradMonitor:
         if self._clock.logged():
             self._buffers.add_loss(loss.detach())
 
+    def observe_batch_ids(self, ids: Any) -> None:
+        """The data's own ids of the micro-batch about to run (one per example, in batch
+        order): a spike's ``Incident.samples`` name examples by them."""
+        self._incidents.batch_ids(ids)
+
     def replay_run(self, run: Any) -> None:
         """A framework's own step for the next micro-batch (returns its loss; Lightning)."""
         self._incidents.add_run(run)
@@ -468,6 +473,15 @@ class GradMonitor:
                 self._buffers.sample = d.sample  # taken after the step
                 self._host = self._transfer(pending, None, d)
         return self._host.finite()
+
+    def _spike_preview(self) -> bool:
+        """Whether the step just moved to the host (at ``optimizer.step()``'s pre-hook)
+        starts a spike event: its micro-batch is then replayed for per-sample norms."""
+        host = self._host
+        if host is None:
+            return False
+        total = pnorm(host.table[NORM], self.norm_type)
+        return bool(self._log.rules.spikes.would_start({"grad_norm": total, "loss": host.loss}))
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._stepped = True
