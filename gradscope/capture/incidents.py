@@ -158,9 +158,14 @@ class IncidentWatch:
 
     def _spike_incident(self, step: int, spike: Any, norms: dict[str, float]) -> Incident:
         found = self.samples
-        note = found.note if found is not None else (
-            (self.no_replay or "not replayed").replace("not replayed", "no per-sample norms", 1)
-        )
+        if found is not None:
+            note = found.note
+        elif spike.signal == "update" and self.no_replay is None:
+            note = ("no per-sample norms: the update ratio is known only after "
+                    "optimizer.step(), when the parameters have changed")
+        else:
+            note = (self.no_replay or "not replayed: the spike was not seen before "
+                    "optimizer.step()").replace("not replayed", "no per-sample norms", 1)
         if found is not None and found.samples and found.samples[0].share < 0.5:
             note = note or (
                 f"no single example carries the spike (the largest has "

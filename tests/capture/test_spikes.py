@@ -210,3 +210,15 @@ def test_samples_named_by_the_data_ids() -> None:
     (inc,) = [i for i in mon.incidents if i.kind == "spike"]
     assert (inc.samples[0].index, inc.samples[0].id) == (3, f"row-{K}-3")
     assert f"sample row-{K}-3 of micro-batch 0" in inc.summary()
+
+
+def test_without_optimizer_the_spike_is_detected_and_not_replayed() -> None:
+    data = _data(K + 1, plant=K)
+    model = _model()
+    with gs.GradMonitor(model) as mon:
+        for x, y in data:
+            model.zero_grad()
+            (model(x) - y).square().mean().backward()
+    (inc,) = [i for i in mon.incidents if i.kind == "spike"]
+    assert inc.step == K and inc.samples == [] and not inc.replayed
+    assert inc.note is not None and inc.note.startswith("no per-sample norms: without optimizer=")
