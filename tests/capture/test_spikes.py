@@ -222,3 +222,13 @@ def test_without_optimizer_the_spike_is_detected_and_not_replayed() -> None:
     (inc,) = [i for i in mon.incidents if i.kind == "spike"]
     assert inc.step == K and inc.samples == [] and not inc.replayed
     assert inc.note is not None and inc.note.startswith("no per-sample norms: without optimizer=")
+
+
+def test_a_spike_of_the_whole_batch_has_no_dominant_sample() -> None:
+    data = _data(K + 1)
+    x, y = data[K]
+    data[K] = (x * 1000, y)  # every example: the cause is not one of them
+    mon = _train(_model(), data, mon_options={})
+    (inc,) = [i for i in mon.incidents if i.kind == "spike"]
+    assert inc.replayed and inc.samples[0].share < 0.5
+    assert inc.note is not None and inc.note.startswith("no single example carries the spike")
