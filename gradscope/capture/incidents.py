@@ -167,10 +167,9 @@ class IncidentWatch:
             note = (self.no_replay or "not replayed: the spike was not seen before "
                     "optimizer.step()").replace("not replayed", "no per-sample norms", 1)
         if found is not None and found.samples and found.samples[0].share < 0.5:
-            note = note or (
-                f"no single example carries the spike (the largest has "
-                f"{found.samples[0].share:.0%} of the micro-batch's squared norm)"
-            )
+            spread = (f"no single example carries the spike (the largest has "
+                      f"{found.samples[0].share:.0%} of the micro-batch's squared norm)")
+            note = f"{spread}; {note}" if note else spread
         return Incident(
             step=step, kind="spike", signal=spike.signal, ratio=spike.ratio,
             changes=changes(self.last_good, norms, self.norm_type),
