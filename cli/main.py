@@ -103,6 +103,7 @@ class _Edge:
         self.done: Any = None  # threading.Event: set once the exit line is said
         self.fired: Any = None  # threading.Event: set by the first signal
         self.previous: dict[int, Any] = {}  # the handlers before main's, put back at its end
+        self.unraisable: Any = None  # sys.unraisablehook before main's
 
 
 _EDGE = _Edge()
@@ -158,6 +159,15 @@ def _watchdog(fired: Any, done: Any) -> None:
     os._exit(_code_of(signum))
 
 
+def _unraisable(info: Any) -> None:
+    """Python prints "Exception ignored in ..." with a traceback when a signal's exception is
+    raised where it cannot propagate (a weakref callback, a ``__del__``): the signal is
+    recorded and raised again (``check_signals``), so that print is noise on the one line."""
+    if _EDGE.signals and isinstance(info.exc_value, KeyboardInterrupt):
+        return
+    (_EDGE.unraisable or sys.__unraisablehook__)(info)
+
+
 def install_signals(*, watchdog: bool = True) -> None:
     """SIGINT, SIGTERM and SIGHUP raise where the command runs, and are recorded; with
     ``watchdog``, the process ends ``GRACE`` seconds after the first one whatever happens
@@ -166,6 +176,8 @@ def install_signals(*, watchdog: bool = True) -> None:
     import threading
 
     _EDGE.fired, _EDGE.done = threading.Event(), threading.Event()
+    if sys.unraisablehook is not _unraisable:
+        _EDGE.unraisable, sys.unraisablehook = sys.unraisablehook, _unraisable
     if watchdog:
         threading.Thread(target=_watchdog, args=(_EDGE.fired, _EDGE.done),
                          name="gradscope-watchdog", daemon=True).start()
@@ -194,6 +206,9 @@ def end_signals() -> None:
             pass
     _EDGE.previous.clear()
     _EDGE.signals.clear()
+    if sys.unraisablehook is _unraisable:
+        sys.unraisablehook = _EDGE.unraisable or sys.__unraisablehook__
+        _EDGE.unraisable = None
 
 
 def check_signals() -> None:

@@ -5,7 +5,8 @@ apart from activations in every figure gradscope prints: ``Graph.summary()``,
 
 Ground truth is measured from torch, without gradscope: the forward runs once more under this
 file's own ``saved_tensors_hooks`` pack hook and module hooks, which note every tensor autograd
-saves, the module running when it was saved, and whether its storage is a parameter's.
+saves, the module running when it was saved, and whether its storage is alive without the
+graph: a parameter's, a buffer's (BatchNorm's running statistics) or an input's.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Truth:
     """Storages saved by one forward, measured from torch."""
 
     size: dict[int, int] = field(default_factory=dict)  # storage ptr -> untyped nbytes
-    param: set[int] = field(default_factory=set)  # the storages of parameters
+    param: set[int] = field(default_factory=set)  # storages of parameters, buffers, inputs
     first_module: dict[int, str] = field(default_factory=dict)  # innermost module, first save
     modules: dict[int, set[str]] = field(default_factory=dict)  # every module that saved it
 
@@ -47,7 +48,8 @@ class Truth:
 
 def measure(model: torch.nn.Module, inputs) -> tuple[Truth, torch.Tensor]:
     truth = Truth()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    alive = [*model.parameters(), *model.buffers(), *inputs]
+    params = {p.untyped_storage().data_ptr() for p in alive}
     keep: list[torch.Tensor] = []
     stack: list[str] = []
     names = {m: n for n, m in model.named_modules()}
@@ -94,7 +96,7 @@ def sample(name: str):
     torch.manual_seed(0)
     with gs.scopes(model):
         out = model(*inputs)
-    return truth, gs.trace(out, model=model)
+    return truth, gs.trace(out, model=model, inputs=inputs)
 
 
 @pytest.fixture(scope="module", params=SAMPLE_NAMES)

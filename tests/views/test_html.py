@@ -149,7 +149,8 @@ def test_memory_labels_reach_the_page(tmp_path: Path) -> None:
     data = embedded_data(out.read_text(encoding="utf-8"))
     labels = {row[0]: row[4]["mem"] for row in data["nodes"] if len(row) > 4 and "mem" in row[4]}
     fwd = gs.load_model_file(SAMPLES / "mlp.py").forward()
-    expected = gs.trace(fwd.outputs, model=fwd.model).memory().node_labels()
+    expected = gs.trace(fwd.outputs, model=fwd.model,
+                        inputs=(fwd.inputs, fwd.kwargs)).memory().node_labels()
     assert labels == {nid: f"holds {size}" for nid, size in expected.items()} and labels
 
 
