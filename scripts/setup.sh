@@ -68,7 +68,10 @@ EOF
   rm -f "$VENV"/.gradscope-setup-*
   touch "$stamp"
 fi
-if ! (cd / && "$VPY" -c "import gradscope.capture._cwalk") 2>/dev/null; then
+# from another folder (the checkout is not on sys.path there), with the venv's python by an
+# absolute path that keeps the venv (no symlink resolved)
+case $VPY in /*) vpy_abs=$VPY ;; *) vpy_abs=$PWD/$VPY ;; esac
+if ! (cd / && "$vpy_abs" -c "import gradscope.capture._cwalk") 2>/dev/null; then
   echo "setup: the compiled walk (gradscope/capture/_cwalk.c) is not built, so gs.trace uses its slower pure-Python walker; install a C compiler and the Python headers (apt-get install gcc python3-dev) and run: $VENV/bin/pip install -e ." >&2
 fi
 
