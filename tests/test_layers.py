@@ -142,9 +142,8 @@ def imports_of_cli(path: Path) -> list[tuple[str, bool]]:
 
 
 #: typing-only edges that still close a cycle, each waiting for its owner to remove it (the
-#: test below fails once one is gone, so the list cannot go stale): the autograd doctor's
-#: explain module names the Doctor class for its types (issue 30's files)
-KNOWN_TYPING_CYCLES = {("gradscope.capture.doctor_explain", "gradscope.capture.doctor")}
+#: test below fails once one is gone, so the list cannot go stale); none left
+KNOWN_TYPING_CYCLES: set[tuple[str, str]] = set()
 
 
 def test_no_import_cycles():

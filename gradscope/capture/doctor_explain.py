@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -24,8 +24,26 @@ from ..model.doctor import (
 from .doctor_record import DOCTOR_KEY, CutEvent, NodeRecord, _DoctorMode, bits_of
 from .stamps import walk_nodes
 
-if TYPE_CHECKING:
-    from .doctor import Doctor
+
+class Doctor(Protocol):
+    """What these functions read of ``doctor.Doctor`` (a protocol, so this module needs no
+    import of the one that imports it)."""
+
+    model: torch.nn.Module | None
+    optimizer: Any
+    names: list[str]
+    params: list[torch.Tensor]
+    bits: dict[int, int]
+    ran: dict[str, tuple[bool, str | None]]
+    backward_lines: list[str | None]
+    plain_backwards: int
+    got_grad: int
+    root_tags: tuple[int, int, int]
+    mode: _DoctorMode | None
+
+    def add(self, finding: Finding, key: tuple[Any, ...] | None = None) -> None: ...
+
+    def param_site(self, bit: int) -> str | None: ...
 
 _WHY = {
     "no_grad": "ran under torch.no_grad()",
