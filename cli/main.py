@@ -402,6 +402,19 @@ def _exit_code(exc: BaseException) -> int:
     return _internal(exc)
 
 
+def _from_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` was caused by a KeyboardInterrupt (its ``__cause__``/``__context__``
+    chain, cycles cut)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, KeyboardInterrupt):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
 def _run(argv: list[str] | None) -> int:
     try:
         app = globals().get("app") or __getattr__("app")
@@ -409,6 +422,10 @@ def _run(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # every other way out becomes one line and a code
+        if _EDGE.signals or _from_interrupt(exc):
+            # a signal's exception wrapped on its way out (Python 3.11 turns one raised in
+            # a class body's __set_name__ into a RuntimeError): it is the signal, not a bug
+            raise KeyboardInterrupt from exc
         return _exit_code(exc)
     if code == EXIT_INTERRUPTED:  # typer turns Ctrl-C inside a command into 130, silently
         raise KeyboardInterrupt
