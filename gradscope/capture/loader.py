@@ -128,6 +128,25 @@ def _where(exc: BaseException, path: Path) -> str:
     return f"{frame.filename}:{frame.lineno}"
 
 
+def _all_finite(outputs: Any) -> bool:
+    """Whether every floating value of ``outputs`` is finite (False when one cannot be read:
+    a float8 tensor ``isfinite`` does not take is widened first)."""
+    from .nest import iter_tensors
+    from .tensor_facts import checkable
+
+    try:
+        with torch.no_grad():
+            for _, t in iter_tensors(outputs):
+                if not (t.is_floating_point() or t.is_complex()):
+                    continue
+                c = checkable(t)
+                if c is None or not bool(torch.isfinite(c).all()):
+                    return False
+    except Exception:  # a tensor that cannot be checked: not known to be finite
+        return False
+    return True
+
+
 def _message(exc: BaseException) -> str:
     """``str(exc)``, or a stand-in when the exception's own ``__str__`` raises (the user's
     class may do anything): the one-line error must still be one line."""
@@ -403,6 +422,7 @@ class ModelFile:
                 forward.name_inputs(_labels(module, inputs, given))
             fwd = self._forward(module, inputs, outputs)
             root = self.loss(fwd.outputs) if self.has("loss_fn") else fwd.outputs
+        outputs_finite = _all_finite(root)
         try:
             trace = trace_backward(root, model=fwd.model, saved=saved, keep=fwd.outputs)
         except RuntimeError as exc:
@@ -410,6 +430,8 @@ class ModelFile:
             raise ModelFileError(f"{self.path}: backward raised RuntimeError: {first}"
                                  f"{_doctor_hint(exc, self.path)}") from exc
         found = (built.first_nonfinite if module is None else None) or forward.first_nonfinite
+        if found is not None and outputs_finite and trace.first_nonfinite is None:
+            found.masked = True  # never reached the outputs or a gradient: said, not a finding
         trace.forward_nonfinite = found
         return BackwardRun(trace, found)
 

@@ -94,6 +94,9 @@ class ForwardNonFinite:
         module: the module path whose forward ran it (with ``gs.scopes``), or None.
         where: the user's line, ``file:line: code``, or None.
         index: position of that value among the values checked (0 is the first).
+        masked: the value never reached the outputs (``torch.where``, a mask, an integer
+            path: Hugging Face T5's ``log`` of a 0 relative position) and every gradient was
+            finite: said, but no finding (the CLI exits 0).
         input: when no op made it: the tensor the forward was given that already held it
             (``the input example_input``, ``the input build()[1]['pixel_values']``, ``the
             parameter fc.weight``, ``the buffer bn.running_mean``, ``a parameter``); ``op``,
@@ -108,6 +111,7 @@ class ForwardNonFinite:
     where: str | None
     index: int = 0
     input: str | None = None
+    masked: bool = False
 
     def summary(self) -> str:
         """One line: ``the forward already produced nan at LogBackward0 in mid (model.py:7)``,
@@ -130,7 +134,9 @@ class ForwardNonFinite:
                     f"(first read by {self.op}{inside}{at})")
         what = self.node or self.op
         at = f" ({line})" if line else ""
-        return f"the forward already produced {self.kind} at {what}{inside}{at}"
+        hidden = (", masked later: the outputs and every gradient are finite"
+                  if self.masked else "")
+        return f"the forward already produced {self.kind} at {what}{inside}{at}{hidden}"
 
 
 @dataclass
@@ -158,8 +164,10 @@ class BackwardTrace:
 
     @property
     def found(self) -> bool:
-        """A NaN or Inf was found, in the forward or in a gradient (the CLI's exit code 1)."""
-        return self.first_nonfinite is not None or self.forward_nonfinite is not None
+        """A NaN or Inf was found, in a gradient, or in the forward where it was not masked
+        before the outputs (the CLI's exit code 1)."""
+        fwd = self.forward_nonfinite
+        return self.first_nonfinite is not None or (fwd is not None and not fwd.masked)
 
     def nonfinite_params(self) -> list[str]:
         """Names of the leaves whose AccumulateGrad received a NaN/Inf gradient, in graph order."""
