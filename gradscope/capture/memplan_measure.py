@@ -49,7 +49,6 @@ def _measure(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
         _keep(root, keep)
         del root
         return after - before - sum(outs.values()), "cuda"
-    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
@@ -62,19 +61,7 @@ def _measure(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
         with _quiet_stderr():
             prof.stop()
     out_ptrs = {t.untyped_storage().data_ptr() for _, t in iter_tensors(root)}
-    events: list[tuple[int, int, int]] = []
-    results = prof.profiler.kineto_results if prof.profiler is not None else None
-    if results is None:
-        raise GradscopeError("the profiler recorded nothing; cannot measure the forward")
-    stack = list(results.experimental_event_tree())
-    while stack:
-        e = stack.pop()
-        stack.extend(e.children)
-        if e.typed[0] == _EventType.Allocation:
-            f = e.typed[1]
-            if f.device.type == "cpu":
-                events.append((e.start_time_ns, f.ptr, f.alloc_size))
-    events.sort()
+    events = cpu_allocations(prof, "the forward")
     live: dict[int, int] = {}
     for _, ptr, size in events:
         if size > 0:
@@ -111,3 +98,24 @@ def _quiet_stderr() -> Iterator[None]:
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+
+
+def cpu_allocations(prof: Any, what: str) -> list[tuple[int, int, int]]:
+    """The profiler's CPU allocation and free events, ``(time ns, pointer, bytes)`` in time
+    order (a free has negative bytes); ``what`` names the measured code in the error."""
+    from torch._C._profiler import _EventType
+
+    results = prof.profiler.kineto_results if prof.profiler is not None else None
+    if results is None:
+        raise GradscopeError(f"the profiler recorded nothing; cannot measure {what}")
+    events: list[tuple[int, int, int]] = []
+    stack = list(results.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        stack.extend(e.children)
+        if e.typed[0] == _EventType.Allocation:
+            f = e.typed[1]
+            if f.device.type == "cpu":
+                events.append((e.start_time_ns, f.ptr, f.alloc_size))
+    events.sort()
+    return events

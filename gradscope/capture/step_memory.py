@@ -25,7 +25,7 @@ import torch
 
 from ..errors import GradscopeError
 from ..model.step_memory import MaxBatch, StepMemory
-from .memplan_measure import _quiet_stderr
+from .memplan_measure import _quiet_stderr, cpu_allocations
 from .nest import iter_tensors
 from .step_memory_record import GRADS, INPUTS, PARAMS, STATE, Lifetimes
 
@@ -415,7 +415,6 @@ def _live_bytes(model: torch.nn.Module, inputs: tuple[Any, ...], optimizer: Any)
 def _profiled(fn: Callable[[], None]) -> tuple[int, int]:
     """(the running sum's maximum, bytes still allocated at the end) of the CPU allocations
     ``fn`` makes, from the profiler's allocation events."""
-    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
@@ -426,19 +425,7 @@ def _profiled(fn: Callable[[], None]) -> tuple[int, int]:
     finally:
         with _quiet_stderr():
             prof.stop()
-    results = prof.profiler.kineto_results if prof.profiler is not None else None
-    if results is None:
-        raise GradscopeError("the profiler recorded nothing; cannot measure the step")
-    events: list[tuple[int, int, int]] = []
-    stack = list(results.experimental_event_tree())
-    while stack:
-        e = stack.pop()
-        stack.extend(e.children)
-        if e.typed[0] == _EventType.Allocation:
-            f = e.typed[1]
-            if f.device.type == "cpu":
-                events.append((e.start_time_ns, f.ptr, f.alloc_size))
-    events.sort()
+    events = cpu_allocations(prof, "the step")
     live: dict[int, int] = {}
     total = high = 0
     for _, ptr, size in events:
