@@ -63,13 +63,17 @@ def test_lightning_logs_the_loss_op_once(caplog) -> None:
 @contextlib.contextmanager
 def _transformers_logs_to(caplog):
     """Transformers' loggers do not propagate to the root logger (where caplog listens) unless
-    some earlier test in the same process turned propagation on: listen on its own logger."""
+    some earlier test in the same process turned propagation on (then a handler of our own would
+    see each record twice): listen on its own logger, with propagation off while we do."""
     logger = logging.getLogger("transformers")
+    propagate = logger.propagate
+    logger.propagate = False
     logger.addHandler(caplog.handler)
     try:
         yield
     finally:
         logger.removeHandler(caplog.handler)
+        logger.propagate = propagate
 
 
 def test_transformers_trainer_logs_the_loss_op_once(tmp_path, caplog) -> None:
