@@ -23,6 +23,7 @@ example's mask (said in the note).
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Sequence
@@ -100,6 +101,9 @@ def _run(
     if why is not None:
         res.note = why
         return
+    if mb.run is not None and callable(getattr(mb.run, "example", None)):
+        _framework_run(model, params, mb, cuda_devices, ids, res)
+        return
     if mb.run is not None or not mb.grads:
         res.note = ("no per-sample norms: the gradient at the model's outputs was not seen "
                     "(a framework's own step, or outputs without gradient)")
@@ -110,6 +114,11 @@ def _run(
         return
     (b,) = batch
     res.batch = b
+    if len(mb.grads) != sum(g.dim() > 0 for g in mb.grads.values()):
+        # a 0-d output (the loss a model returns beside its logits) cannot be split by
+        # example: the examples' parts come through the batched outputs it is computed from
+        mb = copy.copy(mb)
+        mb.grads = {p: g for p, g in mb.grads.items() if g.dim() > 0}
     watched = {id(p) for p in params}
     names = [n for n, p in model.named_parameters() if id(p) in watched]
     with _restored_rng(mb), _preserved(model, cuda_devices):
@@ -125,6 +134,73 @@ def _run(
     if _dropout(model):
         res.note = ("dropout is active: each example's forward drew its own mask, so its "
                     "norm is that of a re-drawn mask")
+
+
+def _framework_run(
+    model: torch.nn.Module, params: Sequence[torch.Tensor], mb: MicroBatch,
+    cuda_devices: list[int], ids: Sequence[Any] | None, res: SampleResult,
+) -> None:
+    """A framework's own step (Lightning's ``training_step``, loss included) that can also
+    run one example of its batch (``run.example(i)``, ``run.examples()``, ``run.scale``):
+    each example's loss alone, one backward each. The batch loss is fitted as ``c`` x the sum
+    of the examples' losses (``c`` = 1/B for a mean) from the full step's gradient; when it is
+    not such a sum (coupled examples) the note says so instead of guessing."""
+    run: Any = mb.run
+    b = run.examples()
+    if not b:
+        res.note = "no per-sample norms: the batch has no tensor with a batch dimension"
+        return
+    res.batch = b
+    watched = {id(p) for p in params}
+    names = [n for n, p in model.named_parameters() if id(p) in watched]
+    named = dict(model.named_parameters())
+    ps = [named[n] for n in names]
+    with _restored_rng(mb), _preserved(model, cuda_devices):
+        with torch.enable_grad():
+            full = torch.autograd.grad(_run_loss(run()), ps, allow_unused=True)
+        acc = [torch.zeros_like(p, dtype=torch.float64) for p in ps]  # one gradient's size
+        rows = []
+        for i in range(b):
+            with torch.enable_grad():
+                gs = torch.autograd.grad(_run_loss(run.example(i)), ps, allow_unused=True)
+            row = []
+            for a, g in zip(acc, gs, strict=True):
+                if g is None:
+                    row.append(torch.zeros((), dtype=torch.float64, device=a.device))
+                    continue
+                g64 = g.detach().to(torch.float64)
+                a.add_(g64)
+                row.append(g64.square().sum())
+            rows.append(torch.stack(row))
+    dot = sum(((f.detach().to(torch.float64) * a).sum() for f, a in zip(full, acc, strict=True)
+               if f is not None), torch.zeros((), dtype=torch.float64))
+    aa = sum((a.square().sum() for a in acc), torch.zeros((), dtype=torch.float64))
+    ff = sum((f.detach().to(torch.float64).square().sum() for f in full if f is not None),
+             torch.zeros((), dtype=torch.float64))
+    c = dot / aa.clamp_min(1e-300)
+    resid = (ff - 2 * c * dot + c * c * aa).clamp_min(0)
+    sq = torch.stack(rows) * (c * float(getattr(run, "scale", 1.0))) ** 2
+    moved = torch.cat([sq.flatten(), torch.stack([resid, ff]).to(sq)]).tolist()  # one transfer
+    resid_v, ff_v = moved[-2:]
+    if ff_v > 0 and math.sqrt(resid_v / ff_v) > 1e-3:
+        res.note = ("no per-sample norms: the batch's loss is not a sum or mean of its "
+                    "examples' own losses (the examples are coupled, e.g. an in-batch "
+                    "contrastive loss)")
+        return
+    k = len(names)
+    _fill(res, names, [moved[i * k:(i + 1) * k] for i in range(b)], ids)
+    res.method = "loop"
+    res.replayed = bool(res.samples)
+    if _dropout(model):
+        res.note = ("dropout is active: each example's forward drew its own mask, so its "
+                    "norm is that of a re-drawn mask")
+
+
+def _run_loss(out: Any) -> torch.Tensor:
+    loss = out.get("loss") if isinstance(out, dict) else out
+    if not isinstance(loss, torch.Tensor):
+        raise RuntimeError("the framework's step returned no loss tensor")
+    return loss
 
 
 def _split(mb: MicroBatch, b: int) -> tuple[list[Any], Any, list[bool]]:
@@ -210,7 +286,7 @@ def _fill(
     known = ids is not None and len(ids) == len(per)
     res.samples = [
         SampleNorm(i, math.sqrt(per[i]), per[i] / total if total > 0 else 0.0,
-                   str(ids[i]) if known and ids is not None else None)
+                   _id_text(ids[i]) if known and ids is not None else None)
         for i in order[:TOP]
     ]
     if not order or per[order[0]] <= 0:
@@ -222,6 +298,13 @@ def _fill(
         by_module[key] = by_module.get(key, 0.0) + v
     mods = sorted(by_module.items(), key=lambda kv: -kv[1])
     res.modules = [SampleModule(m, math.sqrt(v), v / per[order[0]]) for m, v in mods[:TOP]]
+
+
+def _id_text(v: Any) -> str:
+    """An example's id as text (a dataloader's ids are often a tensor's elements)."""
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        v = v.item()
+    return str(v)
 
 
 def replay_samples(replayer: Any, ids: Sequence[Any] | None = None) -> SampleResult:
@@ -239,7 +322,9 @@ def replay_samples(replayer: Any, ids: Sequence[Any] | None = None) -> SampleRes
         sums = torch.stack([f.to(torch.float64) for f in flags]).tolist()
         steps = [sums[0]] + [b - a for a, b in zip(sums, sums[1:], strict=False)]
         index = max(range(len(steps)), key=lambda i: steps[i])
+    # the ids given are those of the step's last micro-batch (observe_batch_ids: the next
+    # micro-batch's, each replacing the one before): another micro-batch is named by position
     res = per_sample(replayer.model, replayer.params, batches[index], replayer.cuda_devices,
-                     ids)
+                     ids if index == len(batches) - 1 else None)
     res.micro_batch = index
     return res

@@ -19,6 +19,14 @@ op, module and line where the first NaN/Inf was made, the loss's own op included
 through ``LightningModule.log``; alerts are warnings on the ``lightning.pytorch`` logger. When
 training ends (or fails) the monitor's hooks are removed; its history stays on
 ``callback.monitor``.
+
+Spikes: the loss ``training_step`` returned (the tensor Lightning hands to ``backward``, times
+``accumulate_grad_batches`` to undo Lightning's division) is given to the monitor as a tensor
+(``observe_loss``: read in the step's one transfer, never with ``.item()``), so a loss spike is
+seen as well as a gradient-norm one; a dict batch with an ``"id"`` or ``"idx"`` entry gives the
+examples' ids (``observe_batch_ids``). On a spiking step the replay runs ``training_step`` on
+each example of the batch alone (a batch of one, the same dict/tuple structure) for the
+per-sample gradient norms (``Incident.samples``), named by those ids.
 """
 
 from __future__ import annotations
@@ -28,12 +36,13 @@ import importlib
 import logging
 import math
 from collections.abc import Iterator
-from functools import partial
 from typing import Any
+
+import torch
 
 from ..capture.monitor import GradMonitor
 from ..errors import UnsupportedSetupError
-from ._options import AlertRelay, check_options
+from ._options import AlertRelay, batch_ids, check_options
 
 
 def _lightning() -> Any:
@@ -95,8 +104,21 @@ class GradscopeCallback(_Callback):
     ) -> None:
         # the replay of a bad step runs this batch's training_step again (its loss included,
         # so a NaN the loss makes is named), without logging through self.log
-        if self.monitor is not None:
-            self.monitor.replay_run(partial(_quiet_step, pl_module, batch, batch_idx))
+        mon = self.monitor
+        if mon is None:
+            return
+        mon.replay_run(_Step(pl_module, batch, batch_idx, trainer.accumulate_grad_batches))
+        ids = batch_ids(batch)
+        if ids is not None:
+            mon.observe_batch_ids(ids)
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        # the loss Lightning backpropagates: training_step's, divided by the accumulation
+        mon = self.monitor
+        if mon is None or not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            return
+        n = trainer.accumulate_grad_batches
+        mon.observe_loss(loss.detach() * n if n != 1 else loss)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -122,6 +144,54 @@ class GradscopeCallback(_Callback):
 
     def _tell(self) -> None:
         self._alerts.tell(self.monitor)
+
+
+class _Step:
+    """One batch's ``training_step`` for the monitor's replay: ``run()`` the whole batch (the
+    NaN replay), ``example(i)`` the batch's example ``i`` alone (the per-sample norms of a
+    spike); ``scale``: how Lightning scales the loss for ``backward`` (1/accumulation)."""
+
+    def __init__(self, pl_module: Any, batch: Any, batch_idx: int, accumulate: int) -> None:
+        self.pl_module = pl_module
+        self.batch = batch
+        self.batch_idx = batch_idx
+        self.scale = 1.0 / max(1, int(accumulate))
+
+    def __call__(self) -> Any:
+        return _quiet_step(self.pl_module, self.batch, self.batch_idx)
+
+    def examples(self) -> int | None:
+        """The batch size: the common first dimension of the batch's tensors (None: none)."""
+        sizes = {t.shape[0] for t in _leaves(self.batch)
+                 if isinstance(t, torch.Tensor) and t.dim() > 0}
+        return sizes.pop() if len(sizes) == 1 else None
+
+    def example(self, i: int) -> Any:
+        b = self.examples()
+        one = _slice(self.batch, i, b)
+        return _quiet_step(self.pl_module, one, self.batch_idx)
+
+
+def _leaves(batch: Any) -> list[Any]:
+    from torch.utils import _pytree as pytree
+
+    return pytree.tree_leaves(batch)
+
+
+def _slice(batch: Any, i: int, b: int | None) -> Any:
+    """Example ``i`` of ``batch`` as a batch of one: tensors (and lists) of length ``b`` cut
+    to ``[i:i+1]``, everything else as it is."""
+    from torch.utils import _pytree as pytree
+
+    def cut(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == b:
+            return t[i : i + 1]
+        return t
+
+    if isinstance(batch, dict):  # a dict's list of ids (strings) is cut as well
+        return {k: (v[i : i + 1] if isinstance(v, list) and len(v) == b else _slice(v, i, b))
+                for k, v in batch.items()}
+    return pytree.tree_map(cut, batch)
 
 
 def _quiet_step(pl_module: Any, batch: Any, batch_idx: int) -> Any:

@@ -17,17 +17,28 @@ turned non-finite (the op, module and line that made the first NaN/Inf, found by
 bad micro-batch before the optimizer step; the Trainer's loss is the model's ``loss`` output,
 so a NaN made by the loss is named too). When training ends the monitor's hooks are
 removed; its history stays on ``callback.monitor``.
+
+Spikes: the loss of each micro-batch is the model's ``loss`` output, the tensor the Trainer's
+``compute_loss`` returns and backpropagates (without ``label_smoothing_factor`` or
+``compute_loss_func``, which compute the loss outside the model: then only the gradient norm
+is watched); the callback hands it to the monitor as a tensor (``observe_loss``: read in the
+step's one transfer, never with ``.item()``). When the batch the model is called with has an
+``"id"`` or ``"idx"`` entry (a model whose ``forward`` takes it: the Trainer drops columns the
+forward does not take), a spike's ``Incident.samples`` name the examples by those ids
+(``observe_batch_ids``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from transformers import TrainerCallback
 from transformers.utils import logging
 
 from ..capture.monitor import GradMonitor
-from ._options import AlertRelay, check_options
+from ..capture.torchcompat import is_functorch_wrapped
+from ._options import ID_KEYS, AlertRelay, check_options
 
 logger = logging.get_logger("transformers.trainer")
 
@@ -51,22 +62,59 @@ class GradscopeCallback(TrainerCallback):
         self.options = check_options("Trainer", monitor_options)
         self.monitor: GradMonitor | None = None
         self._alerts = AlertRelay(logger)
+        self._hooks: list[Any] = []
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is not None:  # a second train() call: start a fresh history
             self.monitor.remove()
+        self._unhook()
         optimizer = kwargs.get("optimizer")
         scaler = getattr(optimizer, "scaler", None)  # accelerate's, under fp16
-        self.monitor = GradMonitor(
-            kwargs["model"], optimizer=optimizer, scaler=scaler, **self.options
-        )
+        model = kwargs["model"]
+        self.monitor = GradMonitor(model, optimizer=optimizer, scaler=scaler, **self.options)
         self._alerts.reset()
+        # after the monitor's own hooks: its replay has recorded the micro-batch by then
+        self._hooks = [
+            model.register_forward_pre_hook(self._ids_of, with_kwargs=True),
+            model.register_forward_hook(self._loss_of),
+        ]
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._tell()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._unhook()
         self._alerts.close(self.monitor)
+
+    def _unhook(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def _training(self, module: Any) -> GradMonitor | None:
+        # a training forward: not evaluation, not the monitor's own replay (under vmap)
+        if module.training and torch.is_grad_enabled():
+            return self.monitor
+        return None
+
+    def _ids_of(self, module: Any, args: Any, kwargs: Any) -> None:
+        mon = self._training(module)
+        if mon is None:
+            return
+        for key in ID_KEYS:
+            ids = kwargs.get(key)
+            if isinstance(ids, torch.Tensor) and ids.dim() == 1 and not is_functorch_wrapped(ids):
+                mon.observe_batch_ids(ids)  # kept as a tensor: read only if a spike needs it
+                return
+
+    def _loss_of(self, module: Any, args: Any, output: Any) -> None:
+        mon = self._training(module)
+        if mon is None or not isinstance(output, dict):
+            return
+        loss = output.get("loss")
+        if (isinstance(loss, torch.Tensor) and loss.numel() == 1
+                and not is_functorch_wrapped(loss)):
+            mon.observe_loss(loss)  # the tensor: read in the step's one transfer
 
     def _tell(self) -> None:
         self._alerts.tell(self.monitor)
