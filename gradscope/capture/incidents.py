@@ -211,7 +211,8 @@ class IncidentWatch:
                 )
             incident = Incident(
                 step=st.step, kind="nonfinite", phase=res.phase, op=res.op, module=res.module,
-                line=res.line, code=res.code, value=res.value, inputs=res.inputs,
+                line=res.line, code=res.code, value=res.value, input=res.input,
+                inputs=res.inputs,
                 changes=changes(self.last_good, norms, self.norm_type),
                 micro_batch=res.micro_batch, replayed=res.replayed, note=res.note,
             )

@@ -22,6 +22,7 @@ to replay and turns what a replay found (a ``ReplayResult``) into an ``Incident`
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -32,6 +33,7 @@ from ..model.incident import OpInput
 from . import torchcompat
 from .dynamo import compiling
 from .nest import iter_tensors
+from .tensor_facts import checkable
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 _version = torchcompat.tensor_version
@@ -67,6 +69,7 @@ class ReplayResult:
         self.line: str | None = None
         self.code: str | None = None
         self.value: str | None = None
+        self.input: str | None = None  # the tensor given to the forward that held it
         self.inputs: list[OpInput] = []
         self.micro_batch: int | None = None
         self.replayed = False
@@ -85,9 +88,12 @@ def _split_where(where: str | None) -> tuple[str | None, str | None]:
 
 
 def tensor_input(name: str, t: torch.Tensor) -> OpInput:
-    """Shape, dtype, finite range and NaN/Inf flags of one tensor (read now, on the host)."""
+    """Shape, dtype, finite range and NaN/Inf flags of one tensor (read now, on the host; a
+    float8 tensor through a float32 copy, exact)."""
     with torch.no_grad():
-        d = t.detach()
+        d = checkable(t.detach())
+        if d is None:  # packed float4: nothing reads it element by element
+            return OpInput(name, list(t.shape), str(t.dtype).replace("torch.", ""), None, None)
         if not (d.is_floating_point() or d.is_complex()) or d.numel() == 0:
             lo = hi = None
             if d.numel():
@@ -326,11 +332,7 @@ class Replayer:
         from .walk import _trace_with_ids
 
         model = self.model
-        grads_bad = any(
-            not bool(torch.isfinite(g).all())
-            for g in mb.grads.values()
-            if g.is_floating_point() or g.is_complex()
-        )
+        grads_bad = not _all_finite(list(mb.grads.values()))
         outside = False
         params = [p for p in self.params if p.requires_grad]
         res.replayed = True
@@ -342,6 +344,8 @@ class Replayer:
                     for dt, dtype in mb.autocast:
                         stack.enter_context(torch.autocast(dt, dtype=dtype))
                     fw = stack.enter_context(record_forward(check_finite=True))
+                    # a NaN/Inf already in the batch (or a weight) is said as such
+                    fw.name_inputs(input_labels(model, mb.args, mb.kwargs))
                     if mb.run is not None:
                         with scopes(model):
                             roots, grads = _loss_root(mb.run())
@@ -368,10 +372,7 @@ class Replayer:
                 graph = rec.graph
                 back = rec.first_nonfinite
                 fnode = next((n for n in graph.nodes if n.forward_nonfinite), None)
-                roots_bad = any(
-                    not bool(torch.isfinite(r.detach()).all())
-                    for r in roots if r.is_floating_point()
-                )
+                roots_bad = not _all_finite(roots)
                 node_id = None
                 if fwd is not None and (
                     roots_bad or back is None or (fnode is not None and fnode.nonfinite)
@@ -381,6 +382,7 @@ class Replayer:
                     res.module = fwd.module
                     res.line, res.code = _split_where(fwd.where)
                     res.value = fwd.kind
+                    res.input = fwd.input  # None when an op of the forward made it
                     node_id = fnode.id if fnode is not None else None
                 elif back is not None:
                     res.phase = "backward"
@@ -414,6 +416,47 @@ class Replayer:
                 self.replaying = False
 
 
+def input_labels(
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """What a NaN already in a tensor the forward was given is called: each input by the
+    name of the ``forward`` argument it was bound to (``the input x``, ``the input
+    input_ids`` for ``model(**batch)``, ``the input batch['pixel_values']``), then ``the
+    parameter fc.weight`` and ``the buffer bn.running_mean`` (as the model file's loader
+    names them)."""
+    for name, value in _bound(model, args, kwargs):
+        # Sequential's argument is called ``input``: "the input input" would read badly
+        label = "the model's input" if name == "input" else f"the input {name}"
+        for path, t in iter_tensors(value, ""):
+            yield label + path, t
+    for name, p in model.named_parameters():
+        yield f"the parameter {name}", p
+    for name, b in model.named_buffers():
+        yield f"the buffer {name}", b
+
+
+def _bound(
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Iterator[tuple[str, Any]]:
+    """``(argument name, value)`` of a forward call, ``*args`` as ``args[i]`` and
+    ``**kwargs`` by key; positions (``args[0]``) when the signature cannot be read."""
+    try:
+        sig = inspect.signature(model.forward)
+        bound = sig.bind(*args, **kwargs)
+    except (TypeError, ValueError):  # a builtin's forward, or a call it would not bind
+        yield from ((f"args[{i}]", a) for i, a in enumerate(args))
+        yield from kwargs.items()
+        return
+    for name, value in bound.arguments.items():
+        kind = sig.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            yield from ((f"{name}[{i}]", a) for i, a in enumerate(value))
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            yield from value.items()
+        else:
+            yield name, value
+
+
 class _Keep:
     """A tensor hook that keeps the gradient arriving at one output (never replaces it)."""
 
@@ -427,11 +470,15 @@ class _Keep:
 
 
 def _all_finite(out: Any) -> bool:
-    return all(
-        bool(torch.isfinite(t.detach()).all())
-        for _, t in iter_tensors(out)
-        if t.is_floating_point() or t.is_complex()
-    )
+    """Whether every floating tensor in ``out`` (a nest) is finite: float8 read widened
+    (``isfinite`` has no float8_e4m3fn kernel), packed float4 not readable, so not said
+    non-finite."""
+    for _, t in iter_tensors(out):
+        if t.is_floating_point() or t.is_complex():
+            d = checkable(t.detach())
+            if d is not None and not bool(torch.isfinite(d).all()):
+                return False
+    return True
 
 
 def _loss_root(loss: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -117,6 +117,9 @@ class Incident:
         line: ``file.py:NN`` of the user's code that ran the op, or None.
         code: the text of that line, or None.
         value: ``nan`` or ``inf`` (what the op made), or None.
+        input: when no op made it: the tensor the forward was given that already held it
+            (``the input x``, ``the input input_ids``, ``the parameter fc.weight``); ``op``,
+            ``module`` and ``line`` then say which call read it first. None otherwise.
         inputs: the tensors the op was given or saved for its backward, with their ranges.
         changes: the modules whose gradient norm changed most since the last good logged step.
         micro_batch: which micro-batch of the step was replayed (0 is the first), or None.
@@ -142,6 +145,7 @@ class Incident:
     line: str | None = None
     code: str | None = None
     value: str | None = None
+    input: str | None = None
     inputs: list[OpInput] = field(default_factory=list)
     changes: list[ModuleChange] = field(default_factory=list)
     micro_batch: int | None = None
@@ -178,7 +182,10 @@ class Incident:
                 head += f"; it first left its range at {self.origin()}"
         else:
             made = self.value or "NaN/Inf"
-            if self.phase == "forward":
+            if self.phase == "forward" and self.input is not None:
+                head = (f"step {self.step}: {self.input} already held {made} before the "
+                        f"forward ran (first read by {self.origin()})")
+            elif self.phase == "forward":
                 head = f"step {self.step}: the forward made {made} at {self.origin()}"
             elif self.phase == "backward":
                 head = f"step {self.step}: the backward made {made} at {self.origin()}"
@@ -314,6 +321,8 @@ def origin_suffix(alert: Any, incidents: list[Incident]) -> str:
     inc = next((i for i in incidents if i.step == alert.step), None)
     if inc is None:
         return ""
+    if alert.kind in ("nan", "inf", "forward_nonfinite") and inc.input is not None:
+        return f"; origin: {inc.input}, which already held {inc.value} before the forward"
     if alert.kind in ("nan", "inf") and inc.kind == "nonfinite":
         if inc.op is not None:
             return f"; origin: {inc.origin()} ({inc.phase})"

@@ -2,9 +2,10 @@
 docstring for which gradients a step measures and when it ends).
 
 What is here: the arguments kept, the hooks installed (post-accumulate-grad hooks, the
-optimizer's step pre/post hooks, the scaler's ``update``, one global forward hook pair), the
-step boundary (which hook ends a step, which measures it), the module and activation hooks of
-``modules=`` and ``activations=``, and the views (``report``, ``to_jsonl``...).
+optimizer's step pre/post hooks, one global forward hook pair), the step boundary (which hook
+ends a step, which measures it) and the views (``report``, ``to_jsonl``...). What the forward
+hook does for ``modules=`` and ``activations=`` is ``forward_watch.ForwardWatch``'s, the
+scaler's ``update`` as a step boundary ``scaler.ScalerHook``'s, ``leaks=`` ``leaks.LeakWatch``'s.
 
 The order of a logged step: measure (``measure``) -> transfer (``transfer.transfer``: ONE
 move to the host, at ``optimizer.step()``'s pre-hook when the incident watch needs the norms
@@ -14,14 +15,14 @@ there, else at the step's end) -> ``transfer.finish`` (the ``StepStats``) -> the
 record, so every step is named from the snapshot it was measured with. Each piece of state has
 one owner: ``WatchedParams`` (which tensors), ``StepClock`` (which step), ``StepBuffers`` (what
 a step accumulates), ``Topology`` (across processes), ``MonitorLog`` (what was recorded),
-``IncidentWatch`` (the events); the monitor holds them and the hooks.
+``IncidentWatch`` (the events), ``ForwardWatch`` (the module rows and activation flags); the
+monitor holds them and the hooks.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,6 @@ from ...model.monitor import Alert, MonitorLog, StepStats, Thresholds
 from .. import dynamo, torchcompat
 from ..handles import HookHandle
 from ..incidents import IncidentWatch
-from ..nest import iter_tensors
 from .checks import (
     check_args,
     check_options,
@@ -46,8 +46,11 @@ from .checks import (
     unwrap_optimizer,
 )
 from .distributed import Topology
+from .forward_watch import ForwardWatch
+from .leaks import LeakWatch
 from .measure import Measure, inverse_scale, measure
-from .stats import NORM, UPDATE_SAMPLE, UpdateSample, local, module_row, pnorm
+from .scaler import ScalerHook
+from .stats import NORM, UPDATE_SAMPLE, UpdateSample, local, pnorm
 from .step import Drained, StepBuffers, StepClock
 from .transfer import Deferred, HostStep, finish, transfer
 from .watched import WatchedParams, on_registration
@@ -61,7 +64,6 @@ FULL_EVERY = 50
 # or every logged step
 _graph_task_id = torchcompat.current_graph_task_id
 _inference_mode = torchcompat.inference_mode
-_wrapped = torchcompat.is_functorch_wrapped
 
 
 def _queue_callback(fn: Any) -> None:
@@ -186,16 +188,17 @@ class GradMonitor:
         )
         self._watched = WatchedParams(model, chosen, patterns, update_sample)
         self._topology = Topology(chosen, replicated, self.optimizer is not None, measure)
-        self._modules = select_modules(model, modules)
-        self._module_names = [n for n, _ in self._modules]
-        self._act_names = (
-            [n or type(model).__name__ for n, _ in model.named_modules()] if activations else []
-        )
+        chosen_modules = select_modules(model, modules)
         self._incidents = IncidentWatch(
             model, called, self._watched.params, self.norm_type, replay, self.optimizer, loss_fn
         )
         self._clock = StepClock(every, full_every)
-        self._buffers = StepBuffers(len(self._modules))
+        self._buffers = StepBuffers(len(chosen_modules))
+        self._forward = ForwardWatch(
+            model, chosen_modules, activations, clock=self._clock, buffers=self._buffers,
+            norm_type=self.norm_type, guard=self._guard,
+            unscale=lambda: inverse_scale(self._scaler, self.optimizer),
+        )
         numels = dict(self._watched.numel_of)
         self._log = MonitorLog(
             names=list(self._watched.names), every=every, full_every=full_every,
@@ -207,17 +210,13 @@ class GradMonitor:
         self._host: HostStep | None = None
         # the update rows of such a step, moved with the next transfer
         self._deferred: Deferred | None = None
-        self._stepped = False
         self._checked_params = False
         self._entered = 0
         self._handles = HookHandle()
-        self._leak_check: Any = None
-        self._leak_alerted: set[int] = set()
-        if leaks:
-            from ..memory import LeakCheck  # saved-tensor hooks: only when asked for
-
-            self._leak_check = LeakCheck(grace=1, warn=False).start()
-        self._attach(model, activations)
+        self._leaks = LeakWatch() if leaks else None
+        self._scaler_hook = (None if self._scaler is None or self.optimizer is None
+                             else ScalerHook(self._scaler, self._scaler_skipped, self._guard))
+        self._attach()
         self._handles.add(self._incidents.install())
         self._incidents.read_spikes(self._log.rules, self._spike_preview)
         if stream is not None:  # last: a refused monitor leaves an existing file as it was
@@ -272,7 +271,7 @@ class GradMonitor:
         return self._log.incidents
 
     # ------------------------------------------------------------------ hooks
-    def _attach(self, model: torch.nn.Module, activations: bool) -> None:
+    def _attach(self) -> None:
         add = self._handles.add
         if self._topology.point == "backward":
             for p in self._watched.params:
@@ -280,17 +279,13 @@ class GradMonitor:
         if self.optimizer is not None:
             add(self.optimizer.register_step_pre_hook(self._before_step))
             add(self.optimizer.register_step_post_hook(self._after_step))
-            if self._scaler is not None:
-                add(self._wrap_scaler_update())
+            if self._scaler_hook is not None:
+                add(self._scaler_hook.install())
         # the first-forward check, modules= and activations=: one global forward pre/post hook
         # pair that Dynamo never sees (hooks on the modules would be traced into a compiled
         # graph and guarded on: a recompile when they go); modules that run inside a compiled
         # region have no forward call to hook. Needed only for the check, it goes after the
         # first step.
-        self._module_index = {id(mod): i for i, (_, mod) in enumerate(self._modules)}
-        self._act_index = (
-            {id(mod): i for i, (_, mod) in enumerate(model.named_modules())} if activations else {}
-        )
         self._global_hooks = dynamo.ModuleHooks(self._forward_pre, self._forward_done)
         add(self._global_hooks.install())
         # a parameter or submodule registered anywhere (a re-assigned weight, an added layer)
@@ -307,42 +302,14 @@ class GradMonitor:
             self._checked_params = self._watched.first_forward()
 
     def _forward_done(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if self._incidents.replaying:  # the replay's forward is not a step's
-            return
-        key = id(module)
-        i = self._module_index.get(key)
-        if i is not None:
-            self._module_forward(i, module, args, output)
-        i = self._act_index.get(key)
-        if i is not None:
-            self._activation_check(i, module, args, output)
-
-    def _wrap_scaler_update(self) -> Any:
-        """Shadow the scaler instance's ``update`` (the end of a step it may have skipped);
-        returns what undoes it. Once undone it only calls through (another monitor's wrapper
-        may have wrapped it since: it stays, and this one records nothing more)."""
-        scaler, original = self._scaler, self._scaler.update
-        active = [True]
-
-        def update(new_scale: Any = None) -> None:
-            if active[0]:
-                self._guard(self._on_scaler_update)
-            original(new_scale)
-
-        scaler.update = update
-
-        def unwrap() -> None:
-            active[0] = False
-            if scaler.__dict__.get("update") is update:
-                del scaler.__dict__["update"]
-
-        return unwrap
+        if not self._incidents.replaying:  # the replay's forward is not a step's
+            self._forward.output(module, args, output)
 
     def remove(self) -> None:
         """Remove every hook gradscope added (safe to call twice); history and alerts stay."""
         self._handles.remove()
-        if self._leak_check is not None:
-            self._leak_check.remove()
+        if self._leaks is not None:
+            self._leaks.remove()
         self._buffers.clear()
         self._host = None
         try:
@@ -484,17 +451,15 @@ class GradMonitor:
         return bool(self._log.rules.spikes.would_start({"grad_norm": total, "loss": host.loss}))
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._stepped = True
+        if self._scaler_hook is not None:
+            self._scaler_hook.stepped()
         if not self._clock.logged():
             self._end_step()
             return
         self._guard(self._finish_step, False)
 
-    def _on_scaler_update(self) -> None:
-        stepped, self._stepped = self._stepped, False
-        if stepped:
-            return
-        # the scaler found non-finite gradients and did not call optimizer.step()
+    def _scaler_skipped(self) -> None:
+        """``scaler.update()`` ended a step whose ``optimizer.step()`` the scaler skipped."""
         if self._clock.logged():
             self._finish_step(True)
         else:
@@ -538,8 +503,8 @@ class GradMonitor:
             log.complete(*host.previous)
         st = finish(
             host, step=self.step, watched=self._watched, topology=self._topology,
-            norm_type=self.norm_type, module_names=self._module_names,
-            act_names=self._act_names, skipped=skipped,
+            norm_type=self.norm_type, module_names=self._forward.module_names,
+            act_names=self._forward.act_names, skipped=skipped,
             scaler_skips=self._scaler is not None and self.optimizer is None,
         )
         log.distributed = self._topology.description
@@ -558,7 +523,7 @@ class GradMonitor:
     def _end_step(self) -> None:
         """The current step is over: count it, re-read the parameters when the model changed
         (before a logged step), and look for graphs of earlier steps still alive."""
-        if not (self._module_index or self._act_index):
+        if not self._forward.needs_hooks:
             # only the first-forward check needed them, and its forward is over (idempotent)
             self._global_hooks.remove()
         step = self.step
@@ -568,12 +533,9 @@ class GradMonitor:
             self._changed = False
             self._rewatch()
         self._incidents.end_step()
-        if self._leak_check is None:
-            return
-        for leak in self._leak_check.step().leaks:
-            if leak.step not in self._leak_alerted:
-                self._leak_alerted.add(leak.step)
-                self._log.add_alert(Alert("leak", step, f"step {leak.step}", str(leak)))
+        if self._leaks is not None:
+            for alert in self._leaks.step(step):
+                self._log.add_alert(alert)
 
     def _rewatch(self) -> None:
         """Watch the parameters the model has now, if they changed (after a record: every
@@ -589,41 +551,6 @@ class GradMonitor:
         if self._topology.point == "backward":
             for p in new:
                 self._handles.add(p.register_post_accumulate_grad_hook(self._on_accumulate))
-
-    # ------------------------------------------------------------------ modules, activations
-    def _module_forward(self, index: int, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if not self._clock.logged() or not torch.is_grad_enabled():
-            return
-        for _, t in iter_tensors(output):
-            if t.requires_grad:
-                t.register_hook(partial(self._module_grad, index))
-
-    def _module_grad(self, index: int, grad: torch.Tensor) -> None:
-        self._guard(self._module_row, index, grad)
-
-    def _module_row(self, index: int, grad: torch.Tensor) -> None:
-        if grad.numel() == 0:
-            return
-        with torch.no_grad():
-            row = module_row(grad, self.norm_type)
-            inv = inverse_scale(self._scaler, self.optimizer)
-            if inv is not None:  # norm, max abs, sum |g| of a scaled gradient
-                row = torch.cat([row[:3] * inv.to(row), row[3:]])
-            self._buffers.add_module_row(index, row)
-
-    def _activation_check(
-        self, index: int, module: torch.nn.Module, args: Any, output: Any
-    ) -> None:
-        if self._clock.logged() and torch.is_grad_enabled():
-            self._guard(self._check_outputs, index, output)
-
-    def _check_outputs(self, index: int, output: Any) -> None:
-        with torch.no_grad():
-            for _, t in iter_tensors(output):
-                if _wrapped(t):  # inside torch.func.vmap / grad: a batched view, not checkable
-                    continue
-                if t.is_floating_point() or t.is_complex():
-                    self._buffers.add_flag(index, ~torch.isfinite(t.detach()).all())
 
     # ------------------------------------------------------------------ measuring
     def _measure(self, at: str) -> Measure:
