@@ -1,0 +1,178 @@
+"""Long runs for spike detection: a small transformer and a small CNN, trained with a linear
+warm-up and a cosine schedule (AdamW), clean or with ONE example of ONE batch corrupted.
+
+    from planted import run
+    mon, truth = run("cnn", corrupt=True)       # truth: the corrupted example's id, or None
+
+Both tasks are learnable with a noise floor (a few labels are random), so the loss settles at
+a level instead of falling to zero (a loss of 1e-4 that moves to 1e-3 is a 10x "spike" of
+nothing). The corruption:
+  * transformer: a sequence whose every target is flipped to another token, 70% into the
+    run, when the model predicts the true tokens confidently (the issue's "flipped label with
+    a high-confidence model"). Measured: the step's loss rises about 2.4x and its gradient
+    norm about 1.5x over their medians, far below the 10x of a spike: one example of B moves a
+    mean loss by at most its own loss / B, and a noise floor (needed against false alarms)
+    keeps the median up. It is not a spike, and the monitor says none.
+  * cnn: an image whose pixels are replaced by noise of scale 1000 (a broken sensor; the
+    issue's "inputs scaled x1000"). A correctly classified image scaled x1000 would NOT spike
+    a ReLU network: its logits scale too, the softmax saturates on the right class and the
+    example's gradient is about zero. The noise image is classified arbitrarily, its loss is
+    in the hundreds and the step's gradient norm ~1,500x its median.
+Every example has an id (``ID0`` + its index in the run), given to the monitor with
+``observe_batch_ids``, so an incident names the corrupted example by its id.
+
+Used by ``tests/capture/test_spike_long_runs.py`` and ``benchmarks/monitor.py``. No global
+state is changed: the weights come from a ``torch.random.fork_rng`` block, data from
+generators of their own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+import gradscope as gs
+
+STEPS = 1000
+WARMUP = 50
+BATCH = {"transformer": 4, "cnn": 32}  # examples per batch
+CORRUPT_STEP = 700
+CORRUPT_ROW = 3
+ID0 = 100_000  # ids are never positions
+VOCAB = 16
+LENGTH = 12
+NOISE = {"transformer": 0.03, "cnn": 0.1}  # the share of random labels (the loss's floor)
+
+
+class TinyLM(nn.Module):
+    """Token + position embeddings, one pre-norm transformer layer (d=16), a head."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, d)
+        self.pos = nn.Parameter(torch.zeros(LENGTH, d))
+        self.layer = nn.TransformerEncoderLayer(d, 2, dim_feedforward=32, dropout=0.0,
+                                                batch_first=True, norm_first=True)
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, VOCAB)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(LENGTH))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens) + self.pos
+        h = self.layer(h, src_mask=self.mask, is_causal=True)
+        return self.head(self.norm(h))
+
+
+class TinyCNN(nn.Module):
+    """Two 3x3 convolutions (no BatchNorm: its examples would be coupled), a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1, stride=2)
+        self.head = nn.Linear(8 * 4 * 4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.conv1(x))
+        h = torch.relu(self.conv2(h))
+        return self.head(h.flatten(1))
+
+
+def _lm_batches(corrupt: bool, at: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Sequences counting up by a per-sequence stride (mod VOCAB); the target is the next
+    token; NOISE of the targets random."""
+    g = torch.Generator().manual_seed(1)
+    for step in itertools.count():
+        start = torch.randint(0, VOCAB, (BATCH["transformer"], 1), generator=g)
+        stride = torch.randint(1, 4, (BATCH["transformer"], 1), generator=g)
+        seq = (start + stride * torch.arange(LENGTH + 1)) % VOCAB
+        x, y = seq[:, :-1], seq[:, 1:].clone()
+        noisy = torch.rand(y.shape, generator=g) < NOISE["transformer"]
+        y[noisy] = torch.randint(0, VOCAB, (int(noisy.sum()),), generator=g)
+        if corrupt and step == at:
+            y[CORRUPT_ROW] = (y[CORRUPT_ROW] + VOCAB // 2) % VOCAB  # every target flipped
+        yield x, y
+
+
+def _cnn_batches(corrupt: bool, at: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """8x8 images of one of 4 bars (row/column, top/left half) with noise; NOISE of the
+    labels random."""
+    g = torch.Generator().manual_seed(2)
+    for step in itertools.count():
+        b = BATCH["cnn"]
+        y = torch.randint(0, 4, (b,), generator=g)
+        x = 0.3 * torch.randn(b, 1, 8, 8, generator=g)
+        for i, c in enumerate(y.tolist()):
+            pos = int(torch.randint(0, 4, (1,), generator=g)) + (4 if c % 2 else 0)
+            if c < 2:
+                x[i, 0, pos, :] += 1.0
+            else:
+                x[i, 0, :, pos] += 1.0
+        noisy = torch.rand(b, generator=g) < NOISE["cnn"]
+        y[noisy] = torch.randint(0, 4, (int(noisy.sum()),), generator=g)
+        if corrupt and step == at:
+            x[CORRUPT_ROW] = 1000.0 * torch.randn(1, 8, 8, generator=g)  # a broken sensor
+        yield x, y
+
+
+def _schedule(steps: int) -> Any:
+    """Linear warm-up over ``WARMUP`` steps (scaled to the run), then cosine to zero."""
+    warm = max(1, WARMUP * steps // STEPS)
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
+
+    return factor
+
+
+def build(kind: str) -> tuple[nn.Module, Any, Any]:
+    """The model, its batches (a function of ``corrupt``) and its loss, seeded."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model: nn.Module = TinyLM() if kind == "transformer" else TinyCNN()
+    if kind == "transformer":
+        def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return nn.functional.cross_entropy(out.reshape(-1, VOCAB), y.reshape(-1))
+
+        return model, _lm_batches, loss_fn
+    return model, _cnn_batches, nn.functional.cross_entropy
+
+
+def corrupt_step(steps: int) -> int:
+    """The step whose batch holds the corrupted example (70% into the run)."""
+    return CORRUPT_STEP * steps // STEPS
+
+
+def run(kind: str, corrupt: bool, *, monitor: bool = True, steps: int = STEPS,
+        **options: Any) -> tuple[gs.GradMonitor | None, str | None]:
+    """Train ``steps`` steps (warm-up + cosine, AdamW); returns the monitor (None with
+    ``monitor=False``) and the corrupted example's id (None for a clean run)."""
+    model, batches, loss_fn = build(kind)
+    at, b = corrupt_step(steps), BATCH[kind]
+    lr = 3e-3 if kind == "transformer" else 1e-2
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(steps))
+    mon = gs.GradMonitor(model, optimizer=opt, **options) if monitor else None
+    try:
+        for step, (x, y) in zip(range(steps), batches(corrupt, at), strict=False):
+            if mon is not None:
+                mon.observe_batch_ids(range(ID0 + step * b, ID0 + (step + 1) * b))
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            if mon is not None:
+                mon.observe_loss(loss)
+            loss.backward()
+            opt.step()
+            sched.step()
+    finally:
+        if mon is not None:
+            mon.remove()
+    truth = str(ID0 + at * b + CORRUPT_ROW) if corrupt else None
+    return mon, truth

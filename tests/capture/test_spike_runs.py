@@ -1,0 +1,80 @@
+"""Long clean runs raise no spike; one corrupted example raises one, naming it
+(``samples/spikes/planted.py``: a small transformer and a small CNN, AdamW, linear warm-up and
+cosine schedule). The tests run 200 steps of each (the 1,000-step runs, and their times, are
+``benchmarks/spike_runs.py``); every step is logged and watched, the loss included.
+
+Ground truth: the clean runs' own figures never exceed the spike factor x their running
+median (computed here from the history, independently of the monitor's rule), and the
+corrupted example is known by construction (its id).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+
+import pytest
+import torch
+from conftest import SAMPLES
+
+_spec = importlib.util.spec_from_file_location("planted", SAMPLES / "spikes" / "planted.py")
+assert _spec is not None and _spec.loader is not None
+planted = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(planted)
+
+STEPS = 200
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # tiny ops on a shared 2-core machine: threads only add contention (restored after)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _largest_ratio(values: list[float], warmup: int, window: int) -> float:
+    best = 0.0
+    for i in range(warmup + 5, len(values)):
+        w = values[max(warmup, i - window):i]
+        best = max(best, values[i] / statistics.median(w))
+    return best
+
+
+@pytest.mark.parametrize("kind", ["transformer", "cnn"])
+def test_a_clean_run_raises_no_spike(kind: str) -> None:
+    mon, _ = planted.run(kind, corrupt=False, steps=STEPS)
+    assert mon is not None and len(mon.history) == STEPS
+    th = mon.thresholds
+    assert [i for i in mon.incidents if i.kind == "spike"] == []
+    assert [a for a in mon.alerts if a.kind == "spike"] == []
+    losses = [st.loss for st in mon.history]
+    assert losses[-1] < 0.5 * losses[0]  # it trained
+    # the figures stayed well inside the band: not a near miss
+    for series in (losses, [st.total_norm for st in mon.history]):
+        assert _largest_ratio(series, th.spike_warmup, th.spike_window) < 0.6 * th.spike
+
+
+def test_one_corrupted_image_raises_one_spike_naming_it() -> None:
+    mon, truth = planted.run("cnn", corrupt=True, steps=STEPS)
+    assert mon is not None
+    spikes = [i for i in mon.incidents if i.kind == "spike"]
+    assert len(spikes) == 1
+    inc = spikes[0]
+    assert inc.step == planted.corrupt_step(STEPS)
+    assert inc.samples[0].id == truth and inc.samples[0].share > 0.9
+    assert inc.steps == 1  # the run recovered the next logged step
+    assert [a.kind for a in mon.alerts].count("spike") == 1
+
+
+def test_a_flipped_sequence_is_no_spike_and_none_is_said() -> None:
+    # one confidently-predicted sequence of B=4 with every target flipped: the loss rises
+    # ~2.4x, far below the factor 10 (planted.py says why): the monitor raises nothing
+    mon, _ = planted.run("transformer", corrupt=True, steps=STEPS)
+    assert mon is not None
+    at = planted.corrupt_step(STEPS)
+    losses = [st.loss for st in mon.history]
+    base = statistics.median(losses[at - mon.thresholds.spike_window:at])
+    assert 1.5 < losses[at] / base < mon.thresholds.spike
+    assert [i for i in mon.incidents if i.kind == "spike"] == []
