@@ -54,6 +54,74 @@ def _one_step(mf: Any, held: list[Any]) -> None:
         mf.call("running backward", loss.backward)
 
 
+def doctor_graph(mf: Any, *, saved: bool = True) -> tuple[gs.Graph, Any]:
+    """``render --doctor``: the model file's forward and loss (scopes recorded), the loss's
+    graph traced by the doctor (``Doctor.trace``, so the findings name their nodes there), then
+    backward, all under ``gs.doctor``. Returns the graph and the doctor's ``DoctorReport``; an
+    autograd error is a finding, not a failure. A loss with no graph to draw: the findings are
+    said and the command exits 1 here."""
+    import torch
+
+    module, inputs, _ = mf.build()
+    if module is None:
+        raise gs.ModelFileError(
+            f"{mf.path}: --doctor runs the forward itself, but the entry point returned "
+            "outputs; define model and example_input, or build() returning (model, inputs)"
+        )
+    doc = gs.doctor(module)
+    graph: gs.Graph | None = None
+    made: list[Any] = []
+    try:
+        with doc, torch.enable_grad(), gs.scopes(module):
+            out = mf.run_model(module, inputs)
+            loss = mf.loss(out) if callable(mf.get("loss_fn")) else out
+            if isinstance(loss, torch.Tensor) and loss.numel() != 1:
+                loss = loss.sum()
+            made += [out, loss]
+            try:
+                graph = doc.trace(loss, saved=saved, inputs=inputs)
+            except gs.NoGradError:
+                graph = None  # backward below says why (no_grad_fn)
+            mf.call("running backward", loss.backward)
+    except gs.ModelFileError as exc:
+        if not _autograd_cause(exc):
+            raise
+    finally:
+        gs.release(tuple(made))  # node by node: a deep chain would overflow the C stack
+    report = doc.report()
+    if graph is None:  # nothing to draw: the findings say why (exit 1)
+        doctor_said(report)
+        raise gs.NoGradError("the loss has no autograd graph to draw, and the doctor found no "
+                             "cause; check that the forward runs with gradients enabled")
+    return graph, report
+
+
+def doctor_notes(report: Any, notes: dict[str, str] | None) -> dict[str, str]:
+    """The label lines of a picture (``--memory``'s, if any) with what the doctor says of each
+    finding's node (``DoctorReport.node_notes``)."""
+    merged = dict(notes or {})
+    for nid, text in report.node_notes().items():
+        merged[nid] = f"{merged[nid]}; {text}" if nid in merged else text
+    return merged
+
+
+def doctor_said(report: Any) -> None:
+    """After ``render --doctor`` wrote its file: the verdict and each finding's title and
+    message on standard error; exit 1 when there is a finding (as ``gradscope doctor``)."""
+    note(f"doctor: {report.verdict()}")
+    for f in report.findings:
+        note(f"  {f.title()}: {f.message}")
+    if report.findings:
+        raise typer.Exit(EXIT_FOUND)
+
+
+DoctorOpt = typer.Option(
+    False, "--doctor",
+    help="Run the forward, loss and backward under gs.doctor and mark each finding's nodes "
+    "(the op that saved a tensor, the in-place op that changed it); exit 1 when it finds any.",
+)
+
+
 def _training(mf: Any, held: list[Any]) -> None:
     training = mf.training()
     doc = gs.doctor(training.model, optimizer=training.optimizer)

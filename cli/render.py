@@ -32,6 +32,7 @@ from .common import (
     show,
     stdout,
 )
+from .doctor import DoctorOpt, doctor_graph, doctor_notes, doctor_said
 from .main import real_stdout
 from .outputs import STDOUT, settle
 
@@ -123,8 +124,11 @@ def render(
         True, "--legend/--no-legend", help="Draw a compact legend in SVG/PNG/PDF pictures."
     ),
     mkdir: bool = MkdirOpt,
+    doctor: bool = DoctorOpt,
 ) -> None:
     """Build the model file's graph and write it as SVG/PNG/PDF/DOT/JSON/HTML."""
+    if doctor and backward:
+        fail("--doctor runs the backward itself; give one of --doctor and --backward")
     to_stdout = output is not None and str(output) == STDOUT
     named = None if to_stdout else output
     if fmt is None and (named is None or not named.suffix):
@@ -141,16 +145,21 @@ def render(
     with model_code():
         mf = gs.load_model_file(target)
         rec = backward_graph(mf, saved=saved or attrs) if backward else None
-        graph = rec.graph if rec else load_graph(mf, loss=loss, saved=saved or attrs)
+        report = doctor_graph(mf, saved=saved or attrs) if doctor else None
+        graph = report[0] if report else rec.graph if rec else load_graph(
+            mf, loss=loss, saved=saved or attrs)
     told = None
     notes = graph.memory().node_labels() if memory else None
     if notes:
         notes = {nid: f"holds {size}" for nid, size in notes.items()}
+    if report and spec.kind is not gs.FormatKind.PAGE:  # the page marks the nodes itself
+        notes = doctor_notes(report[1], notes)
     if spec.kind is gs.FormatKind.PAGE:  # the page opens and closes modules itself
         view = graph
         candidates: dict[str, Any] = {
             "title": mf.path.name, "depth": depth, "full": full, "fold": fold is not False,
             "saved": saved, "notes": notes, "root": mf.path.parent,
+            "doctor": report[1] if report else None,
         }
     elif spec.kind is gs.FormatKind.DATA:  # every node unless a depth is asked for
         view = graph if depth is None else graph.collapse(depth)
@@ -184,6 +193,8 @@ def render(
                 + f"; the graph: {graph.summary()}")
     note(f"wrote {shown}: {what}")
     report_backward(rec)
+    if report:
+        doctor_said(report[1])  # exit 1 when it found anything
 
 
 def tree(

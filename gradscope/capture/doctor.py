@@ -27,12 +27,14 @@ import torch
 
 from ..errors import AutogradError, GradscopeError
 from ..model.doctor import DoctorReport, Finding, findings_json, torch_error_kind
+from ..model.graph import Graph
 from . import doctor_explain as explain
 from . import dynamo
 from .doctor_record import _DoctorMode, user_line
 from .dynamo import ModuleHooks
 from .handles import HookHandle
 from .stamps import outside_gradscope
+from .walk import _trace_with_ids
 
 _line = user_line
 
@@ -86,6 +88,8 @@ class Doctor:
         self.mode: _DoctorMode | None = None
         self.paused_for: list[Any] = []  # torch.compile wrappers running with the mode off
         self._said: set[tuple[Any, ...]] = set()
+        #: grad_fn -> graph node id of the graph ``trace`` drew (held until the block ends)
+        self._ids: dict[Any, str] = {}
         self.handle = HookHandle()
 
     # ---------------------------------------------------------------- the block
@@ -106,13 +110,34 @@ class Doctor:
 
     def __exit__(self, etype: Any, exc: BaseException | None, tb: Any) -> None:
         self.handle.remove()
-        if exc is None and self.plain_backwards:
-            explain.check_grad_none(self)
-        if isinstance(exc, RuntimeError) and not isinstance(exc, AutogradError):
-            kind = torch_error_kind(str(exc))
-            if kind is not None:  # a backward the doctor did not run (a C++ extension...)
-                finding = self._explain(kind, exc, [], None)
-                raise AutogradError(str(exc), finding) from exc
+        try:
+            if exc is None and self.plain_backwards:
+                explain.check_grad_none(self)
+            if isinstance(exc, RuntimeError) and not isinstance(exc, AutogradError):
+                kind = torch_error_kind(str(exc))
+                if kind is not None:  # a backward the doctor did not run (a C++ extension...)
+                    finding = self._explain(kind, exc, [], None)
+                    raise AutogradError(str(exc), finding) from exc
+        finally:
+            self._ids = {}  # the traced graph's nodes are not kept past the block
+
+    # ---------------------------------------------------------------- the graph
+    def trace(self, outputs: Any, **options: Any) -> Graph:
+        """``gs.trace(outputs, model=<the doctor's model>, **options)``, in the block before
+        ``backward()``: the doctor remembers which autograd node is which node of this graph,
+        so that a finding made afterwards names its nodes there (``Site.node``: the node that
+        saved the tensor, the node the in-place op made; ``Finding.nodes``).
+        ``gradscope render --doctor`` draws them highlighted."""
+        if self.model is not None:
+            options.setdefault("model", self.model)
+        graph, ids = _trace_with_ids(outputs, **options)
+        self._ids = ids
+        return graph
+
+    def node_id(self, fn: Any) -> str | None:
+        """The graph node id of autograd node ``fn`` in the graph ``trace`` drew (None when
+        nothing was traced, or ``fn`` is not in it)."""
+        return self._ids.get(fn) if fn is not None and self._ids else None
 
     def module_now(self) -> str | None:
         return self.stack[-1] if self.stack else None

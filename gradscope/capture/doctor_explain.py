@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
@@ -44,6 +45,8 @@ class Doctor(Protocol):
     def add(self, finding: Finding, key: tuple[Any, ...] | None = None) -> None: ...
 
     def param_site(self, bit: int) -> str | None: ...
+
+    def node_id(self, fn: Any) -> str | None: ...
 
 _WHY = {
     "no_grad": "ran under torch.no_grad()",
@@ -120,10 +123,14 @@ def _inplace(doc: Doctor, message: str, roots: list[torch.Tensor]) -> dict[str, 
     mode = doc.mode
     assert mode is not None
     best: tuple[Any, ...] | None = None
+    made_by: dict[int, Any] = {}  # call index -> the newest node that call made
     for fn in walk_nodes(t.grad_fn for t in roots):
         rec = _record(fn)
         if rec is None:
             continue
+        newest = made_by.get(rec.index)
+        if newest is None or fn._sequence_nr() > newest._sequence_nr():
+            made_by[rec.index] = fn
         for saved in rec.saved:
             if saved.shape != parsed.shape or saved.version != parsed.expected:
                 continue
@@ -134,29 +141,32 @@ def _inplace(doc: Doctor, message: str, roots: list[torch.Tensor]) -> dict[str, 
                       if parsed.expected < w.version <= parsed.found and w.index >= rec.index]
             rank = (bool(writes), fn._sequence_nr())
             if best is None or rank > best[0]:
-                best = (rank, rec, type(fn).__name__, writes)
+                best = (rank, rec, fn, writes)
     what = describe_tensor(parsed.tensor_type, parsed.shape, parsed.output_nr, parsed.node)
     if best is None:
         return dict(kind="inplace", message=f"{what[0].upper()}{what[1:]} was saved for backward "
                     f"at version {parsed.expected} and modified in place afterwards (version "
                     f"{parsed.found}); the doctor did not see where.", op=None, line=None,
                     module=None, fix=fix)
-    _, rec, saver_node, writes = best
-    saved_site = Site("saved", rec.op, rec.site.line, rec.site.module)
+    _, rec, saver, writes = best
+    saved_site = Site("saved", rec.op, rec.site.line, rec.site.module, doc.node_id(saver))
     text = (f"{what[0].upper()}{what[1:]} was saved for backward by {rec.op}{_where(rec.site)} "
-            f"({saver_node}) at version {parsed.expected}")
+            f"({type(saver).__name__}) at version {parsed.expected}")
     if not writes:
         return dict(kind="inplace", message=text + f", and changed in place afterwards (version "
                     f"{parsed.found} at backward) by an op the doctor did not see.",
                     op=rec.op, line=rec.site.line, module=rec.site.module, fix=fix,
                     sites=(saved_site,))
     w = min(writes, key=lambda x: x.version)
+    # the node the in-place op made (its grad_fn: MulBackward0 of mul_, CopySlices of a write
+    # through a view), where it is in the failing graph
+    modified = replace(w.site, node=doc.node_id(made_by.get(w.index)))
     view = " through a view" if w.shape != parsed.shape else ""
     more = (f"; {len(writes) - 1} more in-place change(s) followed" if len(writes) > 1 else "")
     text += (f"; then {w.site.op}{_where(w.site)} modified it in place{view} (version "
              f"{w.version}){more}, so its backward found version {parsed.found}.")
     return dict(kind="inplace", message=text, op=w.site.op, line=w.site.line,
-                module=w.site.module, fix=fix, sites=(w.site, saved_site))
+                module=w.site.module, fix=fix, sites=(modified, saved_site))
 
 
 # ---------------------------------------------------------------------------- backward twice
@@ -204,8 +214,9 @@ def _backward_twice(doc: Doctor, roots: list[torch.Tensor], line: str | None) ->
             sites=(Site("backward", "backward", line), Site("freed", "backward", freed_by)))
     urec = _record(user)
     used = Site("used", urec.op if urec else type(user).__name__,
-                urec.site.line if urec else None, urec.site.module if urec else None)
-    made = Site("made", rec.op, rec.site.line, rec.site.module)
+                urec.site.line if urec else None, urec.site.module if urec else None,
+                doc.node_id(user))
+    made = Site("made", rec.op, rec.site.line, rec.site.module, doc.node_id(fn))
     message = (f"A tensor made by {rec.op}{_where(rec.site)} in iteration {rec.iteration + 1} "
                f"(before backward #{rec.iteration + 1}) was carried into this graph"
                f"{' by ' + used.op if used.op else ''}{_where(used)} in iteration {now + 1}; "

@@ -293,12 +293,15 @@ class _DoctorMode(TorchFunctionMode):
                 self.first_use[bit] = where()
             self.touched |= dep
         outs = _outputs(out)
+        written = []
         for t, before in zip(ins, versions):
             after = _version(t)
             if after is not None and after != before:
                 self._wrote(t, after, where())
-        if grad_on and outs:
-            self._new_nodes(outs, name, where)
+                written.append(t)
+        made = outs + written if written else outs  # ``y[:, 0] = 0`` returns None: y's node
+        if grad_on and made:
+            self._new_nodes(made, name, where)
         if not dep:
             return
         live_out = 0

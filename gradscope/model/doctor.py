@@ -96,12 +96,15 @@ def parse_inplace(message: str) -> InplaceMessage | None:
 class Site:
     """One place in the user's program a finding involves: its ``role`` (``modified``,
     ``saved``, ``made``, ``cut``, ``no_grad``, ``backward``, ``step``...), the op, the line
-    (``"file.py:NN"``) and the module path (None outside the model)."""
+    (``"file.py:NN"``), the module path (None outside the model) and, when the doctor traced
+    the graph (``Doctor.trace``), the id of the graph node that stands for it there (the node
+    that saved the tensor, the node the in-place op made), else None."""
 
     role: str
     op: str | None
     line: str | None
     module: str | None = None
+    node: str | None = None
 
     def describe(self) -> str:
         """``saved by sigmoid at model.py:12 (encoder)``."""
@@ -142,6 +145,11 @@ class Finding:
     param: str | None = None
     sites: tuple[Site, ...] = field(default_factory=tuple)
     torch_error: str | None = None
+
+    @property
+    def nodes(self) -> tuple[tuple[str, str], ...]:
+        """``(role, node id)`` of each site with a graph node (``Site.node``), in order."""
+        return tuple((s.role, s.node) for s in self.sites if s.node is not None)
 
     @property
     def lines(self) -> tuple[str, ...]:
@@ -200,6 +208,13 @@ def names(items: list[str], most: int = 4) -> str:
     return shown + (f" and {len(items) - most} more" if len(items) > most else "")
 
 
+#: What a finding's site is, said on its graph node (``Site.role``; another: "<role> here").
+DOCTOR_ROLES = {
+    "modified": "modified in place here", "saved": "saved the tensor here",
+    "made": "made the carried tensor here", "used": "used the carried tensor here",
+}
+
+
 @dataclass(frozen=True)
 class DoctorReport:
     """What one ``gs.doctor`` block found: its findings (none for a healthy step), how many
@@ -214,6 +229,37 @@ class DoctorReport:
     @property
     def healthy(self) -> bool:
         return not self.findings
+
+    def verdict(self) -> str:
+        """``3 findings (1 inplace, 2 grad_none) in 1 backward, 1 optimizer step``, or
+        ``healthy: no findings (...)``."""
+        watched = (f"{self.backwards} backward{'s' if self.backwards != 1 else ''}, "
+                   f"{self.steps} optimizer step{'s' if self.steps != 1 else ''}")
+        if self.healthy:
+            return f"healthy: no findings ({watched})"
+        kinds: dict[str, int] = {}
+        for f in self.findings:
+            kinds[f.kind] = kinds.get(f.kind, 0) + 1
+        parts = ", ".join(f"{n} {k}" for k, n in kinds.items())
+        n = len(self.findings)
+        return f"{n} finding{'s' if n != 1 else ''} ({parts}) in {watched}"
+
+    def node_notes(self) -> dict[str, str]:
+        """Graph node id -> what the findings say of that node (``modified in place here:
+        zero_ at f.py:28 (inplace)``), for each site with a node (``Doctor.trace``); a node in
+        several findings gets each, joined by "; ". The page and the SVG of ``render --doctor``
+        label the nodes with it."""
+        said: dict[str, list[str]] = {}
+        for f in self.findings:
+            for site in f.sites:
+                if site.node is None:
+                    continue
+                where = " at ".join(w for w in (site.op, site.line) if w)
+                text = (f"{DOCTOR_ROLES.get(site.role, site.role + ' here')}"
+                        f"{': ' + where if where else ''} ({f.kind})")
+                if text not in said.setdefault(site.node, []):
+                    said[site.node].append(text)
+        return {nid: "; ".join(texts) for nid, texts in said.items()}
 
     def to_json(self) -> str:
         return findings_json(self.findings)

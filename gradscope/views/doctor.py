@@ -19,17 +19,8 @@ _KIND_STYLE = {"inplace": "bold red", "backward_twice": "bold red", "no_grad_fn"
 
 
 def verdict(report: DoctorReport) -> str:
-    """``3 findings (1 inplace, 2 grad_none) in 1 backward, 1 optimizer step`` or ``healthy``."""
-    watched = (f"{report.backwards} backward{'s' if report.backwards != 1 else ''}, "
-               f"{report.steps} optimizer step{'s' if report.steps != 1 else ''}")
-    if report.healthy:
-        return f"healthy: no findings ({watched})"
-    kinds: dict[str, int] = {}
-    for f in report.findings:
-        kinds[f.kind] = kinds.get(f.kind, 0) + 1
-    parts = ", ".join(f"{n} {k}" for k, n in kinds.items())
-    n = len(report.findings)
-    return f"{n} finding{'s' if n != 1 else ''} ({parts}) in {watched}"
+    """``report.verdict()``: ``3 findings (1 inplace, 2 grad_none) in 1 backward, ...``."""
+    return report.verdict()
 
 
 class _Indented:

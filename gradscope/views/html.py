@@ -28,6 +28,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ..model.doctor import DoctorReport
 from ..model.formats import FormatKind, OutputFormat, register_format, register_renderer
 from ..model.graph import Graph
 from ..model.schema_write import float_to_json
@@ -76,6 +77,7 @@ def to_html(
     root: str | Path | None = None,
     max_nodes: int = BUDGET,
     diff: DiffMarks | None = None,
+    doctor: DoctorReport | None = None,
 ) -> str:
     """One self-contained HTML page showing ``graph`` interactively (works offline).
 
@@ -92,6 +94,9 @@ def to_html(
         max_nodes: without ``depth`` or ``full``, open modules breadth-first while the first
             view has at most this many boxes.
         diff: a diff page's marks and norm ratios (``views.diff.diff_page`` fills it).
+        doctor: ``gs.doctor``'s report on the step that made ``graph`` (``Doctor.trace``): each
+            finding's nodes are highlighted, its message shown, a button goes to it; a report
+            without findings is said so.
 
     Returns:
         The page as a string; write it to a ``.html`` file (``Graph.save("g.html")``).
@@ -103,7 +108,7 @@ def to_html(
         True
     """
     data = graph_data(graph, depth=depth, full=full, fold=fold, saved=saved, notes=notes,
-                      root=root, budget=max_nodes, diff=diff)
+                      root=root, budget=max_nodes, diff=diff, doctor=doctor)
     # Nodes and edges go in blocks of PART rows, each parsed in its own task by the page, so
     # no single JSON.parse of a 100,000-node graph holds the main thread.
     parts = []
@@ -198,7 +203,8 @@ def _render_html(graph: Graph, **options: Any) -> bytes:
 
 
 #: What ``to_html`` takes; the CLI passes ``saved`` and ``notes`` to every format.
-HTML_OPTIONS = frozenset({"title", "depth", "full", "fold", "saved", "notes", "root", "max_nodes"})
+HTML_OPTIONS = frozenset({"title", "depth", "full", "fold", "saved", "notes", "root", "max_nodes",
+                          "doctor"})
 
 register_format(
     OutputFormat("html", _render_html, HTML_OPTIONS, "interactive page, self-contained and offline",

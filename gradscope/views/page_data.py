@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..model.doctor import DoctorReport
 from ..model.graph import Graph, Node, SavedTensor, format_bytes
 from ..model.nodes import KINDS, saved_bytes_of
 from ..model.schema_write import EDGE_KINDS, NODE_OPTIONAL, float_to_json
@@ -32,6 +33,35 @@ from .style import (
 
 #: Items drawn in the first view when neither ``depth`` nor ``full`` is given.
 BUDGET = 600
+#: The longest text from the graph (a name, an attribute, a module path, a source line) the page
+#: embeds; a longer one is cut, its full length said (``cut_text``). A 50 MB name drawn, wrapped
+#: and searched whole took the page 40 s to open (issue 29 item 27).
+PAGE_TEXT = 500
+
+
+def cut_text(value: Any, limit: int = PAGE_TEXT) -> Any:
+    """``value`` itself, or a string longer than ``limit`` cut to its first ``limit`` characters
+    followed by its full length.
+
+    Example:
+        >>> cut_text("ab" * 6, limit=4), cut_text(7)
+        ('abab… (12 chars)', 7)
+    """
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]}… ({len(value):,} chars)"
+    return value
+
+
+def _cut_all(value: Any) -> Any:
+    """``cut_text`` on every string in a JSON value (the schema's fields the page has no code
+    for, whatever their form)."""
+    if isinstance(value, str):
+        return cut_text(value)
+    if isinstance(value, list):
+        return [_cut_all(v) for v in value]
+    if isinstance(value, dict):
+        return {cut_text(k): _cut_all(v) for k, v in value.items()}
+    return value
 
 #: The page's data contract: every row of the page is a list whose positions are named here
 #: (the page reads the names from ``fields`` in its data, never a position of its own), and trailing
@@ -139,6 +169,7 @@ INFO: tuple[InfoField, ...] = (
     InfoField("shape", "sh"),  # an op's forward output shape, where the graph tells it
     InfoField("memory", "mem", "memory"),  # a --memory note
     InfoField("diff", "diff", "diff a → b"),  # added / removed / changed
+    InfoField("doctor", "doc", "doctor"),  # what a doctor's finding says of this node
 )
 #: Schema keys the page does not write per node: the module classes name the containers, and
 #: a compiled region's nodes sit in its container.
@@ -167,8 +198,8 @@ class DiffMarks:
 
 # ---------------------------------------------------------------------- nodes
 def _saved(s: SavedTensor) -> list[Any]:
-    return _row("saved", {"name": s.name, "shape": s.shape, "dtype": s.dtype, "nbytes": s.nbytes,
-                          "storage": s.storage, "freed": 1 if s.freed else 0})
+    return _row("saved", {"name": cut_text(s.name), "shape": s.shape, "dtype": s.dtype,
+                          "nbytes": s.nbytes, "storage": s.storage, "freed": 1 if s.freed else 0})
 
 
 #: The forward arguments behind ``next_functions`` slots of a few common ops, from their ATen
@@ -235,17 +266,18 @@ def _node_info(
         info[k["saved"]] = [_saved(s) for s in node.saved]
     t = node.tensor
     if t is not None:
-        info[k["tensor"]] = _row("tensor", {"name": t.name, "shape": t.shape, "dtype": t.dtype,
-                                            "device": t.device})
+        info[k["tensor"]] = _row("tensor", {"name": cut_text(t.name), "shape": t.shape,
+                                            "dtype": cut_text(t.dtype),
+                                            "device": cut_text(t.device)})
     attrs = attr_entries(node) if node.kind in ("op", "accumulate") else {}
     if node.kind == "custom":
         attrs = dict(node.attrs)
     attrs = {a: v for a, v in attrs.items() if v not in ("[saved tensor]", "[saved tensors]")}
     if attrs:
-        info[k["attrs"]] = attrs
+        info[k["attrs"]] = {cut_text(a): cut_text(v) for a, v in attrs.items()}
     if node.kind == "module":
         box = node.box
-        info[k["box"]] = _row("box", {"cls": box.cls, "nodes": box.nodes,
+        info[k["box"]] = _row("box", {"cls": cut_text(box.cls), "nodes": box.nodes,
                                       "saved_bytes": box.saved_bytes, "repeat": box.repeat or 0}
                               if box is not None else
                               {"cls": "", "nodes": 1, "saved_bytes": node.saved_bytes,
@@ -261,22 +293,22 @@ def _node_info(
         info[k["forward_nonfinite"]] = node.forward_nonfinite
     if node.compiled is not None:
         info[k["compiled"]] = _row("region", {"ops": node.compiled.ops,
-                                              "note": node.compiled.note})
+                                              "note": cut_text(node.compiled.note)})
     where = node.created_at
     if where:
-        info[k["created_at"]] = short_location(where, root)
+        info[k["created_at"]] = cut_text(short_location(where, root))
     if node.view_base:
         info[k["view_base"]] = 1
     if path is not None and path != cpath:
-        info[k["module"]] = path
+        info[k["module"]] = cut_text(path)
     if shape is not None and node.kind not in ("leaf", "output"):
         info[k["shape"]] = shape
     if note:
-        info[k["memory"]] = note
+        info[k["memory"]] = cut_text(note)
     for f in plain:  # the schema's fields the page has no code for: as the schema writes them
         value = getattr(node, f.name, None)
         if value is not None and value is not False:
-            info[f.key] = NODE_OPTIONAL[f.name](value)
+            info[f.key] = _cut_all(NODE_OPTIONAL[f.name](value))
     return info
 
 
@@ -291,10 +323,12 @@ def graph_data(
     root: str | Path | None = None,
     budget: int = BUDGET,
     diff: DiffMarks | None = None,
+    doctor: DoctorReport | None = None,
 ) -> dict[str, Any]:
     """The JSON the page embeds (version 2: compact rows named by ``FIELDS``, node info named
     by ``INFO``, container kinds by ``CONTAINER_KINDS``, all sent with the data for
-    ``viewer.js`` to read); ``diff`` colours a diff of two graphs (``views.diff``)."""
+    ``viewer.js`` to read); ``diff`` colours a diff of two graphs (``views.diff``); ``doctor``
+    (``gs.doctor``'s report on this graph's step) marks each finding's nodes (``Site.node``)."""
     marks = diff.marks if diff is not None else None
     b = ContainerTree(graph, fold)
     root_dir = None if root is None else str(root)
@@ -302,6 +336,7 @@ def graph_data(
     index = b.index
     fields = info_fields()
     plain = fields[len(INFO):]
+    said = doctor.node_notes() if doctor is not None else {}
     nodes = []
     for i, n in enumerate(graph.nodes):
         cidx = b.node_container[i]
@@ -310,8 +345,11 @@ def graph_data(
                           notes.get(n.id) if notes else None, root_dir, plain)
         if marks and n.id in marks:
             info[_KEY["diff"]] = marks[n.id]
+        if n.id in said:
+            info[_KEY["doctor"]] = cut_text(said[n.id])
         nodes.append(_row("nodes", {
-            "id": n.id, "name": n.name, "kind": KINDS.index(n.kind) if n.kind in KINDS else 0,
+            "id": n.id, "name": cut_text(n.name),
+            "kind": KINDS.index(n.kind) if n.kind in KINDS else 0,
             "container": cidx, "info": info or None,
         }))
     edges = []
@@ -324,7 +362,8 @@ def graph_data(
     containers: list[list[Any]] = []
     for c in b.containers:
         values: dict[str, Any] = {
-            "path": c.path, "label": c.label, "cls": c.cls, "kind": CONTAINER_KINDS[c.kind],
+            "path": cut_text(c.path), "label": cut_text(c.label), "cls": cut_text(c.cls),
+            "kind": CONTAINER_KINDS[c.kind],
             "parent": c.parent, "depth": c.depth, "count": c.count, "saved_bytes": c.saved_bytes,
             "range": b.ranges.get(len(containers)),
         }
@@ -345,7 +384,7 @@ def graph_data(
         "containers": containers,
         "roots": [index[r] for r in graph.roots if r in index],
         "first": first,
-        "summary": graph.summary(),
+        "summary": cut_text(graph.summary()),
         "total_bytes": graph.saved_bytes(),
         "total_bytes_text": format_bytes(graph.saved_bytes()),
         "options": {"depth": depth, "full": full, "saved": saved, "budget": budget,
@@ -357,8 +396,22 @@ def graph_data(
         "edge_kinds": list(EDGE_KINDS),
         "container_kinds": CONTAINER_KINDS,
         "info": [[f.name, f.key, f.label] for f in fields],
+        "doctor": None if doctor is None else _doctor_data(doctor, index),
         "diff": None if diff is None else {
-            "summary": diff.summary,
+            "summary": cut_text(diff.summary),
             "ratios": sorted([k, float_to_json(r, 4)] for k, r in diff.ratios.items()),
             "edges": sorted([k, m] for k, m in diff.edges.items())},
+    }
+
+
+# ---------------------------------------------------------------------- the doctor
+def _doctor_data(report: DoctorReport, index: dict[str, int]) -> dict[str, Any]:
+    """The report as the page reads it: its verdict, and per finding its title, message, fix
+    and the (role, node index) of each of its nodes in this graph."""
+    return {
+        "verdict": cut_text(report.verdict()),
+        "findings": [{"title": cut_text(f.title()), "message": cut_text(f.message),
+                      "fix": cut_text(f.fix),
+                      "nodes": [[role, index[nid]] for role, nid in f.nodes if nid in index]}
+                     for f in report.findings],
     }

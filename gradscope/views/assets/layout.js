@@ -89,7 +89,72 @@
     };
   }
 
-  root.gsLayout = { task, cacheSize: () => cache.size };
+  // A sketch of the same jobs, in one pass over each (no dagre, no cache): ranks by the
+  // longest path from the sources (a cycle broken at its lowest item), each rank in item order,
+  // centred; edges as straight lines between the boxes. The page draws it before the load event
+  // when the first view is too big to lay out in that task, so a picture taken at load
+  // (``chromium --headless --screenshot``) shows the graph; the real layout replaces it.
+  function sketchOne(job, results) {
+    const n = job.w.length, w = job.w.slice(), h = job.h.slice(), e = job.e;
+    for (let k = 0; k < job.c.length; k += 2) {
+      const r = results[job.c[k + 1]], pad = job.pads[job.c[k + 1]];
+      w[job.c[k]] = r.w + pad[0] + pad[2];
+      h[job.c[k]] = r.h + pad[1] + pad[3];
+    }
+    const indeg = new Int32Array(n), start = new Int32Array(n + 1), rank = new Int32Array(n);
+    for (let k = 0; k < e.length; k += 2) { start[e[k] + 1]++; indeg[e[k + 1]]++; }
+    for (let i = 0; i < n; i++) start[i + 1] += start[i];
+    const out = new Int32Array(e.length / 2), fill = start.slice(0, n);
+    for (let k = 0; k < e.length; k += 2) out[fill[e[k]]++] = e[k + 1];
+    const done = new Uint8Array(n), queue = [];
+    for (let i = 0; i < n; i++) if (indeg[i] === 0) queue.push(i);
+    let next = 0, low = 0;
+    while (next < n) {
+      if (next === queue.length) { // a cycle: go on from its lowest item not placed yet
+        while (done[low]) low++;
+        indeg[low] = -1; queue.push(low);
+      }
+      const i = queue[next++];
+      done[i] = 1;
+      for (let q = start[i]; q < start[i + 1]; q++) {
+        const j = out[q];
+        if (done[j]) continue;
+        if (rank[j] < rank[i] + 1) rank[j] = rank[i] + 1;
+        if (--indeg[j] === 0) queue.push(j);
+      }
+    }
+    let ranks = 0;
+    for (let i = 0; i < n; i++) ranks = Math.max(ranks, rank[i] + 1);
+    const rowW = new Float64Array(ranks), rowH = new Float64Array(ranks);
+    for (let i = 0; i < n; i++) {
+      rowW[rank[i]] += w[i] + (rowW[rank[i]] > 0 ? 14 : 0);
+      rowH[rank[i]] = Math.max(rowH[rank[i]], h[i]);
+    }
+    let width = 0;
+    for (let r = 0; r < ranks; r++) width = Math.max(width, rowW[r]);
+    const rowY = new Float64Array(ranks), cursor = new Float64Array(ranks);
+    let height = 0;
+    for (let r = 0; r < ranks; r++) { rowY[r] = height; height += rowH[r] + 26; cursor[r] = (width - rowW[r]) / 2; }
+    const x = new Array(n), y = new Array(n);
+    for (let i = 0; i < n; i++) {
+      const r = rank[i];
+      x[i] = cursor[r]; cursor[r] += w[i] + 14;
+      y[i] = rowY[r] + (rowH[r] - h[i]) / 2;
+    }
+    const p = [];
+    for (let k = 0; k < e.length; k += 2) {
+      const a = e[k], b = e[k + 1];
+      p.push([x[a] + w[a] / 2, y[a] + h[a], x[b] + w[b] / 2, y[b]].map((v) => Math.round(v * 10) / 10));
+    }
+    return { w: width, h: Math.max(0, height - 26), x, y, p };
+  }
+  function sketch(jobs) {
+    const pads = jobs.map((j) => j.pad), results = new Array(jobs.length);
+    jobs.forEach((job, k) => { job.pads = pads; results[k] = sketchOne(job, results); });
+    return results;
+  }
+
+  root.gsLayout = { task, sketch, cacheSize: () => cache.size };
 
   // In a worker: answer {id, jobs} with {id, started} at once (the page falls back to its main
   // thread when no answer comes), then progress messages, then {id, results}.

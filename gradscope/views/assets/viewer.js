@@ -47,12 +47,20 @@
   const eDiff = new Map(DIFF ? DIFF.edges : []); // edge index -> "added" / "removed"
   const DIFF_COLORS = { added: "#8ce99a", removed: "#ff8787", changed: "#ffd43b" };
   const DIFF_EDGES = { added: "#2b8a3e", removed: "#e03131" };
-  // A small graph's first view is parsed, laid out and drawn in the task that saw the document
+  // a page rendered with --doctor (page_data.py doctor): the findings, each with its nodes
+  // [role, node index]; those nodes are outlined, labelled, and "Go to finding" visits them
+  const DOCTOR = D.doctor || null, DOCTOR_COLOR = "#c2255c";
+  const doctorTargets = DOCTOR ? DOCTOR.findings.flatMap((f) => f.nodes.map(([, i]) => i)) : [];
+  let doctorNext = 0;
+  // A graph's first view is parsed, laid out and drawn in the task that saw the document
   // parsed, before the load event: a page captured at load (``chromium --headless
   // --screenshot``, the way documentation pipelines take pictures) shows the graph, not a blank
-  // canvas. Larger graphs (or first views) take their usual steps, each a task of its own.
-  const QUICK_NODES = 1500;
-  let quick = false;
+  // canvas. A small first view of a small graph (QUICK_NODES) is laid out by dagre there; a
+  // bigger one, up to SKETCH_NODES, is drawn from a sketch (layout.js ``sketch``: one pass, no
+  // dagre) and laid out for real right after (the worker). Larger graphs take their usual steps,
+  // each a task of its own (parsing them in one task would hold the page too long).
+  const QUICK_NODES = 1500, SKETCH_NODES = 10000;
+  let quick = false, sketched = false, replacing = false;
   // lets timers, input and paint run (a resolved promise while the quick first view is made):
   // a message to itself, not setTimeout(0), which Chromium holds back 4 ms once timers nest
   // (400 blocks of a million-node page would wait 1.6 s doing nothing)
@@ -226,6 +234,7 @@
     if (kind === "custom") lines.push("(custom Function)");
     if (toggles.shapes && info[K.shape]) lines.push("→ " + shapeText(info[K.shape]));
     if (info[K.memory]) lines.push(info[K.memory]);
+    if (info[K.doctor]) lines.push(...wrap("⚑ " + info[K.doctor], 44));
     if (info[K.forward_nonfinite]) lines.push(info[K.forward_nonfinite] + " first made here, in the forward");
     if (info[K.nonfinite]) lines.push((info[K.first_nonfinite] ? "first " : "") + info[K.nonfinite] + " gradient");
     // the line that made the first NaN/Inf: the forward's, or the first non-finite gradient's
@@ -471,10 +480,14 @@
   function runLayout(jobs, onProgress, here) {
     const clean = jobs.map((j) => ({ w: j.w, h: j.h, c: j.c, e: j.e, pad: j.pad }));
     const small = here && smallLayout(clean);
-    if (quick && small) { // the quick first view: in this very task
+    if (quick && small && N <= QUICK_NODES) { // the quick first view: in this very task
       const t = window.gsLayout.task(clean);
       t.step(Infinity);
       return Promise.resolve(t.results);
+    }
+    if (quick && here) { // too big for dagre in this task: a sketch now, the layout next
+      sketched = true;
+      return Promise.resolve(window.gsLayout.sketch(clean));
     }
     quick = false;
     if (worker && !small) {
@@ -774,6 +787,7 @@
     c.fillRect(it.x, it.y, it.cw, it.h);
     if (k * it.h > 3) {
       let stroke = "#333", width = lw;
+      if (!isBox && nodeInfo[key] && nodeInfo[key][K.doctor]) { stroke = DOCTOR_COLOR; width = 3 * lw; }
       if (matches.has(key)) { stroke = "#0a66c2"; width = 2.5 * lw; }
       if (key === selected) { stroke = "#d00"; width = 3 * lw; }
       c.strokeStyle = stroke; c.lineWidth = isBox ? Math.max(width, 2 * lw) : width;
@@ -995,7 +1009,8 @@
     const jobs = makeJobs(v);
     const t2 = performance.now();
     lastLayoutJobs = jobs.jobs.length;
-    const showAfter = setTimeout(() => setProgress(0, jobs.jobs.length), 150);
+    // (no progress box over a sketch being replaced: the graph is on screen meanwhile)
+    const showAfter = replacing ? 0 : setTimeout(() => setProgress(0, jobs.jobs.length), 150);
     const results = await runLayout(jobs.jobs, (p) => setProgress(p[0], p[1]), scene === null);
     clearTimeout(showAfter);
     setProgress(1, 1);
@@ -1037,6 +1052,7 @@
     let hidden = false;
     for (let j = 1; j < M && !hidden; j++) hidden = status[j] !== -1 || (C[j].kind === "fold" && !unfolded[j]);
     const parts = [];
+    if (DOCTOR) parts.push(doctorNote());
     if (DIFF) parts.push("Diff a → b: " + DIFF.summary + ".");
     if (cropped) parts.push("Shown at a readable size, not whole: drag or use the minimap (bottom right) " +
       "for the rest; f fits it all (too small to read).");
@@ -1044,6 +1060,13 @@
       "summary to draw every repeat, or Expand all; the command line draws every node with --full " +
       "(or --depth N, --no-fold).");
     noteEl.textContent = parts.join(" ");
+  }
+  function doctorNote() { // the doctor's verdict, and the first finding's one line
+    const f = DOCTOR.findings[0];
+    if (!f) return "Doctor: " + DOCTOR.verdict + ".";
+    const more = DOCTOR.findings.length > 1 ? " (" + DOCTOR.verdict + "; Go to finding visits each.)" : "";
+    const where = f.nodes.length ? "" : " (no node of this graph stands for it)";
+    return "Doctor: " + f.title + ": " + f.message + where + more;
   }
   function showError(err) {
     statusEl.textContent = "layout failed: " + (err && err.message ? err.message : err);
@@ -1086,6 +1109,7 @@
   }
   function focusKey() {
     if (selected >= 0) return selected;
+    if (doctorTargets.length && scene) return visOf(doctorTargets[0]);
     if (D.first >= 0 && scene) return visOf(D.first);
     if (DIFF && scene) { // a diff: the change drawn highest
       let best = null;
@@ -1617,6 +1641,9 @@
         if (upper !== null) lower = upper;
       }
     }
+    if (DOCTOR && doctorTargets.length) {
+      parts.push(`<div class="row"><span class="sw" style="background:#fff;border:2.5px solid ${DOCTOR_COLOR}"></span>⚑ a doctor's finding</div>`);
+    }
     if (DIFF) {
       parts.push("<b>Diff: a → b</b>", sw(DIFF_COLORS.added, "added in b"), sw(DIFF_COLORS.removed, "removed from a"),
         sw(DIFF_COLORS.changed, "changed: shape, dtype, saved"),
@@ -1689,6 +1716,17 @@
   $("collapse-all").addEventListener("click", () => collapseAll());
   $("export-png").addEventListener("click", exportPng);
   $("export-svg").addEventListener("click", () => download(new Blob([viewSvg()], { type: "image/svg+xml" }), "gradscope-view.svg"));
+  function goFinding() { // the next node of the doctor's findings, in order, round again
+    if (!doctorTargets.length) return Promise.resolve();
+    const i = doctorTargets[doctorNext % doctorTargets.length];
+    doctorNext++;
+    return selectNode(i);
+  }
+  if (doctorTargets.length) {
+    const b = $("go-finding");
+    b.hidden = false;
+    b.addEventListener("click", goFinding);
+  }
   function goFirst() { return D.first >= 0 ? selectNode(D.first) : Promise.resolve(); }
   if (D.first >= 0) {
     const b = $("first-bad");
@@ -1780,6 +1818,9 @@
     },
     details: () => detailsEl.innerText,
     firstNonfinite: () => (D.first >= 0 ? nodeId[D.first] : null),
+    // the doctor's findings on this page (--doctor): title and [role, node id] of each node
+    findings: () => (DOCTOR ? DOCTOR.findings.map((f) => ({ title: f.title, message: f.message, nodes: f.nodes.map(([r, i]) => [r, nodeId[i]]) })) : null),
+    goToFinding: () => goFinding().then(() => api.selected()),
     selected: () => (selected < 0 ? null : selected < N ? nodeId[selected] : selected < SUM ? "box:" + C[selected - BOX].path : "sum:" + C[selected - SUM].path),
     toggle: (name) => (name in toggles ? toggle(name, name === "saved" || name === "shapes") : Promise.reject(new Error("no toggle " + name))),
     exportSvg: () => viewSvg(),
@@ -1808,7 +1849,7 @@
   buildLegend();
   syncToggles();
   T.setup = performance.now();
-  quick = N <= QUICK_NODES && E <= 2 * QUICK_NODES;
+  quick = N <= SKETCH_NODES && E <= 2 * SKETCH_NODES;
   loadParts().then(() => {
     T.loaded = performance.now();
     initialState();
@@ -1816,6 +1857,13 @@
     return refresh(() => firstView());
   }).then(() => {
     quick = false;
+    if (!sketched) return null;
+    T.sketched = performance.now();
+    sketched = false; // the sketch is drawn: now the real layout (the view follows unless moved)
+    replacing = true;
+    return refresh(() => { if (!userMoved) firstView(); });
+  }).then(() => {
+    replacing = false;
     readyMs = performance.now(); // since the navigation started
     resolveReady();
   }, (err) => { quick = false; showError(err); });
