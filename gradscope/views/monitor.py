@@ -9,6 +9,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import statistics
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,8 @@ from ..model.monitor import (
     nonfinite_kind,
     step_record,
 )
+from ..model.spikes import SPIKE_MIN_VALUES
+from ..model.spikes import signals as spike_signals
 from .style import clean_rich, clean_text
 
 _BARS = "▁▂▃▄▅▆▇█"
@@ -324,10 +328,15 @@ def _pyplot() -> Any:
 
 
 def plot_series(log: MonitorLog) -> dict[str, list[Any]]:
-    """What ``plot_png`` draws in its total-norm panel: the steps with a finite positive total
-    norm and their values, the steps whose total norm is not finite, the skipped steps."""
+    """What ``plot_png`` draws in its total-norm and loss panels: the steps with a finite
+    positive total norm and their values, the steps whose total norm is not finite, the
+    skipped steps; the spike baseline of each signal (``baseline_steps``, ``baseline``: the
+    median of its last ``Thresholds.spike_window`` logged values, first ``spike_warmup``
+    ignored, once ``SPIKE_MIN_VALUES`` are in; ``limit``: baseline x ``Thresholds.spike``,
+    above which a value is a spike), the same for the loss (``loss_*``, when the monitor was
+    given the loss), and ``spikes``: one ``(step, signal, ratio)`` per spike incident."""
     ok = [st for st in log.steps if not st.skipped and _plottable(st.total_norm) == st.total_norm]
-    return {
+    out: dict[str, list[Any]] = {
         "steps": [st.step for st in ok],
         "total": [st.total_norm for st in ok],
         "nonfinite": [
@@ -335,21 +344,61 @@ def plot_series(log: MonitorLog) -> dict[str, list[Any]]:
         ],
         "skipped": [st.step for st in log.steps if st.skipped],
     }
+    losses = [(st.step, st.loss) for st in log.steps
+              if not st.skipped and st.loss is not None and math.isfinite(st.loss)]
+    out["loss_steps"] = [s for s, _ in losses]
+    out["loss"] = [v for _, v in losses]
+    for prefix, signal in (("", "grad_norm"), ("loss_", "loss")):
+        band = _baseline(log, signal)
+        out[f"{prefix}baseline_steps"] = [s for s, _ in band]
+        out[f"{prefix}baseline"] = [m for _, m in band]
+        out[f"{prefix}limit"] = [m * log.thresholds.spike for _, m in band]
+    out["spikes"] = [(inc.step, inc.signal, inc.ratio) for inc in log.incidents
+                     if inc.kind == "spike"]
+    return out
+
+
+def _baseline(log: MonitorLog, signal: str) -> list[tuple[int, float]]:
+    """(step, median its value is compared with) for each logged step that has one, by the
+    rule of ``gradscope.model.spikes`` (from the steps the history still holds)."""
+    th = log.thresholds
+    window: deque[float] = deque(maxlen=th.spike_window)
+    seen = 0
+    out = []
+    for st in log.steps:
+        if st.skipped or not math.isfinite(st.total_norm):
+            continue
+        value = spike_signals(st).get(signal)
+        if value is None:
+            continue
+        if seen < th.spike_warmup:
+            seen += 1
+            continue
+        if len(window) >= SPIKE_MIN_VALUES:
+            out.append((st.step, statistics.median(window)))
+        window.append(value)
+    return out
 
 
 def plot_png(log: MonitorLog, path: Path) -> Path:
-    """Gradient flow per layer (latest and max norm) and the total norm over steps, as a PNG;
+    """Gradient flow per layer (latest and max norm) above; below, the total norm over
+    steps and (when the monitor was given it) the loss, each with its spike band (the
+    running median and the median x ``Thresholds.spike``) and each spike incident marked;
     steps with non-finite gradients are red marks along the top of the total-norm panel
     (skipped steps grey), so the panel covers every logged step."""
     plt = _pyplot()
     names = [n for n in log.names if any(n in st.params for st in log.steps)]
-    fig, (ax_flow, ax_total) = plt.subplots(
-        1, 2, figsize=(max(10, 0.25 * len(names) + 6), 4.5), gridspec_kw={"width_ratios": [3, 1]}
-    )
+    series = plot_series(log)
+    has_loss = bool(series["loss"])
+    fig = plt.figure(figsize=(max(10, 0.25 * len(names) + 6), 8))
+    grid = fig.add_gridspec(2, 2 if has_loss else 1, height_ratios=[1, 1])
+    ax_flow = fig.add_subplot(grid[0, :])
+    ax_total = fig.add_subplot(grid[1, 0])
     try:
         _flow(ax_flow, log, names)
-        series = plot_series(log)
-        ax_total.plot(series["steps"], series["total"], marker=".")
+        factor = log.thresholds.spike
+        _spike_panel(ax_total, series, "", series["steps"], series["total"], "grad_norm",
+                     "total gradient norm", factor)
         top = ax_total.get_xaxis_transform()  # x in data, y in axes fraction
         if series["nonfinite"]:
             ax_total.scatter(
@@ -364,17 +413,46 @@ def plot_png(log: MonitorLog, path: Path) -> Path:
         steps = [st.step for st in log.steps]
         if steps:
             ax_total.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
-        if series["nonfinite"] or series["skipped"]:
-            ax_total.legend(fontsize=7)
-        ax_total.set(title="total gradient norm", xlabel="step")
-        if series["total"]:
-            ax_total.set_yscale("log")
+        ax_total.legend(fontsize=7)
+        if has_loss:
+            ax_loss = fig.add_subplot(grid[1, 1], sharex=ax_total)
+            _spike_panel(ax_loss, series, "loss_", series["loss_steps"], series["loss"],
+                         "loss", "loss", factor)
+            ax_loss.legend(fontsize=7)
         fig.tight_layout()
         with atomic_path(path) as tmp:
             fig.savefig(tmp, format="png", dpi=100)
     finally:
         plt.close(fig)
     return path
+
+
+def _spike_panel(ax: Any, series: dict[str, list[Any]], prefix: str, xs: list[int],
+                 ys: list[float], signal: str, title: str, factor: float) -> None:
+    """One signal over steps: the line, the band [median, median x spike], the spikes."""
+    ax.plot(xs, ys, marker=".", color="steelblue", label=title, zorder=2)
+    band_x = series[f"{prefix}baseline_steps"]
+    if band_x:
+        ax.fill_between(band_x, series[f"{prefix}baseline"], series[f"{prefix}limit"],
+                        step="mid", color="tab:green", alpha=0.15,
+                        label=f"running median .. {factor:g}x it (a spike above)")
+        ax.plot(band_x, series[f"{prefix}limit"], color="tab:green", linewidth=0.8,
+                drawstyle="steps-mid")
+    value = dict(zip(xs, ys, strict=True))
+    marks = [(s, r, sig) for s, sig, r in series["spikes"] if s in value]
+    if marks:
+        ax.scatter([s for s, _, _ in marks], [value[s] for s, _, _ in marks], s=90,
+                   facecolors="none", edgecolors="red", linewidths=1.5, zorder=3,
+                   label="spike")
+        for s, r, sig in marks:
+            mark = f"step {s}: x{r:.3g}" if sig == signal else ""
+            if mark:
+                ax.annotate(mark, (s, value[s]), textcoords="offset points", xytext=(6, 4),
+                            fontsize=8, color="red")
+    ax.set(title=title, xlabel="step")
+    positive = [v for v in ys if v > 0]
+    if positive and len(positive) == len(ys):
+        ax.set_yscale("log")
 
 
 def _plottable(v: float) -> float:
