@@ -65,14 +65,11 @@ class Doctor:
         self.findings: list[Finding] = []
         self.backwards = 0
         self.steps = 0
-        self.names: list[str] = []
-        self.params: list[torch.Tensor] = []
-        self.bits: dict[int, int] = {}
-        if model is not None:
-            for name, p in model.named_parameters():
-                self.bits[id(p)] = len(self.params)
-                self.names.append(name)
-                self.params.append(p)
+        #: the watched parameters by bit (``names``, ``params``, ``bits``: its lists)
+        self.watched = explain.Watched.of(model)
+        self.names = self.watched.names
+        self.params = self.watched.params
+        self.bits = self.watched.bits
         self.module_names: dict[int, str] = (
             {id(m): n for n, m in model.named_modules()} if model is not None else {})
         self.stack: list[str | None] = []
@@ -111,8 +108,10 @@ class Doctor:
     def __exit__(self, etype: Any, exc: BaseException | None, tb: Any) -> None:
         self.handle.remove()
         try:
-            if exc is None and self.plain_backwards:
-                explain.check_grad_none(self)
+            if exc is None and self.plain_backwards and self.mode is not None:
+                for finding in explain.check_grad_none(self.watched, self.mode, self.got_grad,
+                                                       self.root_tags, self.ran):
+                    self.add(finding)
             if isinstance(exc, RuntimeError) and not isinstance(exc, AutogradError):
                 kind = torch_error_kind(str(exc))
                 if kind is not None:  # a backward the doctor did not run (a C++ extension...)
@@ -197,7 +196,8 @@ class Doctor:
         plain = func is not torch.autograd.grad and kwargs.get("inputs") is None
         roots = explain.roots_of(func, args, kwargs)
         if self.optimizer is not None and self.steps_since_backward:
-            explain.check_accumulate(self, line)
+            for finding, key in explain.check_accumulate(self.watched, self.optimizer, line):
+                self.add(finding, key)
         try:
             result = func(*args, **kwargs)
         except RuntimeError as exc:
@@ -211,19 +211,38 @@ class Doctor:
         self.backward_lines.append(line)
         self.steps_since_backward = 0
         if plain and self.params:
-            explain.note_backward(self, roots)
+            self._note_backward(roots)
         return result
+
+    def _note_backward(self, roots: list[Any]) -> None:
+        """After a good ``backward()``: which parameters got a gradient, and the roots'
+        lineage, OR-ed over the block's backward calls (``grad_none`` is judged on them)."""
+        assert self.mode is not None
+        self.plain_backwards += 1
+        for bit, p in enumerate(self.params):
+            if p.grad is not None:
+                self.got_grad |= 1 << bit
+        dep, live, cuts = self.root_tags
+        for t in roots:
+            d, lv, c = self.mode.tag(t)
+            dep |= d
+            live |= lv
+            cuts |= c
+        self.root_tags = (dep, live, cuts)
 
     def _explain(self, kind: str, exc: BaseException, roots: list[Any],
                  line: str | None) -> Finding:
-        finding = explain.explain_error(self, kind, str(exc), roots, line)
+        assert self.mode is not None
+        finding = explain.explain_error(self.watched, self.mode, kind, str(exc), roots, line,
+                                        self.backward_lines, self.node_id)
         self.add(finding, key=(kind, finding.line, len(self.findings)))
         return finding
 
     # ---------------------------------------------------------------- optimizer hooks
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         line = _here()
-        explain.check_step(self, optimizer, line)
+        for finding, key in explain.check_step(self.watched, optimizer, line, self.ran):
+            self.add(finding, key)
         self.ran.clear()
         if self.mode is not None:
             self.mode.paused = True  # the update is not the model's forward
@@ -237,8 +256,7 @@ class Doctor:
     # ---------------------------------------------------------------- naming
     def param_site(self, bit: int) -> str | None:
         """The module path that owns parameter ``bit`` (None for a parameter of the root)."""
-        name = self.names[bit]
-        return name.rsplit(".", 1)[0] if "." in name else None
+        return self.watched.param_site(bit)
 
 
 def doctor(model: torch.nn.Module | None = None,

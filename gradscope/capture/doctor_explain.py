@@ -1,17 +1,22 @@
 """The autograd doctor's explanations: from what ``doctor_record`` kept to ``Finding`` records.
 
+Each function is given the plain pieces it reads (``Watched``: the watched parameters by bit;
+the recording mode; the lines and flags the caller keeps) and returns findings; it writes no
+one's state. ``doctor.Doctor`` owns every piece and keeps the findings.
+
 - ``explain_error``: torch's ``inplace`` / ``backward_twice`` / ``no_grad_fn`` errors, read back
   against the failing graph's own nodes (their ``NodeRecord`` stamps) and the lineage.
-- ``check_grad_none``: after a good ``backward()``, every watched parameter that requires grad
-  and has no ``.grad``, with the reason.
+- ``check_grad_none``: after the block's ``backward()`` calls, every watched parameter that
+  requires grad and got no ``.grad``, with the reason.
 - ``check_step`` / ``check_accumulate``: the training loop, at ``optimizer.step()`` and before
-  the next backward.
+  the next backward (each finding with the key it is said once under).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -26,27 +31,39 @@ from .doctor_record import DOCTOR_KEY, CutEvent, NodeRecord, _DoctorMode, bits_o
 from .stamps import walk_nodes
 
 
-class Doctor(Protocol):
-    """What these functions read of ``doctor.Doctor`` (a protocol, so this module needs no
-    import of the one that imports it)."""
+@dataclass(frozen=True)
+class Watched:
+    """The parameters a doctor watches: ``names`` and ``params`` by bit, ``bits`` from
+    ``id(parameter)`` to its bit, and the model they belong to (None: none watched)."""
 
     model: torch.nn.Module | None
-    optimizer: Any
     names: list[str]
     params: list[torch.Tensor]
     bits: dict[int, int]
-    ran: dict[str, tuple[bool, str | None]]
-    backward_lines: list[str | None]
-    plain_backwards: int
-    got_grad: int
-    root_tags: tuple[int, int, int]
-    mode: _DoctorMode | None
 
-    def add(self, finding: Finding, key: tuple[Any, ...] | None = None) -> None: ...
+    @classmethod
+    def of(cls, model: torch.nn.Module | None) -> Watched:
+        names: list[str] = []
+        params: list[torch.Tensor] = []
+        bits: dict[int, int] = {}
+        if model is not None:
+            for name, p in model.named_parameters():
+                bits[id(p)] = len(params)
+                names.append(name)
+                params.append(p)
+        return cls(model, names, params, bits)
 
-    def param_site(self, bit: int) -> str | None: ...
+    def param_site(self, bit: int) -> str | None:
+        """The module path that owns parameter ``bit`` (None for a parameter of the root)."""
+        name = self.names[bit]
+        return name.rsplit(".", 1)[0] if "." in name else None
 
-    def node_id(self, fn: Any) -> str | None: ...
+
+#: A finding and the key it is said once under (``Doctor.add``).
+Keyed = tuple[Finding, tuple[Any, ...]]
+#: Graph node id of an autograd node in the graph the doctor traced (``Doctor.node_id``).
+NodeId = Callable[[Any], "str | None"]
+
 
 _WHY = {
     "no_grad": "ran under torch.no_grad()",
@@ -93,15 +110,18 @@ def _where(site: Site | None) -> str:
     return f" at {site.line}" + (f" ({site.module})" if site.module else "")
 
 
-def explain_error(doc: Doctor, kind: str, message: str, roots: list[torch.Tensor],
-                  line: str | None) -> Finding:
+def explain_error(watched: Watched, mode: _DoctorMode, kind: str, message: str,
+                  roots: list[torch.Tensor], line: str | None, backward_lines: list[str | None],
+                  node_id: NodeId) -> Finding:
+    """The finding that explains torch's error ``message`` (of ``kind``) in the backward from
+    ``roots`` called at ``line``; ``backward_lines``: the line of each earlier backward."""
     first = (message.strip().splitlines() or [""])[0]
     if kind == "inplace":
-        found = _inplace(doc, message, roots)
+        found = _inplace(mode, message, roots, node_id)
     elif kind == "backward_twice":
-        found = _backward_twice(doc, roots, line)
+        found = _backward_twice(mode, roots, line, backward_lines, node_id)
     else:
-        found = _no_grad_fn(doc, roots, line)
+        found = _no_grad_fn(watched, mode, roots, line)
     return Finding(**{**found, "torch_error": first})
 
 
@@ -113,15 +133,14 @@ def _same_node(creator: str | None, named: str) -> bool:
     return creator == named or creator.rstrip("0123456789").removesuffix("Backward") == named
 
 
-def _inplace(doc: Doctor, message: str, roots: list[torch.Tensor]) -> dict[str, Any]:
+def _inplace(mode: _DoctorMode, message: str, roots: list[torch.Tensor],
+             node_id: NodeId) -> dict[str, Any]:
     parsed = parse_inplace(message)
     fix = ("use the out-of-place form (y = y * 2 rather than y *= 2, relu rather than relu_, "
            "inplace=False in modules), or modify a .clone() of the tensor")
     if parsed is None:
         return dict(kind="inplace", message="A tensor saved for backward was modified in place "
                     "afterwards.", op=None, line=None, module=None, fix=fix)
-    mode = doc.mode
-    assert mode is not None
     best: tuple[Any, ...] | None = None
     made_by: dict[int, Any] = {}  # call index -> the newest node that call made
     for fn in walk_nodes(t.grad_fn for t in roots):
@@ -149,7 +168,7 @@ def _inplace(doc: Doctor, message: str, roots: list[torch.Tensor]) -> dict[str, 
                     f"{parsed.found}); the doctor did not see where.", op=None, line=None,
                     module=None, fix=fix)
     _, rec, saver, writes = best
-    saved_site = Site("saved", rec.op, rec.site.line, rec.site.module, doc.node_id(saver))
+    saved_site = Site("saved", rec.op, rec.site.line, rec.site.module, node_id(saver))
     text = (f"{what[0].upper()}{what[1:]} was saved for backward by {rec.op}{_where(rec.site)} "
             f"({type(saver).__name__}) at version {parsed.expected}")
     if not writes:
@@ -160,7 +179,7 @@ def _inplace(doc: Doctor, message: str, roots: list[torch.Tensor]) -> dict[str, 
     w = min(writes, key=lambda x: x.version)
     # the node the in-place op made (its grad_fn: MulBackward0 of mul_, CopySlices of a write
     # through a view), where it is in the failing graph
-    modified = replace(w.site, node=doc.node_id(made_by.get(w.index)))
+    modified = replace(w.site, node=node_id(made_by.get(w.index)))
     view = " through a view" if w.shape != parsed.shape else ""
     more = (f"; {len(writes) - 1} more in-place change(s) followed" if len(writes) > 1 else "")
     text += (f"; then {w.site.op}{_where(w.site)} modified it in place{view} (version "
@@ -170,11 +189,10 @@ def _inplace(doc: Doctor, message: str, roots: list[torch.Tensor]) -> dict[str, 
 
 
 # ---------------------------------------------------------------------------- backward twice
-def _backward_twice(doc: Doctor, roots: list[torch.Tensor], line: str | None) -> dict[str, Any]:
+def _backward_twice(mode: _DoctorMode, roots: list[torch.Tensor], line: str | None,
+                    backward_lines: list[str | None], node_id: NodeId) -> dict[str, Any]:
     fix_twice = ("pass retain_graph=True to the first backward if a second one through the same "
                  "graph is really wanted, or recompute the forward")
-    mode = doc.mode
-    assert mode is not None
     now = mode.iteration
     starts = [t.grad_fn for t in roots if t.grad_fn is not None]
     old: dict[Any, Any] = {}  # old node -> the newer node that points to it (None: a root)
@@ -203,8 +221,7 @@ def _backward_twice(doc: Doctor, roots: list[torch.Tensor], line: str | None) ->
     fn, user = max(old.items(), key=lambda kv: kv[0]._sequence_nr())
     rec = _record(fn)
     assert rec is not None
-    freed_by = doc.backward_lines[rec.iteration] if rec.iteration < len(doc.backward_lines) \
-        else None
+    freed_by = backward_lines[rec.iteration] if rec.iteration < len(backward_lines) else None
     by = f"the backward at {freed_by}" if freed_by else "an earlier backward"
     if user is None:  # the root itself: the same graph again
         return dict(kind="backward_twice", message=(
@@ -215,8 +232,8 @@ def _backward_twice(doc: Doctor, roots: list[torch.Tensor], line: str | None) ->
     urec = _record(user)
     used = Site("used", urec.op if urec else type(user).__name__,
                 urec.site.line if urec else None, urec.site.module if urec else None,
-                doc.node_id(user))
-    made = Site("made", rec.op, rec.site.line, rec.site.module, doc.node_id(fn))
+                node_id(user))
+    made = Site("made", rec.op, rec.site.line, rec.site.module, node_id(fn))
     message = (f"A tensor made by {rec.op}{_where(rec.site)} in iteration {rec.iteration + 1} "
                f"(before backward #{rec.iteration + 1}) was carried into this graph"
                f"{' by ' + used.op if used.op else ''}{_where(used)} in iteration {now + 1}; "
@@ -238,9 +255,8 @@ def _first_event(mode: _DoctorMode, cuts: int, bits: int | None = None) -> tuple
     return events[0], len(events)
 
 
-def _no_grad_fn(doc: Doctor, roots: list[torch.Tensor], line: str | None) -> dict[str, Any]:
-    mode = doc.mode
-    assert mode is not None
+def _no_grad_fn(watched: Watched, mode: _DoctorMode, roots: list[torch.Tensor],
+                line: str | None) -> dict[str, Any]:
     dep = cuts = 0
     for t in roots:
         d, _, c = mode.tag(t)
@@ -260,12 +276,12 @@ def _no_grad_fn(doc: Doctor, roots: list[torch.Tensor], line: str | None) -> dic
         site = mode.frozen_use[frozen[0]]
         return {**base, "message": (
             f"The loss has no graph: every parameter it depends on "
-            f"({names([doc.names[b] for b in frozen])}) had requires_grad=False when the "
+            f"({names([watched.names[b] for b in frozen])}) had requires_grad=False when the "
             f"forward used it (first{_where(site)})."), "op": site.op, "line": site.line,
             "module": site.module, "fix": "set requires_grad_(True) on the parameters that "
             "should learn before the forward", "sites": (Site("frozen", site.op, site.line,
                                                               site.module),)}
-    if doc.params and not any(p.requires_grad for p in doc.params):
+    if watched.params and not any(p.requires_grad for p in watched.params):
         return {**base, "message": "The loss has no graph: every parameter of the model is "
                 "frozen (requires_grad=False).", "op": None, "line": line,
                 "fix": "unfreeze the parameters that should learn (requires_grad_(True))"}
@@ -277,54 +293,38 @@ def _no_grad_fn(doc: Doctor, roots: list[torch.Tensor], line: str | None) -> dic
 
 
 # ---------------------------------------------------------------------------- grad None
-def note_backward(doc: Doctor, roots: list[torch.Tensor]) -> None:
-    """After a good ``backward()``: which parameters got a gradient, and the roots' lineage."""
-    mode = doc.mode
-    assert mode is not None
-    doc.plain_backwards += 1
-    for bit, p in enumerate(doc.params):
-        if p.grad is not None:
-            doc.got_grad |= 1 << bit
-    dep, live, cuts = doc.root_tags
-    for t in roots:
-        d, lv, c = mode.tag(t)
-        dep |= d
-        live |= lv
-        cuts |= c
-    doc.root_tags = (dep, live, cuts)
-
-
-def check_grad_none(doc: Doctor) -> None:
+def check_grad_none(watched: Watched, mode: _DoctorMode, got_grad: int,
+                    root_tags: tuple[int, int, int],
+                    ran: dict[str, tuple[bool, str | None]]) -> list[Finding]:
     """When the block ends: a ``grad_none`` finding for every watched parameter that requires
-    grad and got no gradient from any of the block's ``backward()`` calls."""
-    mode = doc.mode
-    assert mode is not None
-    missing = [b for b, p in enumerate(doc.params)
-               if p.requires_grad and not doc.got_grad >> b & 1]
-    if not missing:
-        return
-    dep, live, cuts = doc.root_tags
+    grad and got no gradient from any of the block's ``backward()`` calls (``got_grad``: the
+    bits of those that did; ``root_tags``: the lineage of the roots, OR-ed; ``ran``: the modules
+    that ran)."""
+    found: list[Finding] = []
+    missing = [b for b, p in enumerate(watched.params)
+               if p.requires_grad and not got_grad >> b & 1]
+    dep, live, cuts = root_tags
     for bit in missing:
         mask = 1 << bit
         if live & mask:
             continue  # on the loss's gradient path: a hook or inputs= kept its gradient away
-        name = doc.names[bit]
-        owner = doc.param_site(bit)
+        name = watched.names[bit]
+        owner = watched.param_site(bit)
         if not dep & mask:
-            doc.add(_unused(doc, bit, name, owner))
+            found.append(_unused(mode, bit, name, owner, ran))
             continue
         hit = [i for i in bits_of(cuts) if mode.events[i].lost & mask]
         if hit:
             event, _ = _first_event(mode, cuts, mask)
             reason = "no_grad" if event.why in ("no_grad", "inference_mode") else "cut"
-            doc.add(Finding(
+            found.append(Finding(
                 "grad_none", f"{name} influences the loss, but only through "
                 f"{event.site.op}{_where(event.site)}, which {_WHY[event.why]}; its .grad "
                 "stayed None.", event.site.op, event.site.line, event.site.module,
                 _CUT_FIX[event.why], reason=reason, param=name, sites=(event.site,)))
             continue
         site = mode.frozen_use.get(bit)
-        doc.add(Finding(
+        found.append(Finding(
             "grad_none", f"{name} influences the loss, but it had requires_grad=False when "
             f"the forward used it{_where(site)} (frozen then, unfrozen since), so no graph "
             "reaches it; its .grad stayed None.", site.op if site else None,
@@ -332,14 +332,14 @@ def check_grad_none(doc: Doctor) -> None:
             "unfreeze it before the forward (requires_grad_(True) before the step, not after)",
             reason="frozen_upstream", param=name,
             sites=(Site("frozen", site.op, site.line, site.module),) if site else ()))
+    return found
 
 
-def _unused(doc: Doctor, bit: int, name: str, owner: str | None) -> Finding:
-    mode = doc.mode
-    assert mode is not None
+def _unused(mode: _DoctorMode, bit: int, name: str, owner: str | None,
+            modules_ran: dict[str, tuple[bool, str | None]]) -> Finding:
     site = mode.first_use.get(bit)
-    ran = owner is None or owner in doc.ran or any(
-        k == owner or k.startswith(owner + ".") for k in doc.ran)
+    ran = owner is None or owner in modules_ran or any(
+        k == owner or k.startswith(owner + ".") for k in modules_ran)
     fix = ("call the module in the forward and use its output in the loss, or remove it "
            "(or freeze it with requires_grad_(False) if it is meant to sit out)")
     if site is not None:
@@ -354,72 +354,78 @@ def _unused(doc: Doctor, bit: int, name: str, owner: str | None) -> Finding:
 
 
 # ---------------------------------------------------------------------------- the loop
-def check_step(doc: Doctor, optimizer: Any, line: str | None) -> None:
+def check_step(watched: Watched, optimizer: Any, line: str | None,
+               ran: dict[str, tuple[bool, str | None]]) -> list[Keyed]:
     """At ``optimizer.step()``: parameters outside every group, frozen ones inside one, and
-    mode-dependent modules left in eval mode."""
+    mode-dependent modules left in eval mode (``ran``: the modules that ran since the last
+    step, with their training flag and the line that called them)."""
+    found: list[Keyed] = []
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}
-    outside = [b for b, p in enumerate(doc.params) if p.grad is not None and id(p) not in held]
+    outside = [b for b, p in enumerate(watched.params)
+               if p.grad is not None and id(p) not in held]
     step = Site("step", "optimizer.step", line)
     if outside:
-        listed = [doc.names[b] for b in outside]
-        owner = doc.param_site(outside[0])
-        doc.add(Finding(
+        listed = [watched.names[b] for b in outside]
+        owner = watched.param_site(outside[0])
+        found.append((Finding(
             "not_in_optimizer", f"{len(listed)} parameter(s) got gradients but are in no param "
             f"group of the optimizer, so step() never updates them: {names(listed)}.",
             "optimizer.step", line, owner, "build the optimizer after adding every module "
             "(or optimizer.add_param_group({'params': new_module.parameters()}))",
-            param=listed[0], sites=(step,)), key=("not_in_optimizer", tuple(listed)))
-    bit_of = doc.bits
+            param=listed[0], sites=(step,)), ("not_in_optimizer", tuple(listed))))
+    bit_of = watched.bits
     frozen = [p for g in optimizer.param_groups for p in g["params"] if not p.requires_grad]
     if frozen:
-        listed = [doc.names[bit_of[id(p)]] if id(p) in bit_of else f"a {list(p.shape)} tensor"
-                  for p in frozen]
+        listed = [watched.names[bit_of[id(p)]] if id(p) in bit_of
+                  else f"a {list(p.shape)} tensor" for p in frozen]
         first = bit_of.get(id(frozen[0]))
-        doc.add(Finding(
+        found.append((Finding(
             "frozen_in_optimizer", f"{len(listed)} frozen parameter(s) (requires_grad=False) "
             f"are in the optimizer's param groups: {names(listed)}. They never get a gradient; "
             "weight decay and momentum state are kept for them, and unfreezing them later "
             "trains them with that stale state.", "optimizer.step", line,
-            doc.param_site(first) if first is not None else None,
+            watched.param_site(first) if first is not None else None,
             "hand the optimizer only trainable parameters: "
             "(p for p in model.parameters() if p.requires_grad)", param=listed[0],
-            sites=(step,)), key=("frozen_in_optimizer", tuple(listed)))
-    if doc.model is None:
-        return
-    modules = dict(doc.model.named_modules())
-    evals = [(n, at) for n, (training, at) in doc.ran.items()
+            sites=(step,)), ("frozen_in_optimizer", tuple(listed))))
+    if watched.model is None:
+        return found
+    modules = dict(watched.model.named_modules())
+    evals = [(n, at) for n, (training, at) in ran.items()
              if not training and isinstance(modules.get(n), _MODE_MODULES)]
     if evals:
-        listed = [n or type(doc.model).__name__ for n, _ in evals]
+        listed = [n or type(watched.model).__name__ for n, _ in evals]
         at = evals[0][1]
-        doc.add(Finding(
+        found.append((Finding(
             "eval_mode", f"{len(listed)} module(s) ran in eval mode in a step that updates the "
             f"model: {names(listed)} (dropout off, normalisation using running statistics).",
             type(modules[evals[0][0]]).__name__, at, evals[0][0] or None,
             "call model.train() before the training steps (and model.eval() only for "
             "evaluation)", sites=(Site("forward", type(modules[evals[0][0]]).__name__, at,
                                        evals[0][0] or None),)),
-            key=("eval_mode", tuple(listed)))
+            ("eval_mode", tuple(listed))))
+    return found
 
 
-def check_accumulate(doc: Doctor, line: str | None) -> None:
-    """Before a backward that follows an optimizer step: gradients still held from before the
-    step mean no ``zero_grad`` ran, and this backward adds to them."""
-    opt = doc.optimizer
+def check_accumulate(watched: Watched, optimizer: Any, line: str | None) -> list[Keyed]:
+    """Before a backward that follows an ``optimizer`` step: gradients still held from before
+    the step mean no ``zero_grad`` ran, and this backward adds to them."""
+    opt = optimizer
     stepped = {id(p) for g in opt.param_groups for p in g["params"]} if opt is not None else set()
-    held = [(b, p.grad) for b, p in enumerate(doc.params)
+    held = [(b, p.grad) for b, p in enumerate(watched.params)
             if p.grad is not None and id(p) in stepped]
     if not held:
-        return
+        return []
     with torch.no_grad():
         flags = torch.stack([g.ne(0).any() for _, g in held]).tolist()
-    stale = [doc.names[b] for (b, _), nonzero in zip(held, flags) if nonzero]
-    if stale:
-        doc.add(Finding(
+    stale = [watched.names[b] for (b, _), nonzero in zip(held, flags) if nonzero]
+    if not stale:
+        return []
+    return [(Finding(
             "grads_accumulate", f"This backward adds to gradients left from before the last "
             f"optimizer step ({len(stale)} parameter(s): {names(stale)}): no zero_grad() ran "
             "in between, so each step uses the sum of every step's gradients so far.",
-            "backward", line, doc.param_site(doc.names.index(stale[0])),
+            "backward", line, watched.param_site(watched.names.index(stale[0])),
             "call optimizer.zero_grad() once per step, before backward (or after step())",
             param=stale[0], sites=(Site("backward", "backward", line),)),
-            key=("grads_accumulate",))
+        ("grads_accumulate",))]

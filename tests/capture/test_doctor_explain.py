@@ -1,0 +1,59 @@
+"""The doctor's explanations have one owner (closing note of issues 27-33): the functions of
+``doctor_explain`` are given the plain pieces they read (``Watched``, the recording mode, the
+lines and flags) and return findings; none takes the Doctor, none writes an attribute of what it
+is given. ``Doctor`` keeps its own state and its findings."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+
+import torch
+
+import gradscope as gs
+from gradscope.capture import doctor_explain
+from gradscope.capture.doctor_explain import Watched, check_accumulate, check_step
+
+
+def test_no_function_takes_the_doctor_or_writes_what_it_is_given():
+    tree = ast.parse(inspect.getsource(doctor_explain))
+    for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
+        params = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+        assert "doc" not in params, fn.name
+        for node in ast.walk(fn):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            for t in targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name):
+                    assert t.value.id not in params, f"{fn.name} writes {t.value.id}.{t.attr}"
+    assert not hasattr(doctor_explain, "Doctor")  # no protocol of the Doctor's state either
+
+
+def test_the_checks_return_findings_and_leave_their_inputs_alone():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+    opt = torch.optim.SGD(net[0].parameters(), lr=0.1)  # net[1] is in no param group
+    net(torch.randn(2, 3)).sum().backward()
+    watched = Watched.of(net)
+    assert watched.names == [n for n, _ in net.named_parameters()]
+    assert watched.param_site(2) == "1"
+    found = check_step(watched, opt, "train.py:9", {})
+    assert [(f.kind, key) for f, key in found] == [
+        ("not_in_optimizer", ("not_in_optimizer", ("1.weight", "1.bias")))]
+    assert check_step(watched, opt, "train.py:9", {}) == found  # no state: the same again
+    grads = [p.grad.clone() for p in net.parameters()]
+    (acc, key), = check_accumulate(watched, opt, "train.py:7")  # .grad left non-zero
+    assert acc.kind == "grads_accumulate" and key == ("grads_accumulate",)
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, net.parameters()))
+
+
+def test_the_doctor_keeps_the_findings_the_checks_return():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+    opt = torch.optim.SGD(net[0].parameters(), lr=0.1)
+    with gs.doctor(net, optimizer=opt) as doc:
+        for _ in range(2):
+            net(torch.randn(2, 3)).sum().backward()
+            opt.step()
+    kinds = [f.kind for f in doc.findings]
+    assert kinds.count("not_in_optimizer") == 1 and kinds.count("grads_accumulate") == 1, kinds
