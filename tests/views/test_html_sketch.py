@@ -86,6 +86,17 @@ def test_the_sketch_is_replaced_by_the_layout(browser, tmp_path: Path):
         p.close()
 
 
+def test_a_first_view_of_thousands_of_boxes_is_not_sketched(browser, tmp_path: Path):
+    """5,000 boxes at once (a ``--full`` page): too many to label and draw in the load task,
+    so the page takes its usual steps (and a screenshot taken at load stays blank)."""
+    p = Page(browser, chain(5000).save(tmp_path / "full.html", full=True))
+    try:
+        stats = p.js("gradscope.stats()")
+        assert "sketched" not in stats["timings"] and stats["boxes"] >= 5000, stats
+    finally:
+        p.close()
+
+
 def test_the_sketch_breaks_cycles_and_keeps_edges_downward(browser, tmp_path: Path):
     p = Page(browser, chain(10).save(tmp_path / "g.html"))
     try:

@@ -55,11 +55,12 @@
   // A graph's first view is parsed, laid out and drawn in the task that saw the document
   // parsed, before the load event: a page captured at load (``chromium --headless
   // --screenshot``, the way documentation pipelines take pictures) shows the graph, not a blank
-  // canvas. A small first view of a small graph (QUICK_NODES) is laid out by dagre there; a
-  // bigger one, up to SKETCH_NODES, is drawn from a sketch (layout.js ``sketch``: one pass, no
-  // dagre) and laid out for real right after (the worker). Larger graphs take their usual steps,
-  // each a task of its own (parsing them in one task would hold the page too long).
-  const QUICK_NODES = 1500, SKETCH_NODES = 10000;
+  // canvas. A small first view (MAIN_FIRST_ITEMS) of a graph up to QUICK_NODES is laid out by
+  // dagre there; a bigger one of up to SKETCH_ITEMS boxes is drawn from a sketch (layout.js ``sketch``: one pass, no dagre)
+  // and laid out for real right after (the worker). Graphs over SKETCH_NODES, and first views
+  // over SKETCH_ITEMS (a --full page), take their usual steps, each a task of its own: parsing,
+  // labelling and drawing them in one task would hold the page too long.
+  const QUICK_NODES = 1500, SKETCH_NODES = 10000, SKETCH_ITEMS = 1000;
   let quick = false, sketched = false, replacing = false;
   // lets timers, input and paint run (a resolved promise while the quick first view is made):
   // a message to itself, not setTimeout(0), which Chromium holds back 4 ms once timers nest
@@ -1763,6 +1764,12 @@
       }
     }
   }
+  function firstViewItems() { // the boxes the first view will draw (before it is built)
+    computeStatus();
+    let items = 0;
+    for (const j of ORDER) if (status[j] === -1) items += directCount(j);
+    return items;
+  }
   function drawnKids(j) {
     const c = C[j];
     if (c.kind === "fold" && !unfolded[j]) return [c.members[0]];
@@ -1854,6 +1861,7 @@
     T.loaded = performance.now();
     initialState();
     T.initial = performance.now();
+    if (quick && firstViewItems() > SKETCH_ITEMS) quick = false; // too many boxes for one task
     return refresh(() => firstView());
   }).then(() => {
     quick = false;
