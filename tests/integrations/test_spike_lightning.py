@@ -3,6 +3,8 @@ truths). The batches are dicts with an ``idx`` entry (the default collate of dic
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from test_monitor import Transfers
@@ -67,18 +69,22 @@ def _run(callback, coupled: bool = False) -> _Module:
     return module
 
 
-def test_spike_names_the_planted_example_by_its_id(monkeypatch) -> None:
+def test_spike_names_the_planted_example_by_its_id(monkeypatch, caplog) -> None:
     counter = Transfers(monkeypatch)
     plain = _run(None)
     without = counter.count
     callback = GradscopeCallback(log=False, **OPTIONS)
-    watched = _run(callback)
+    with caplog.at_level(logging.WARNING, logger="lightning.pytorch"):
+        watched = _run(callback)
     transfers = counter.count - without - without  # the watched run's, less the plain one's
     monkeypatch.undo()
     mon = callback.monitor
     assert mon is not None and len(mon.history) == STEPS
     assert transfers == STEPS  # one host transfer per logged step
     check_spike(mon, watched.losses)  # the loss is training_step's, read by the module
+    told = [r.getMessage() for r in caplog.records if "gradscope spike" in r.getMessage()]
+    inc = next(i for i in mon.incidents if i.kind == "spike")
+    assert len(told) == 1 and f"sample {inc.samples[0].id} " in told[0]  # in Lightning's log
     for a, b in zip(plain.parameters(), watched.parameters(), strict=True):
         assert torch.equal(a, b)  # training bitwise as without the callback
     # per-sample norms (training_step on each example alone, scaled as the batch loss
@@ -88,7 +94,6 @@ def test_spike_names_the_planted_example_by_its_id(monkeypatch) -> None:
         for p, v in zip(net.parameters(), watched.snapshot, strict=True):
             p.copy_(v)
     truth = brute_force(net, planted_batch())
-    inc = next(i for i in mon.incidents if i.kind == "spike")
     assert len(inc.samples) == BATCH
     for s in inc.samples:
         assert s.norm == pytest.approx(truth[s.id], rel=1e-4)
