@@ -30,6 +30,17 @@ view and after Expand all: edges through a box, edge labels over labels and over
 measure of tests/views/viewer_page.py ``OVERLAPS``; target 0 each).
 
     .venv/bin/python benchmarks/viewer.py --overlaps
+
+With ``--text`` it prints, instead, the page of a small graph holding one 50 MB string (a node
+name of words, an attribute, a source line, a tensor name: issue 29 item 27) against the same
+graph without it: time to ready of each and their ratio (target <= 2x; 40 s, and a crash for
+the words, before the page cut long strings). With ``--screenshot``, what ``chromium --headless
+--screenshot`` shows of a 5,000-node page (issue 27): the distinct colours in the canvas (1: a
+blank picture), and the longest stall of the load task against the same page with the sketch
+off (the page's pre-sketch path), as a ratio.
+
+    .venv/bin/python benchmarks/viewer.py --text
+    .venv/bin/python benchmarks/viewer.py --screenshot
 """
 
 from __future__ import annotations
@@ -235,6 +246,91 @@ def scale(fan_ins: list[int], chain: int) -> None:
         browser.close()
 
 
+def huge_text_graph(big: bool):
+    """A 4-node graph; with ``big``, one 50 MB string in each of a name (of words), an
+    attribute, a source line and a tensor name."""
+    import torch
+
+    import gradscope as gs
+
+    x = torch.randn(4, requires_grad=True)
+    graph = gs.trace((x * 2).sum(), params={"x": x})
+    if big:
+        n = 50 * 1024 * 1024
+        op = next(node for node in graph.nodes if node.name == "MulBackward0")
+        op.name = "ab " * (n // 3)
+        op.attrs = {**op.attrs, "huge": "A" * n}
+        op.created_at = "model.py:3: " + "B" * n
+        leaf = next(node for node in graph.nodes if node.kind == "leaf")
+        leaf.tensor.name = "C" * n
+    return graph
+
+
+def huge_text(repeat: int) -> None:
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        ready = {}
+        for big in (False, True):
+            path = huge_text_graph(big).save(Path(tmp) / f"text{int(big)}.html")
+            times = []
+            for _ in range(repeat):
+                v = Viewer(browser, path)
+                times.append(v.ready_s)
+                v.close()
+            ready[big] = statistics.median(times)
+            size = path.stat().st_size
+        ratio = ready[True] / ready[False]
+        report("a 50 MB name, attribute, source line and tensor name", {
+            "time to ready": f"{ready[True]:.2f} s (without them {ready[False]:.2f} s)",
+            "ratio": f"{ratio:.2f}x ({verdict(ratio, 2)}: <= 2x)",
+            "HTML": f"{size / 1e3:.0f} kB",
+        })
+        browser.close()
+
+
+#: The page with the sketch off: the first view waits for the worker, as before it existed.
+NO_SKETCH = "window.__gsNoSketch = 1;"
+
+
+def screenshot(repeat: int) -> None:
+    import subprocess
+
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory() as tmp:
+        page = chain_graph(5000).save(Path(tmp) / "chain.html")
+        shot = Path(tmp) / "shot.png"
+        subprocess.run([CHROMIUM, "--headless", "--no-sandbox", f"--screenshot={shot}",
+                        "--window-size=1200,800", page.as_uri()], capture_output=True,
+                       timeout=120, check=False)
+        from PIL import Image
+
+        with Image.open(shot) as img:
+            raw = img.convert("RGB").crop((0, 120, 840, 750)).tobytes()
+        colours = len({raw[i:i + 3] for i in range(0, len(raw), 3)})
+        gaps = {}
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+            for sketch in (False, True):
+                figures = []
+                for _ in range(repeat):
+                    v = Viewer(browser, page, init="" if sketch else NO_SKETCH)
+                    figures.append((v.load_gap_ms, v.ready_s))
+                    v.close()
+                gaps[sketch] = (statistics.median(f[0] for f in figures),
+                                statistics.median(f[1] for f in figures))
+            browser.close()
+        ratio = gaps[True][0] / max(gaps[False][0], 1.0)
+        report("chromium --headless --screenshot of a 5,000-node chain", {
+            "colours in the canvas": f"{colours} ({'drawn' if colours > 1 else 'BLANK'})",
+            "load stall, sketch on / off": f"{gaps[True][0]:.0f} / {gaps[False][0]:.0f} ms "
+                                           f"({ratio:.2f}x; target: no stall over 200 ms)",
+            "time to ready, sketch on / off": f"{gaps[True][1]:.2f} / {gaps[False][1]:.2f} s",
+        })
+
+
 def in_big_stack(fn):
     """Run ``fn`` in a thread with a 256 MiB stack: PyTorch frees a deep autograd chain
     recursively (see the README's known limits)."""
@@ -247,14 +343,14 @@ def in_big_stack(fn):
 
 
 class Viewer:
-    def __init__(self, browser, path: Path) -> None:
+    def __init__(self, browser, path: Path, init: str = "") -> None:
         self.page = browser.new_page(viewport={"width": 1600, "height": 1000})
         self.page.set_default_timeout(600_000)
         self.errors: list[str] = []
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         url = path.resolve().as_uri()
         self.page.route("**/*", lambda r: r.continue_() if r.request.url == url else r.abort())
-        self.page.add_init_script(HEARTBEAT)
+        self.page.add_init_script(HEARTBEAT + init)
         self.page.goto(url)
         self.page.wait_for_function("() => window.gradscope !== undefined")
         self.page.evaluate("gradscope.ready")
@@ -295,6 +391,10 @@ def main() -> None:
                         help="count what is drawn over what (edges, labels, boxes) instead")
     parser.add_argument("--scale", action="store_true",
                         help="one op with many inputs and a million-node chain instead")
+    parser.add_argument("--text", action="store_true",
+                        help="a page with 50 MB strings against one without, instead")
+    parser.add_argument("--screenshot", action="store_true",
+                        help="a 5,000-node page in a headless screenshot, sketch on and off")
     parser.add_argument("--fan-in", default="20000,60000,200000",
                         help="the --scale fan-in sizes, comma-separated")
     parser.add_argument("--chain", type=int, default=1_000_000,
@@ -309,6 +409,12 @@ def main() -> None:
         return
     if args.scale:
         scale([int(n) for n in args.fan_in.split(",") if n], args.chain)
+        return
+    if args.text:
+        huge_text(args.repeat)
+        return
+    if args.screenshot:
+        screenshot(args.repeat)
         return
 
     encoder = encoder_graph()

@@ -1856,7 +1856,8 @@
   buildLegend();
   syncToggles();
   T.setup = performance.now();
-  quick = N <= SKETCH_NODES && E <= 2 * SKETCH_NODES;
+  // (window.__gsNoSketch: benchmarks/viewer.py --screenshot measures the page without it)
+  quick = N <= SKETCH_NODES && E <= 2 * SKETCH_NODES && !window.__gsNoSketch;
   loadParts().then(() => {
     T.loaded = performance.now();
     initialState();
