@@ -14,7 +14,14 @@ from typing import Any
 import torch
 
 from ..errors import GradscopeError
-from .memplan_record import LossFn, _device_of, _forward, _key, _preserved
+from .memplan_record import (
+    LossFn,
+    _device_of,
+    _forward,
+    _key,
+    _preserved,
+    new_objects_collected,
+)
 from .nest import iter_tensors
 
 
@@ -37,14 +44,14 @@ def _measure(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
             "a model on the meta device allocates nothing: build it on a real device to "
             "measure (the report and the plan work on meta)"
         )
-    gc.collect()
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        root = _forward(model, inputs, loss_fn)
-        gc.collect()
-        torch.cuda.synchronize(device)
-        after = torch.cuda.memory_allocated(device)
+        with new_objects_collected():
+            torch.cuda.synchronize(device)
+            before = torch.cuda.memory_allocated(device)
+            root = _forward(model, inputs, loss_fn)
+            gc.collect()
+            torch.cuda.synchronize(device)
+            after = torch.cuda.memory_allocated(device)
         outs = {_key(t)[0]: _key(t)[1] for _, t in iter_tensors(root) if t.device == device}
         _keep(root, keep)
         del root
@@ -52,14 +59,15 @@ def _measure(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with _quiet_stderr():  # kineto prints a line on start and stop at the C level
-        prof.start()
-    try:
-        root = _forward(model, inputs, loss_fn)
-        gc.collect()
-    finally:
-        with _quiet_stderr():
-            prof.stop()
+    with new_objects_collected():
+        with _quiet_stderr():  # kineto prints a line on start and stop at the C level
+            prof.start()
+        try:
+            root = _forward(model, inputs, loss_fn)
+            gc.collect()
+        finally:
+            with _quiet_stderr():
+                prof.stop()
     out_ptrs = {t.untyped_storage().data_ptr() for _, t in iter_tensors(root)}
     events = cpu_allocations(prof, "the forward")
     live: dict[int, int] = {}

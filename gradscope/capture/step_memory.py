@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import gc
 import itertools
 import random
 import sys
@@ -26,6 +25,7 @@ import torch
 from ..errors import GradscopeError
 from ..model.step_memory import MaxBatch, StepMemory
 from .memplan_measure import _quiet_stderr, cpu_allocations
+from .memplan_record import new_objects_collected
 from .nest import iter_tensors
 from .step_memory_record import GRADS, INPUTS, PARAMS, STATE, Lifetimes
 
@@ -379,8 +379,7 @@ def measure_step(
                              "real device to measure (step_memory works on meta)")
     step = _Step(model, inputs, loss_fn, optimizer, dtype)
     peaks: list[int] = []
-    with _restored(model, optimizer), _applied(model, modules):
-        gc.collect()
+    with _restored(model, optimizer), _applied(model, modules), new_objects_collected():
         before = _live_bytes(model, inputs, optimizer)
         carried = 0
         for _ in (1, 2) if optimizer is not None else (1,):

@@ -299,10 +299,13 @@ class ActivationReport:
         children: dict[str, list[str]] = {p: [] for p in self.modules}
         children[_ROOT] = []
         for path, info in self.modules.items():
-            parent = _ROOT if path == "" else (info.parent if info.parent in self.modules else "")
-            if path == "":
-                parent = _ROOT
-            children[parent].append(path)
+            # the nearest recorded ancestor: a container never called (a ModuleList, as
+            # transformers' ``h`` / ``layers``) has no row, its children belong to the module
+            # above it (not to the model: checkpointing both would nest)
+            parent = info.parent
+            while parent and parent not in self.modules:
+                parent = parent.rpartition(".")[0]
+            children[_ROOT if path == "" else (parent or "")].append(path)
         fronts: dict[str, list[_Point]] = {}
         # post-order without recursion
         order: list[str] = []
