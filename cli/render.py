@@ -48,7 +48,7 @@ def load_graph(mf: gs.ModelFile, *, loss: bool = False, saved: bool = True) -> g
     released by Python's usual path would overflow the C stack."""
     fwd = mf.forward()
     outputs = mf.loss(fwd.outputs) if loss else fwd.outputs
-    graph = gs.trace(outputs, saved=saved, model=fwd.model, inputs=(fwd.inputs, fwd.kwargs))
+    graph = gs.trace(outputs, saved=saved, model=fwd.model, inputs=fwd.given)
     gs.release((outputs, fwd.outputs))
     return graph
 

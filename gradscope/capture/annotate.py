@@ -21,7 +21,7 @@ from .release import release
 
 def trace_backward(
     outputs: Any, *, model: Any = None, params: Any = None, saved: bool = True,
-    keep: Any = None,
+    keep: Any = None, inputs: Any = None,
 ) -> BackwardTrace:
     """Run backward from ``outputs`` under the recorder; the trace's ``.graph`` is annotated.
 
@@ -33,6 +33,9 @@ def trace_backward(
         saved: record saved tensors in ``.graph`` (as ``gs.trace(saved=True)``).
         keep: more tensors whose graphs are released with ``outputs`` once backward is done
             (the forward's own outputs when ``outputs`` is a loss computed from them).
+        inputs: what the forward was given (any nest of tensors), as for ``gs.trace``: saved
+            tensors on their storages (and on ``model``'s parameters and buffers) are counted
+            with the parameters/inputs by ``.graph.memory()``, not as activations.
 
     Returns:
         The ``BackwardTrace``: engine order, gradient statistics on every edge, the first
@@ -50,7 +53,9 @@ def trace_backward(
         ('SqrtBackward0', [False, True])
     """
     try:
-        with record_backward(outputs, model=model, params=params, saved=saved) as rec:
+        with record_backward(
+            outputs, model=model, params=params, saved=saved, inputs=inputs
+        ) as rec:
             tensors = [t for _, t in iter_tensors(outputs) if t.requires_grad]
             torch.autograd.backward(tensors, [torch.ones_like(t) for t in tensors])
     finally:

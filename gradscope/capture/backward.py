@@ -344,7 +344,8 @@ def _first_record(
 
 @contextlib.contextmanager
 def record_backward(
-    outputs: Any, *, params: Any = None, model: Any = None, saved: bool = False
+    outputs: Any, *, params: Any = None, model: Any = None, saved: bool = False,
+    inputs: Any = None,
 ) -> Iterator[BackwardTrace]:
     """Record the backward pass(es) run inside the block, node by node.
 
@@ -356,6 +357,10 @@ def record_backward(
         model: an ``nn.Module``: names leaves and reads module scopes, as in ``gs.trace``.
         saved: also record saved tensors in ``.graph`` (as ``gs.trace(saved=True)``); off by
             default to keep the recorder cheap.
+        inputs: what the forward was given (any nest of tensors), as for ``gs.trace``: saved
+            tensors on an input's storage (or a parameter's or buffer's of ``model``) are
+            marked alive without the graph, so ``.graph.memory()`` counts no input as an
+            activation.
 
     Yields:
         A ``BackwardTrace``, filled in when the block ends (also when it raises). Several
@@ -375,7 +380,7 @@ def record_backward(
         >>> rec.first_nonfinite.name, rec.first_nonfinite.kind
         ('SqrtBackward0', 'nan')
     """
-    graph, ids = _trace_with_ids(outputs, params, saved=saved, model=model)
+    graph, ids = _trace_with_ids(outputs, params, saved=saved, model=model, inputs=inputs)
     roots = [(t.grad_fn, t.output_nr) for _, t in iter_tensors(outputs) if t.grad_fn is not None]
     recorder = _Recorder(ids, roots)
     result = BackwardTrace(graph=graph)

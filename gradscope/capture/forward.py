@@ -110,6 +110,23 @@ _UNINITIALISED = frozenset(
 )
 
 
+#: Tensor properties that compute a tensor from the one they are read on (``x.T``); reading
+#: any other (``x.shape``, ``x.dtype``, ``x.data``) computes nothing from its values.
+_COMPUTING_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
+
+
+def _computing_op(func: Any, out: Any) -> str | None:
+    """The name of ``func`` when the call computed a tensor from its arguments, else None: a
+    property getter other than ``x.T`` and friends (``__get__`` of ``shape``), or a call that
+    returned no tensor (``size``, ``dim``, ``__len__``, ``is_floating_point``)."""
+    name = getattr(func, "__name__", str(func))
+    if name in ("__get__", "__set__", "__delete__"):
+        prop = getattr(getattr(func, "__self__", None), "__name__", None)
+        return prop if name == "__get__" and prop in _COMPUTING_PROPERTIES else None
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return name if any(isinstance(t, torch.Tensor) for t in outs) else None
+
+
 def _grad_fn(t: torch.Tensor) -> Any:
     """``t.grad_fn``, or None where torch refuses to say (a view made under ``no_grad`` whose
     base was then changed in place: reading its ``grad_fn`` raises, and what a recorder reads
@@ -166,13 +183,17 @@ class _ForwardMode(TorchFunctionMode):
         # with check_finite: per floating value checked, its [has NaN, has Inf] flags (left on
         # the device), and what made it: [op name, grad_fn or None, (file, line) or None,
         # None, or for a tensor the forward was given (no op of the block made it) its
-        # label]; an input's grad_fn is that of the first call that read it
+        # label]; an input's op, grad_fn and line are those of the first call that computed
+        # from it ("", None, None while none has: reading x.shape computes nothing)
         self.flags: list[torch.Tensor] = []
         self.made_by: list[list[Any]] = []
         # tensors the block has seen (made by a call, or checked as an input), by id: a
         # tensor given to a call and not seen before came from outside the forward
         self.seen: dict[int, weakref.ref[torch.Tensor]] = {}
         self.names: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
+        # tensors the forward was given that no call has computed from yet (only their shape
+        # or size was read): their entry of made_by, named by the first call that does
+        self.unread: dict[int, tuple[weakref.ref[torch.Tensor], list[Any]]] = {}
         self.paused: list[Any] = []  # torch.compile wrappers running with the mode off
         dynamo.eager_only(_ForwardMode.__torch_function__)
 
@@ -187,10 +208,8 @@ class _ForwardMode(TorchFunctionMode):
             self._stamp_custom()  # custom Function forwards run with grad disabled
         if self.check_finite:
             self._flag(func, out)
-            if read:  # the module of the inputs' first reader: its output's node knows it
-                fn = self._first_grad_fn(out)
-                for entry in read:
-                    entry[1] = fn
+            if read:
+                self._attribute(func, out, read)
         return out
 
     def name(self, named: Iterator[tuple[str, torch.Tensor]]) -> None:
@@ -217,29 +236,62 @@ class _ForwardMode(TorchFunctionMode):
             return "a parameter"
         return "a tensor given to the forward"
 
-    def _flag_inputs(self, func: Any, args: Any, kwargs: Any) -> list[list[Any]] | None:
+    def _flag_inputs(
+        self, func: Any, args: Any, kwargs: Any
+    ) -> list[tuple[list[Any], Any, torch.Tensor]] | None:
         """Before the call: queue flags of the floating tensors it reads that no call of the
         block made (the batch, parameters, buffers), each once, so that a NaN that came in
-        with them is said as such, not blamed on the first op that read it."""
-        read: list[list[Any]] | None = None
+        with them is said as such, not blamed on the first op that read it. Returns each such
+        tensor's entry of ``made_by`` still to be named (``_attribute``), with this call's
+        line: new ones, and earlier ones no call has computed from yet."""
+        read: list[tuple[list[Any], Any, torch.Tensor]] | None = None
         loc: Any = _UNSET
         for t in _arguments(args, kwargs):
-            if self._seen(t) or _grad_fn(t) is not None:
-                continue  # made in the block (or by an earlier forward: its op is known)
-            self._see(t)
-            d = _checkable(t)
-            if d is None:
-                continue
+            if self._seen(t):
+                entry = self._unread_entry(t) if self.unread else None
+                if entry is None:
+                    continue  # made in the block, or an input already named
+            elif _grad_fn(t) is not None:
+                continue  # made by an earlier forward: its op is known
+            else:
+                self._see(t)
+                d = _checkable(t)
+                if d is None:
+                    continue
+                entry = ["", None, None, self._label(t)]
+                self.made_by.append(entry)
+                self.flags.append(_flags(d))
             if loc is _UNSET:
                 user = _user_frame(sys._getframe(2))  # 2: the caller of __torch_function__
                 loc = None if user is None else (user.f_code.co_filename, user.f_lineno)
-            entry = [getattr(func, "__name__", str(func)), None, loc, self._label(t)]
-            self.made_by.append(entry)
-            self.flags.append(_flags(d))
             if read is None:
                 read = []
-            read.append(entry)
+            read.append((entry, loc, t))
         return read
+
+    def _unread_entry(self, t: torch.Tensor) -> list[Any] | None:
+        found = self.unread.get(id(t))
+        return found[1] if found is not None and found[0]() is t else None
+
+    def _attribute(
+        self, func: Any, out: Any, read: list[tuple[list[Any], Any, torch.Tensor]]
+    ) -> None:
+        """After the call: name the inputs it read by it (op, grad_fn: the module, line) when
+        it computed from them; a call that only read their metadata (``x.shape``,
+        ``x.size(0)``, ``x.dim()``) leaves them to the next call that reads them."""
+        op = _computing_op(func, out)
+        if op is None:
+            for entry, _, t in read:
+                if id(t) not in self.unread:
+                    try:
+                        self.unread[id(t)] = (weakref.ref(t), entry)
+                    except TypeError:  # no weak reference: stays unnamed
+                        pass
+            return
+        fn = self._first_grad_fn(out)  # the module of the reader: its output's node knows it
+        for entry, loc, t in read:
+            entry[0], entry[1], entry[2] = op, fn, loc
+            self.unread.pop(id(t), None)
 
     @staticmethod
     def _first_grad_fn(out: Any) -> Any:
@@ -440,6 +492,7 @@ class RecordForward:
             mode.made_by.clear()
             mode.seen.clear()
             mode.names.clear()
+            mode.unread.clear()
             self._mode = None
 
     def __exit__(self, *exc: object) -> None:

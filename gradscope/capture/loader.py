@@ -60,6 +60,15 @@ class Forward:
     model: torch.nn.Module | None
     inputs: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)  # a dict of inputs, spread as keywords
+    target: Any = None  # the file's example_target, when its loss_fn takes one
+
+    @property
+    def given(self) -> tuple[Any, ...]:
+        """Everything the file gave the forward and its loss, as one nest: what
+        ``gs.trace(inputs=...)`` and ``gs.trace_backward(inputs=...)`` take, so that every
+        path's ``Graph.memory()`` counts the file's tensors (with the model's parameters and
+        buffers) apart from activations, as ``gs.activation_report`` does."""
+        return self.inputs, self.kwargs, self.target
 
 
 @dataclass
@@ -365,7 +374,8 @@ class ModelFile:
         with torch.enable_grad(), scopes(module):
             out = self.run_model(module, inputs)
         args, kwargs = _as_args(inputs)
-        return Forward(outputs=out, model=module, inputs=args, kwargs=kwargs)
+        target = self.get("example_target") if self.loss_takes_target else None
+        return Forward(outputs=out, model=module, inputs=args, kwargs=kwargs, target=target)
 
     def loss(self, output: Any, target: Any = None) -> Any:
         """Apply the file's ``loss_fn`` to ``output`` (and ``target`` when it takes two)."""
@@ -393,8 +403,13 @@ class ModelFile:
     def backward(self, *, saved: bool = True) -> BackwardRun:
         """Forward (and ``loss_fn`` when the file has one) with forward lines and the first
         non-finite forward value recorded, then backward under the recorder
-        (``gs.trace_backward``: ones as the gradient of non-scalar outputs). The autograd
+        (``gs.trace_backward``: ones as the gradient of non-scalar outputs; the file's inputs
+        given, so the graph's memory counts them apart from activations). The autograd
         graph is released afterwards.
+
+        The entry point (``build()``, the module's construction) runs with no recorder; only
+        the forward gradscope runs is recorded. A callable that returns outputs is its own
+        forward: it runs once unrecorded (to see what it gives) and once more recorded.
 
         Raises:
             ModelFileError: the user's code, or backward, raised.
@@ -403,33 +418,34 @@ class ModelFile:
         from .forward import record_forward
 
         label, obj = self._entry()
-        # Building is no part of the forward: what constructors do (torch.empty, a buffer
-        # filled with NaN and then overwritten, Embedding's padding row zeroed under no_grad)
-        # is never a finding. A callable cannot be told apart from a forward before it ran
-        # (it may return outputs: then it is the forward), so what the recorder saw while it
-        # ran counts only when it returned outputs; a module it returned is run under a
-        # recorder of its own.
-        built = record_forward(check_finite=True)
-        if isinstance(obj, torch.nn.Module):
-            made = obj
-        else:
-            with built:
-                made = self._call(label, obj)
+        # Building is no part of the forward: the entry point runs with no recorder at all, so
+        # what constructors do (torch.empty, a buffer filled with NaN and then overwritten,
+        # Embedding's padding row zeroed under no_grad) is never seen, let alone a finding.
+        made = obj if isinstance(obj, torch.nn.Module) else self._call(label, obj)
         module, inputs, outputs = self._resolve(label, made)
         with record_forward(check_finite=True) as forward:
-            if module is not None:
+            if module is not None:  # only the forward gradscope runs (and the loss) is recorded
                 given = "example_input" if isinstance(made, torch.nn.Module) else f"{label}()[1]"
                 forward.name_inputs(_labels(module, inputs, given))
-            fwd = self._forward(module, inputs, outputs)
+                fwd = self._forward(module, inputs, None)
+            elif _has_graph(outputs):
+                # the callable returned outputs: it is the forward, so it runs once more,
+                # recorded; the unrecorded run's graph is dropped first (nothing walked it)
+                made = outputs = None
+                outputs = self._call(label, obj)
+                fwd = self._forward(None, None, outputs)
+            else:  # nothing to record: the walk says what is wrong with it
+                fwd = self._forward(None, None, outputs)
             root = self.loss(fwd.outputs) if self.has("loss_fn") else fwd.outputs
         outputs_finite = _all_finite(root)
         try:
-            trace = trace_backward(root, model=fwd.model, saved=saved, keep=fwd.outputs)
+            trace = trace_backward(root, model=fwd.model, saved=saved, keep=fwd.outputs,
+                                   inputs=fwd.given)
         except RuntimeError as exc:
             first = (_message(exc).strip().splitlines() or [""])[0]
             raise ModelFileError(f"{self.path}: backward raised RuntimeError: {first}"
                                  f"{_doctor_hint(exc, self.path)}") from exc
-        found = (built.first_nonfinite if module is None else None) or forward.first_nonfinite
+        found = forward.first_nonfinite
         if found is not None and outputs_finite and trace.first_nonfinite is None:
             found.masked = True  # never reached the outputs or a gradient: said, not a finding
         trace.forward_nonfinite = found
@@ -503,6 +519,13 @@ class ModelFile:
                 "a torch.optim.Optimizer, e.g. return torch.optim.SGD(params, lr=1e-2)"
             )
         return opt
+
+
+def _has_graph(outputs: Any) -> bool:
+    """Whether any tensor of ``outputs`` requires grad (has a graph backward can run)."""
+    from .nest import iter_tensors
+
+    return any(t.requires_grad for _, t in iter_tensors(outputs))
 
 
 def _labels(module: torch.nn.Module, inputs: Any, given: str) -> Iterator[tuple[str, Any]]:

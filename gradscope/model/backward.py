@@ -100,8 +100,9 @@ class ForwardNonFinite:
         input: when no op made it: the tensor the forward was given that already held it
             (``the input example_input``, ``the input build()[1]['pixel_values']``, ``the
             parameter fc.weight``, ``the buffer bn.running_mean``, ``a parameter``); ``op``,
-            ``module`` and ``where`` then say which call read it first. None when an op of
-            the forward made it.
+            ``module`` and ``where`` then say which call computed from it first (reading its
+            shape is no such call); ``op`` is ``""`` when none did. None when an op of the
+            forward made it.
     """
 
     op: str
@@ -130,8 +131,9 @@ class ForwardNonFinite:
         line = self.where.split(": ", 1)[0] if self.where else None
         if self.input is not None:
             at = f", {line}" if line else ""
-            return (f"{self.input} already held {self.kind} before the forward ran "
-                    f"(first read by {self.op}{inside}{at})")
+            read = (f"first read by {self.op}{inside}{at}" if self.op
+                    else "no op of the forward computed from it")
+            return f"{self.input} already held {self.kind} before the forward ran ({read})"
         what = self.node or self.op
         at = f" ({line})" if line else ""
         hidden = (", masked later: the outputs and every gradient are finite"
