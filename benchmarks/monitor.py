@@ -40,6 +40,10 @@ reached the outputs) against the bound "inputs + one micro-batch's output gradie
 replay itself (the step run again under record_forward(check_finite=True) and
 record_backward, as on a bad step) against one plain step.
 
+Spikes (``benchmarks/monitor_spikes.py``, ``--spikes-only``; ``--no-spike-costs`` skips
+them): the loss watched vs not, the spike rule's own work, host transfers per logged step,
+and the per-sample replay's time and memory on a spiking step.
+
 Targets (design.md): gradscope <= 1.05x plain and within about 2% of the foreach_norm floor;
 gradscope full <= 1.25x; extra memory <= 1% of the parameter bytes (replay=False: the
 replay's references are bounded separately); replay=True <= 1.02x replay=False; the replay
@@ -479,6 +483,9 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--no-replay-costs", action="store_true", help="skip the incident costs")
     ap.add_argument("--replay-only", action="store_true", help="only the incident costs")
+    ap.add_argument("--no-spike-costs", action="store_true", help="skip the spike rows")
+    ap.add_argument("--spikes-only", action="store_true",
+                    help="only the spike rows (benchmarks/monitor_spikes.py)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(
@@ -490,9 +497,12 @@ def main() -> None:
     )
     for name in args.models:
         task = MODELS[name]()
-        if args.replay_only:
+        if args.replay_only or args.spikes_only:
             print(f"{task.name}: {task.numel() / 1e6:.1f}M parameters", flush=True)
-            _print_replay(task, args)
+            if args.replay_only:
+                _print_replay(task, args)
+            if args.spikes_only:
+                _print_spikes(task, args)
             continue
         r = bench(task, args)
         med = r["median"]
@@ -530,6 +540,17 @@ def main() -> None:
         )
         if not args.no_replay_costs:
             _print_replay(task, args)
+        if not args.no_spike_costs:
+            _print_spikes(task, args)
+
+
+def _print_spikes(task: Task, args: argparse.Namespace) -> None:
+    """The spike rows (benchmarks/monitor_spikes.py, loaded by path)."""
+    spec = importlib.util.spec_from_file_location("monitor_spikes",
+                                                  Path(__file__).with_name("monitor_spikes.py"))
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    mod.print_spikes(task, Runner, args.rounds, args.steps)
 
 
 def _print_replay(task: Task, args: argparse.Namespace) -> None:
