@@ -267,6 +267,7 @@ typedef struct {
     int want_saved, read_modules;
     PyObject *record_of, *visit_modules, *custom_saved, *read_saved, *read_saved_seq, *record;
     PyObject *shape_of;
+    PyObject *texts; /* str() of the attribute values `cached_str` keeps, for one walk */
 } Ctx;
 
 static int
@@ -367,7 +368,24 @@ shape_list(Ctx *c, PyObject *t)
         PyErr_Clear();
         return PyObject_CallOneArg(c->shape_of, t);
     }
-    PyObject *out = PySequence_List(shape);
+    PyObject *out;
+    if (PyTuple_Check(shape)) { /* torch.Size: copied item by item (list() of a tuple
+                                 * subclass goes through its iterator, 3x slower) */
+        Py_ssize_t n = PyTuple_GET_SIZE(shape);
+        out = PyList_New(n);
+        for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+            PyObject *d = PyTuple_GET_ITEM(shape, i);
+            if (!PyLong_CheckExact(d)) {
+                Py_DECREF(out);
+                Py_DECREF(shape);
+                return PyObject_CallOneArg(c->shape_of, t);
+            }
+            PyList_SET_ITEM(out, i, Py_NewRef(d));
+        }
+        Py_DECREF(shape);
+        return out;
+    }
+    out = PySequence_List(shape);
     Py_DECREF(shape);
     if (out == NULL)
         return NULL;
@@ -378,6 +396,36 @@ shape_list(Ctx *c, PyObject *t)
         }
     }
     return out;
+}
+
+/* `str(v)`, kept for the walk when `v` is an int or a tuple of ints (the `_sym_sizes` and
+ * `_sym_strides` of every Linear: the same few values thousands of times, and formatting a
+ * tuple is most of what reading an attribute costs). Only exact ints and tuples of exact
+ * ints are kept: equal ones have the same text (an int never equals a tuple; a bool, a float
+ * or an int subclass, which could equal an int but print otherwise, is never kept). */
+static PyObject *
+cached_str(Ctx *c, PyObject *v)
+{
+    int keep = PyLong_CheckExact(v);
+    if (!keep && PyTuple_CheckExact(v) && PyTuple_GET_SIZE(v) <= 16) {
+        keep = 1;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v); i++) {
+            if (!PyLong_CheckExact(PyTuple_GET_ITEM(v, i))) {
+                keep = 0;
+                break;
+            }
+        }
+    }
+    if (!keep)
+        return PyObject_Str(v);
+    PyObject *text = PyDict_GetItemWithError(c->texts, v);
+    if (text != NULL)
+        return Py_NewRef(text);
+    if (PyErr_Occurred() || (text = PyObject_Str(v)) == NULL)
+        return NULL;
+    if (PyDict_SetItem(c->texts, v, text) < 0)
+        Py_CLEAR(text);
+    return text;
 }
 
 /* `_Walker.saved_record(name, t)`: a SavedTensor for a tensor still held by the graph. The
@@ -458,7 +506,7 @@ builtin_saved(Ctx *c, PyObject *fn, PyObject *node, PyObject *reads, PyObject *u
         }
         int err;
         if (PyTuple_GET_ITEM(r, 2) != Py_True) { /* a non-tensor attribute */
-            PyObject *text = PyObject_Str(raw);
+            PyObject *text = cached_str(c, raw);
             err = text == NULL ? -1 : PyDict_SetItem(attrs, name, text);
             Py_XDECREF(text);
         }
@@ -678,20 +726,31 @@ walk(PyObject *self, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_RuntimeError, "gradscope.capture._cwalk.configure was not called");
         return NULL;
     }
+    if ((c.texts = PyDict_New()) == NULL)
+        return NULL;
     Stack stack = {NULL, 0, 0};
     int err = stack_push(&stack, start, NULL);
+    PyObject *spare = NULL; /* an id made for a node seen before: the next one to visit gets it */
     while (!err && stack.size > 0) {
         Entry e = stack.items[--stack.size]; /* owned */
         /* look up and claim the id in one dict operation: a node seen before keeps its id */
-        PyObject *nid = node_id(c.nodes);
+        PyObject *nid = spare != NULL ? spare : node_id(c.nodes);
+        spare = NULL;
         PyObject *got = nid ? PyDict_SetDefault(c.ids, e.fn, nid) : NULL;
         if (got != NULL && e.edge != NULL) /* the edge that led here points at the id now */
             Py_SETREF(*(PyObject **)((char *)e.edge + EDGE.off[E_DST]), Py_NewRef(got));
-        err = got == NULL ? -1 : got != nid ? 0 : visit_node(&c, e.fn, nid, &stack);
+        if (got == NULL)
+            err = -1;
+        else if (got != nid) /* seen: no node was added, so nid is still the next id */
+            spare = Py_NewRef(nid);
+        else
+            err = visit_node(&c, e.fn, nid, &stack);
         Py_XDECREF(nid);
         Py_DECREF(e.fn);
         Py_XDECREF(e.edge);
     }
+    Py_XDECREF(spare);
+    Py_DECREF(c.texts);
     stack_clear(&stack);
     if (err)
         return NULL;

@@ -25,10 +25,7 @@ from ..model.formats import FormatKind, OutputFormat, register_format
 from ..model.graph import Edge, Graph
 from .dot_clusters import _cluster_keys, _cluster_lines
 from .dot_legend import legend_line
-from .dot_nodes import (
-    _node_lines,
-    _Options,
-)
+from .dot_nodes import _lines_into, _Options
 from .dot_tokens import _Ids, quote
 from .style import format_norm, norm_color
 
@@ -96,8 +93,7 @@ def to_dot(
     if clustered and cl is not None:
         out.extend(_cluster_lines(graph, cl, opt))
     else:
-        for node in graph.nodes:
-            out.extend(_node_lines(node, opt, "\t"))
+        _lines_into(out, graph.nodes, opt, "\t")
     tok, add = ids.tok.get, out.append
     for e in graph.edges:
         d, s = tok(e.dst), tok(e.src)

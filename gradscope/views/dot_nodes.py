@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import textwrap
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..model.graph import Node, SavedTensor, format_bytes
@@ -216,21 +217,22 @@ def _attr_list(label: str, extra: dict[str, str], quoted: _Quoted | None = None)
     return " ".join(parts)
 
 
-def _saved_attrs(s: SavedTensor, opt: _Options) -> str:
+def _saved_attrs(s: SavedTensor, opt: _Options, label: str | None = None) -> str:
     """A saved box's attribute list. The common box's label is quoted once per distinct name
     and shape, and its tooltip joined from pieces ``quote`` leaves as they are (each checked
     once, ``_Plain``); anything else is quoted whole."""
     if s.freed:
         slabel, sextra = saved_style(s)
         return _attr_list(slabel, sextra)
-    name, shape = s.name, s.shape
-    try:
-        key = (type(name), name, None if shape is None else tuple(shape))
-        label = opt.labels.get(key)
-        if label is None:
-            label = opt.labels[key] = quote(var_label(name, shape))
-    except TypeError:  # unhashable parts (a hand-built graph): no memo
-        label = quote(var_label(name, shape))
+    if label is None:
+        name, shape = s.name, s.shape
+        try:
+            key = (type(name), name, None if shape is None else tuple(shape))
+            label = opt.labels.get(key)
+            if label is None:
+                label = opt.labels[key] = quote(var_label(name, shape))
+        except TypeError:  # unhashable parts (a hand-built graph): no memo
+            label = quote(var_label(name, shape))
     dtype, device, storage, plain = s.dtype, s.device, s.storage, opt.plain
     head: str | None = ""
     if type(dtype) is str and type(device) is str and type(storage) is str and plain[storage]:
@@ -244,6 +246,17 @@ def _saved_attrs(s: SavedTensor, opt: _Options) -> str:
     else:
         tip = quote(f"{dtype} on {device}, {format_bytes(s.nbytes)}, storage {storage}")
     return f'label={label} fillcolor="{SAVED_COLOR}" tooltip={tip}'
+
+
+def _box_prefix(s: SavedTensor, opt: _Options) -> tuple[str, int]:
+    """A plain saved box's attribute list up to its storage id, and the length of its
+    tooltip's text so far; ``("", 0)`` when the tooltip needs escaping (``_saved_attrs``
+    then quotes it whole). ``s.dtype`` and ``s.device`` are ``str``."""
+    head = f"{s.dtype} on {s.device}, {format_bytes(s.nbytes)}, storage "
+    if not opt.plain[head]:
+        return "", 0
+    label = quote(var_label(s.name, s.shape))
+    return f'label={label} fillcolor="{SAVED_COLOR}" tooltip="{head}', len(head)
 
 
 @dataclass(frozen=True)
@@ -263,42 +276,119 @@ class _Options:
     plain: _Plain = field(default_factory=_Plain, compare=False)
     labels: dict[tuple[object, ...], str] = field(default_factory=dict, compare=False)
     tips: dict[tuple[object, ...], str] = field(default_factory=dict, compare=False)
+    sizes: dict[tuple[object, ...] | None, str] = field(default_factory=dict, compare=False)
+    # a saved box's attribute list up to its storage id, by everything else it shows
+    boxes: dict[tuple[object, ...], tuple[str, int]] = field(default_factory=dict,
+                                                              compare=False)
 
 
-def _op_key(node: Node) -> tuple[object, ...] | None:
-    """Cache key of an un-annotated backward node's attribute list, else None."""
-    if node.kind not in ("op", "accumulate", "custom") or node.order is not None:
+_BACKWARD_KINDS = frozenset(("op", "accumulate", "custom"))
+
+
+def _tensor_attr_list(node: Node, opt: _Options) -> str | None:
+    """The attribute list of an un-annotated ``leaf``/``output`` node, from pieces ``quote``
+    leaves as they are (each checked once per render, ``_Options.plain``): the size text of
+    each distinct shape is built once. None when a piece needs escaping (then the general
+    path quotes the whole text) or the node is annotated."""
+    t = node.tensor
+    if t is None or node.order is not None or node.nonfinite or node.forward_nonfinite:
         return None
-    attrs = node.attrs
-    if node.nonfinite or node.forward_nonfinite:
+    name, shape, plain = node.name or "", t.shape, opt.plain
+    try:
+        key = None if shape is None else tuple(shape)
+        size = opt.sizes.get(key)
+        if size is None:
+            size = opt.sizes[key] = size_to_str(shape)
+    except TypeError:  # unhashable parts (a hand-built graph)
         return None
-    saved = tuple([(s.name, s.freed) for s in node.saved])
-    return (node.name, node.kind, node.module, tuple(attrs.items()) if attrs else (), saved)
+    dtype, device, storage = t.dtype, t.device, t.storage
+    if not (plain[name] and type(dtype) is str and type(device) is str
+            and (storage is None or plain[storage])):
+        return None
+    head = opt.tips.get((dtype, device))
+    if head is None:
+        text = f"{dtype} on {device}, storage "
+        head = opt.tips[(dtype, device)] = text if plain[text] else ""
+    tail = "None" if storage is None else storage
+    if (not head or len(name) + len(size) + 2 > MAX_QUOTED
+            or len(head) + len(tail) > MAX_QUOTED):
+        return None
+    if node.kind == "leaf":
+        fill = LEAF_COLOR
+    else:
+        fill = BASE_COLOR if node.view_base else OUTPUT_COLOR
+    return f'label="{name}\\n {size}" fillcolor="{fill}" tooltip="{head}{tail}"'
 
 
 def _node_lines(node: Node, opt: _Options, indent: str) -> list[str]:
     """The node's own line, and its saved tensors' boxes (none for a module box: it stands
     for many nodes, its label already sums their saved bytes)."""
-    note = opt.notes.get(node.id) if opt.notes else None
-    key = None if note else _op_key(node)
-    attr_list = opt.memo.get(key) if key is not None else None
-    if attr_list is None:
-        label, extra = node_style(node, opt.attrs, opt.max_attr_chars, opt.root)
-        if note:
-            label += "\n" + note
-        attr_list = _attr_list(label, extra, opt.quoted)
-        if key is not None:
-            opt.memo[key] = attr_list
-    ids = opt.ids
-    nid = ids.of(node.id)
-    lines = [f"{indent}{nid} [{attr_list}]"]
-    if opt.saved and node.kind != "module" and node.saved:
-        sids = []
-        for i, s in enumerate(node.saved):
-            sid = ids.saved(node.id, i)
-            sids.append(sid)
-            lines.append(f"{indent}{sid} [{_saved_attrs(s, opt)}]")
-            lines.append(f"{indent}{nid} -> {sid} [dir=none]")
-        if opt.compact:  # beside their node, not on a rank of their own
-            lines.append(f"{indent}{{rank=same; {'; '.join([nid, *sids])}}}")
-    return lines
+    out: list[str] = []
+    _lines_into(out, (node,), opt, indent)
+    return out
+
+
+def _lines_into(out: list[str], nodes: Iterable[Node], opt: _Options, indent: str) -> None:
+    """``_node_lines`` of each of ``nodes``, appended to ``out``: one loop with its lookups
+    bound once (it runs once per node of the picture). A plain backward node's attribute list
+    is built once per distinct node (``_Options.memo``), a leaf's from plain pieces
+    (``_tensor_attr_list``); anything else takes the general path (``node_style``)."""
+    notes, memo, ids, compact = opt.notes, opt.memo, opt.ids, opt.compact
+    want_saved, add, boxes, plain = opt.saved, out.append, opt.boxes, opt.plain
+    tok, used = ids.tok, ids.used
+    for node in nodes:
+        nid_raw, kind = node.id, node.kind
+        note = notes.get(nid_raw) if notes else None
+        key = attr_list = None
+        if not note:
+            if kind in _BACKWARD_KINDS:
+                if node.order is None and not node.nonfinite and not node.forward_nonfinite:
+                    attrs = node.attrs
+                    key = (node.name, kind, node.module, tuple(attrs.items()) if attrs else (),
+                           tuple([(s.name, s.freed) for s in node.saved]))
+                    attr_list = memo.get(key)
+            elif kind == "leaf" or kind == "output":
+                attr_list = _tensor_attr_list(node, opt)
+        if attr_list is None:
+            label, extra = node_style(node, opt.attrs, opt.max_attr_chars, opt.root)
+            if note:
+                label += "\n" + note
+            attr_list = _attr_list(label, extra, opt.quoted)
+            if key is not None:
+                memo[key] = attr_list
+        nid = tok.get(nid_raw)
+        if nid is None:
+            nid = ids.of(nid_raw)
+        add(f"{indent}{nid} [{attr_list}]")
+        saved = node.saved
+        if want_saved and saved and kind != "module":
+            sids = []
+            bare = nid is nid_raw or nid == nid_raw
+            for i, s in enumerate(saved):
+                sid = f"{nid_raw}_s{i}"
+                if bare and sid not in used:  # ids.saved's common case, inline
+                    used.add(sid)
+                else:
+                    sid = ids.saved(nid_raw, i)
+                sids.append(sid)
+                box = None
+                storage, dtype, device = s.storage, s.dtype, s.device
+                if (not s.freed and type(storage) is str and type(dtype) is str
+                        and type(device) is str and plain[storage]):
+                    shape, nbytes = s.shape, s.nbytes
+                    try:
+                        bkey = (type(s.name), s.name, None if shape is None else tuple(shape),
+                                dtype, device, type(nbytes), nbytes)
+                        pre = boxes.get(bkey)
+                        if pre is None:
+                            pre = boxes[bkey] = _box_prefix(s, opt)
+                    except TypeError:  # unhashable parts (a hand-built graph): no memo
+                        pre = None
+                    if pre is not None and pre[0] and pre[1] + len(storage) <= MAX_QUOTED:
+                        box = pre[0] + storage + '"'
+                if box is None:
+                    box = _saved_attrs(s, opt)
+                add(f"{indent}{sid} [{box}]")
+                add(f"{indent}{nid} -> {sid} [dir=none]")
+            if compact:  # beside their node, not on a rank of their own
+                add(f"{indent}{{rank=same; {'; '.join([nid, *sids])}}}")

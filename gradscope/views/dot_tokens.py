@@ -68,10 +68,12 @@ class _Plain(dict[str, bool]):
 _BARE_ID = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _BARE_IDS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:,[A-Za-z_][A-Za-z0-9_]*)*")
 _DOT_KEYWORDS = frozenset({"node", "edge", "graph", "digraph", "subgraph", "strict"})
-#: One of them (any case) as a whole id in a comma-joined list of bare ids.
-_KEYWORD_IN = re.compile(
-    "(?:^|,)(?:" + "|".join(sorted(_DOT_KEYWORDS)) + ")(?=,|$)", re.IGNORECASE
-)
+
+
+def _keyword_in(low: str) -> bool:
+    """Whether a DOT keyword is one whole id of ``low``: bare ids, lowered, joined by commas
+    with a comma at each end."""
+    return any("," + k + "," in low for k in _DOT_KEYWORDS)
 
 
 class _Ids:
@@ -84,7 +86,9 @@ class _Ids:
     def __init__(self, nodes: list[Node]) -> None:
         ids = [n.id for n in nodes]
         joined = ",".join(ids)
-        if _BARE_IDS.fullmatch(joined) and not _KEYWORD_IN.search(joined):
+        # a keyword (any case) as a whole id: one substring search per keyword of the
+        # lowered list (a regex alternation at every position cost 2 ms on 7,000 ids)
+        if _BARE_IDS.fullmatch(joined) and not _keyword_in("," + joined.lower() + ","):
             used = set(ids)
             if len(used) == len(ids):  # every captured graph: n0, n1... each its own token
                 self.used = used
