@@ -30,7 +30,7 @@ from ..model.doctor import DoctorReport, Finding, findings_json, torch_error_kin
 from ..model.graph import Graph
 from . import doctor_explain as explain
 from . import dynamo
-from .doctor_record import _DoctorMode, user_line
+from .doctor_record import BackwardLines, _DoctorMode, user_line
 from .dynamo import ModuleHooks
 from .handles import HookHandle
 from .stamps import outside_gradscope
@@ -75,7 +75,7 @@ class Doctor:
         self.stack: list[str | None] = []
         #: per module run since the last step: (its training flag, the line that called it)
         self.ran: dict[str, tuple[bool, str | None]] = {}
-        self.backward_lines: list[str | None] = []
+        self.backward_lines = BackwardLines()
         self.steps_since_backward = 0
         #: over the block's backward() calls: how many, the parameters that got a gradient
         #: (bits), and the roots' lineage (dep, live, cuts) OR-ed together
@@ -208,7 +208,7 @@ class Doctor:
             raise AutogradError(str(exc), finding) from exc
         self.mode.iteration += 1
         self.backwards += 1
-        self.backward_lines.append(line)
+        self.backward_lines.add(line)
         self.steps_since_backward = 0
         if plain and self.params:
             self._note_backward(roots)
@@ -241,11 +241,11 @@ class Doctor:
     # ---------------------------------------------------------------- optimizer hooks
     def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         line = _here()
+        if self.mode is not None:
+            self.mode.paused = True  # neither the update nor the doctor's checks are the model's
         for finding, key in explain.check_step(self.watched, optimizer, line, self.ran):
             self.add(finding, key)
         self.ran.clear()
-        if self.mode is not None:
-            self.mode.paused = True  # the update is not the model's forward
 
     def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.steps += 1

@@ -27,7 +27,7 @@ from ..model.doctor import (
     names,
     parse_inplace,
 )
-from .doctor_record import DOCTOR_KEY, CutEvent, NodeRecord, _DoctorMode, bits_of
+from .doctor_record import DOCTOR_KEY, BackwardLines, CutEvent, NodeRecord, _DoctorMode, bits_of
 from .stamps import walk_nodes
 
 
@@ -111,7 +111,7 @@ def _where(site: Site | None) -> str:
 
 
 def explain_error(watched: Watched, mode: _DoctorMode, kind: str, message: str,
-                  roots: list[torch.Tensor], line: str | None, backward_lines: list[str | None],
+                  roots: list[torch.Tensor], line: str | None, backward_lines: BackwardLines,
                   node_id: NodeId) -> Finding:
     """The finding that explains torch's error ``message`` (of ``kind``) in the backward from
     ``roots`` called at ``line``; ``backward_lines``: the line of each earlier backward."""
@@ -190,7 +190,7 @@ def _inplace(mode: _DoctorMode, message: str, roots: list[torch.Tensor],
 
 # ---------------------------------------------------------------------------- backward twice
 def _backward_twice(mode: _DoctorMode, roots: list[torch.Tensor], line: str | None,
-                    backward_lines: list[str | None], node_id: NodeId) -> dict[str, Any]:
+                    backward_lines: BackwardLines, node_id: NodeId) -> dict[str, Any]:
     fix_twice = ("pass retain_graph=True to the first backward if a second one through the same "
                  "graph is really wanted, or recompute the forward")
     now = mode.iteration
@@ -221,7 +221,7 @@ def _backward_twice(mode: _DoctorMode, roots: list[torch.Tensor], line: str | No
     fn, user = max(old.items(), key=lambda kv: kv[0]._sequence_nr())
     rec = _record(fn)
     assert rec is not None
-    freed_by = backward_lines[rec.iteration] if rec.iteration < len(backward_lines) else None
+    freed_by = backward_lines.at(rec.iteration)
     by = f"the backward at {freed_by}" if freed_by else "an earlier backward"
     if user is None:  # the root itself: the same graph again
         return dict(kind="backward_twice", message=(

@@ -28,6 +28,7 @@ The user's line is ``forward._user_frame``'s: the innermost frame outside torch 
 
 from __future__ import annotations
 
+import bisect
 import os
 import sys
 from collections.abc import Callable
@@ -99,6 +100,29 @@ class CutEvent:
     lost: int
     why: str
     site: Site
+
+
+class BackwardLines:
+    """The line of each backward of the block, by its number, kept as runs (a training loop
+    calls backward from one line): as large as the number of times the line changed, not the
+    number of steps, over a long run."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []  # the number of the first backward of each run
+        self.lines: list[str | None] = []
+        self.count = 0
+
+    def add(self, line: str | None) -> None:
+        if not self.lines or self.lines[-1] != line:
+            self.starts.append(self.count)
+            self.lines.append(line)
+        self.count += 1
+
+    def at(self, number: int) -> str | None:
+        """The line of backward ``number`` (0-based); None when there was none."""
+        if not 0 <= number < self.count:
+            return None
+        return self.lines[bisect.bisect_right(self.starts, number) - 1]
 
 
 def user_line(frame: Any) -> str | None:
@@ -209,6 +233,7 @@ class _DoctorMode(TorchFunctionMode):
         self.tags: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> (dep, live, cuts)
         self.host: dict[int, tuple[Any, int, int]] = {}  # id -> (object, dep, cuts)
         self.events: list[CutEvent] = []
+        self.event_at: dict[tuple[int, str, Site], int] = {}  # (lost, why, site) -> its index
         self.writes: dict[int, list[Write]] = {}
         self.first_use: dict[int, Site] = {}  # bit -> where the parameter was first used
         self.frozen_use: dict[int, Site] = {}  # bit -> first use while requires_grad=False
@@ -316,16 +341,25 @@ class _DoctorMode(TorchFunctionMode):
             elif why is None:
                 why = "integer" if any(not (t.is_floating_point() or t.is_complex())
                                        for t in outs) or not outs else "nondiff"
-            at = where()
-            self.events.append(CutEvent(self.index, lost, why, Site("cut", name, at.line,
-                                                                    at.module)))
-            cuts |= 1 << (len(self.events) - 1)
+            cuts |= 1 << self._event(lost, why, name, where())
         for t in outs:
             self.tags[t] = (dep, live_out if t.requires_grad else 0, cuts)
         if not outs and out is not None:
             if len(self.host) >= _HOST_KEPT:
                 del self.host[next(iter(self.host))]
             self.host[id(out)] = (out, dep, cuts)
+
+    def _event(self, lost: int, why: str, name: str, at: Site) -> int:
+        """The index of the cut event at this site: a call repeated at the same line (every
+        step's ``p.grad`` reads, a loop) is one event, the first, so that events and the
+        ``cuts`` bitsets stay as large as the program's distinct cut sites over a long run."""
+        site = Site("cut", name, at.line, at.module)
+        key = (lost, why, site)
+        found = self.event_at.get(key)
+        if found is None:
+            found = self.event_at[key] = len(self.events)
+            self.events.append(CutEvent(self.index, lost, why, site))
+        return found
 
     def region(self, args: Any, output: Any, own: int) -> None:
         """A ``torch.compile``d module ran with the mode off: its outputs depend on its inputs
