@@ -180,15 +180,13 @@ def test_repr_is_one_line(deep: gs.Graph) -> None:
 
 def test_notebook_bundle_is_light(deep: gs.Graph) -> None:
     """What a notebook stores for the 4.4k-node encoder: the page once, no Graphviz picture
-    (seconds and megabytes on every display), one line of text: under 1.5 MB and 1 s."""
-    import time
-
-    start = time.perf_counter()
+    (seconds and megabytes on every display), one line of text: under 1.5 MB. (Its time is
+    not asserted here: on a loaded machine a wall-clock bound fails for no reason of ours; the
+    missing Graphviz picture is what kept it fast, and that is checked.)"""
     bundle = deep._repr_mimebundle_()
-    took = time.perf_counter() - start
     size = sum(len(v.encode("utf-8")) for v in bundle.values())
     assert set(bundle) == {"text/plain", "text/html"}, set(bundle)
-    assert size < 1_500_000 and took < 1.0, (size, took)
+    assert size < 1_500_000, size
     assert bundle["text/plain"] == repr(deep)
     assert deep._repr_svg_() is None  # IPython asks for it apart from the bundle
     # a small graph also carries its picture (where Graphviz is installed)
