@@ -378,7 +378,7 @@ class Replayer:
                     roots_bad or back is None or (fnode is not None and fnode.nonfinite)
                 ):
                     res.phase = "forward"
-                    res.op = fwd.node or fwd.op
+                    res.op = fwd.node or fwd.op or None  # "": the input held it, no op read it
                     res.module = fwd.module
                     res.line, res.code = _split_where(fwd.where)
                     res.value = fwd.kind
