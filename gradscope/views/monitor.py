@@ -111,7 +111,10 @@ def render_report(log: MonitorLog, *, width: int = 24) -> Group:
         lines.append(Text(f"distributed: {log.distributed}"))
     first = next((a for a in log.alerts if a.kind in ("nan", "inf", "forward_nonfinite")), None)
     if first is not None:
-        lines.append(Text(f"first non-finite: {clean_text(first.name)} at step {first.step}",
+        # a value the batch already held: the replay named the input, not the first module
+        held = next((i.input for i in log.incidents if i.step == first.step and i.input), None)
+        what = f"{held} (before the forward)" if held else first.name
+        lines.append(Text(f"first non-finite: {clean_text(what)} at step {first.step}",
                           style="bold red"))
     shown = log.alerts[:_MAX_ALERT_LINES]
     lines.extend(Text(f"  {a.kind}: {clean_text(alert_line(a, log.incidents))}") for a in shown)

@@ -171,6 +171,7 @@ def test_report_says_the_input_held_it_and_exits_1(tmp_path, capsys, monkeypatch
                             "ran (first read by linear in fc1"), first
     assert "the forward made" not in stdout
     assert "origin: the input x, which already held nan before the forward" in stdout
+    assert "first non-finite: the input x (before the forward) at step 2" in stdout, stdout
     (inc,) = [json.loads(r)["incident"] for r in out.read_text().splitlines()
               if "incident" in json.loads(r)]
     assert (inc["input"], inc["phase"], inc["value"]) == ("the input x", "forward", "nan")
