@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..errors import AutogradError, GradscopeError
-from ..model.doctor import DoctorReport, Finding, findings_json, torch_error_kind
+from ..model.doctor import DoctorReport, Finding, Site, findings_json, torch_error_kind
 from ..model.graph import Graph
 from . import doctor_explain as explain
 from . import dynamo
@@ -183,7 +183,9 @@ class Doctor:
             dynamo.push_mode(self.mode)
             inner = dynamo.unwrap(module)
             own = sum(1 << self.bits[id(p)] for p in inner.parameters() if id(p) in self.bits)
-            self.mode.region(args, output, own)  # the region as one call: lineage goes on
+            at = Site("compiled", type(inner).__name__, _here(), self.stack[-1] if self.stack
+                      else None)
+            self.mode.region(args, output, own, at)  # the region as one call: lineage goes on
         if self.stack:
             self.stack.pop()
 
@@ -271,7 +273,8 @@ def doctor(model: torch.nn.Module | None = None,
     line where the loss lost its graph). It is a ``RuntimeError`` too, so ``except
     RuntimeError`` still catches it. After each good ``backward()``, every parameter of
     ``model`` that requires grad and got none is a ``grad_none`` finding saying why (``unused``,
-    ``no_grad``, ``cut`` with the op and line of the cut, ``frozen_upstream``). With
+    ``no_grad``, ``cut`` with the op and line of the cut, ``frozen_upstream``, ``compiled``
+    when the cut is inside a ``torch.compile``d module, which the doctor does not see into). With
     ``optimizer``, each ``step()`` is checked: parameters with gradients in no param group,
     frozen ones in a group, gradients carried over from the last step (no ``zero_grad``), and
     dropout/normalisation modules left in ``eval()`` mode.

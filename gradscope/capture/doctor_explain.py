@@ -306,10 +306,13 @@ def check_grad_none(watched: Watched, mode: _DoctorMode, got_grad: int,
     dep, live, cuts = root_tags
     for bit in missing:
         mask = 1 << bit
-        if live & mask:
-            continue  # on the loss's gradient path: a hook or inputs= kept its gradient away
         name = watched.names[bit]
         owner = watched.param_site(bit)
+        if live & mask:
+            region = mode.compiled_use.get(bit)
+            if region is not None:  # cut inside compiled code, which the doctor does not see
+                found.append(_in_compiled(name, region))
+            continue  # else on the loss's gradient path: a hook or inputs= kept it away
         if not dep & mask:
             found.append(_unused(mode, bit, name, owner, ran))
             continue
@@ -333,6 +336,17 @@ def check_grad_none(watched: Watched, mode: _DoctorMode, got_grad: int,
             reason="frozen_upstream", param=name,
             sites=(Site("frozen", site.op, site.line, site.module),) if site else ()))
     return found
+
+
+def _in_compiled(name: str, region: Site) -> Finding:
+    return Finding(
+        "grad_none", f"{name} got no gradient; its path to the loss goes through the "
+        f"torch.compile'd {region.op}{_where(region)}, whose inside the doctor does not see, "
+        "so the op that cut it cannot be named (a .detach(), .data, no_grad or an integer op "
+        "in that forward are the usual causes); its .grad stayed None.", region.op, region.line,
+        region.module, "run the step once without torch.compile under the doctor to name the op "
+        "(gradscope doctor FILE on an uncompiled copy)", reason="compiled", param=name,
+        sites=(region,))
 
 
 def _unused(mode: _DoctorMode, bit: int, name: str, owner: str | None,

@@ -237,6 +237,7 @@ class _DoctorMode(TorchFunctionMode):
         self.writes: dict[int, list[Write]] = {}
         self.first_use: dict[int, Site] = {}  # bit -> where the parameter was first used
         self.frozen_use: dict[int, Site] = {}  # bit -> first use while requires_grad=False
+        self.compiled_use: dict[int, Site] = {}  # bit -> first compiled region on its path
         self.touched = 0
         self.paused = False  # an optimizer step runs: calls go through unrecorded
         self.failure: str | None = None
@@ -361,9 +362,10 @@ class _DoctorMode(TorchFunctionMode):
             self.events.append(CutEvent(self.index, lost, why, site))
         return found
 
-    def region(self, args: Any, output: Any, own: int) -> None:
-        """A ``torch.compile``d module ran with the mode off: its outputs depend on its inputs
-        and on its own parameters (bits ``own``), as one call."""
+    def region(self, args: Any, output: Any, own: int, at: Site) -> None:
+        """A ``torch.compile``d module ran with the mode off (called at ``at``): its outputs
+        depend on its inputs and on its own parameters (bits ``own``), as one call; what
+        happens inside is not seen (a parameter cut there is only known to be in the region)."""
         dep = own
         live = 0
         cuts = 0
@@ -373,6 +375,8 @@ class _DoctorMode(TorchFunctionMode):
             live |= lv
             cuts |= c
         live |= sum(1 << self.bits[id(p)] for p in self.param_list(own) if p.requires_grad)
+        for bit in _bits(live):  # its own parameters and those whose path goes through it
+            self.compiled_use.setdefault(bit, at)
         for t in _outputs(output):
             self.tags[t] = (dep, live if t.requires_grad else 0, cuts)
         self.touched |= dep

@@ -25,7 +25,7 @@ KINDS = (
     "frozen_in_optimizer", "grads_accumulate", "eval_mode",
 )
 #: why a parameter has no gradient (``Finding.reason`` of ``grad_none``)
-GRAD_NONE_REASONS = ("unused", "no_grad", "cut", "frozen_upstream")
+GRAD_NONE_REASONS = ("unused", "no_grad", "cut", "frozen_upstream", "compiled")
 
 #: torch's messages, by the kind of finding that explains them
 _TORCH_ERRORS = (

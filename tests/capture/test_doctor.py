@@ -239,6 +239,33 @@ def test_a_compiled_module_is_one_call_no_recompile(fresh_dynamo):
         ("2.weight", "cut", line), ("2.bias", "cut", line)}
 
 
+def test_a_cut_inside_a_compiled_module_is_said_not_silent(fresh_dynamo):
+    """Inside compiled code the doctor sees nothing (the region is one call): a parameter cut
+    there gets a grad_none finding naming the region and its call line, never silence."""
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(4, 4)
+            self.b = torch.nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.b(self.a(x).detach())  # the cut, inside the compiled region
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), Block())
+    net[1] = torch.compile(net[1], backend="eager")
+    x = torch.randn(2, 4)
+    with gs.doctor(net) as doc:
+        net(x).sum().backward()
+    line = f"test_doctor.py:{inspect.currentframe().f_lineno - 1}"
+    cut = [p for p, q in net.named_parameters() if q.grad is None]  # torch's own answer
+    assert cut == ["0.weight", "0.bias", "1._orig_mod.a.weight", "1._orig_mod.a.bias"]
+    assert {(f.param, f.reason, f.line, f.module) for f in doc.findings} == {
+        (name, "compiled", line, "1._orig_mod") for name in cut}
+    assert "goes through the torch.compile'd Block at" in doc.findings[0].message
+
+
 def test_tensors_it_cannot_read_never_break_the_step():
     from torch.func import grad, vmap
 
