@@ -15,7 +15,9 @@ import textwrap
 
 import pytest
 
+import gradscope as gs
 from gradscope.errors import LayoutError
+from gradscope.views.dot import to_dot
 from gradscope.views.graphviz import run_dot
 
 pytestmark = pytest.mark.skipif(shutil.which("dot") is None, reason="needs the Graphviz binary")
@@ -92,3 +94,28 @@ def test_a_graphviz_failure_names_its_error_line():
     assert message.startswith("Graphviz failed: Error:"), message
     assert "syntax error" in message
     assert "-o graph.dot" in message
+
+
+def _backward_dot(layers: int) -> str:
+    """A --backward picture of ``layers`` Linear modules: two parameter chains each, their edges
+    labelled with gradient norms."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*[torch.nn.Linear(3, 3) for _ in range(layers)])
+    with gs.scopes(net):
+        out = net(torch.randn(2, 3)).sum()
+    with gs.record_backward(out, model=net) as rec:
+        out.backward()
+    return to_dot(rec.graph)
+
+
+def test_many_parameter_chains_put_their_flat_labels_in_xlabel():
+    """DenseNet-121 --backward: 364 chains, labels on their flat edges, and Graphviz's ranker
+    ran past the 60 s timeout; a small picture keeps its labels as they were."""
+    from gradscope.views.dot import XLABEL_CHAINS
+
+    small, big = _backward_dot(4), _backward_dot(XLABEL_CHAINS // 2 + 1)
+    assert "xlabel=" not in small and small.count(" label=") + small.count("[label=") > 8
+    flat = [line for line in big.splitlines() if "xlabel=" in line]
+    assert len(flat) == 2 * 2 * (XLABEL_CHAINS // 2 + 1)  # leaf->acc and acc->op per chain
+    assert all("AccumulateGrad" not in line for line in flat)  # edges, not nodes

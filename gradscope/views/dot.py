@@ -23,7 +23,7 @@ import os
 
 from ..model.formats import FormatKind, OutputFormat, register_format
 from ..model.graph import Edge, Graph
-from .dot_clusters import _cluster_keys, _cluster_lines
+from .dot_clusters import _cluster_keys, _cluster_lines, flat_edges, param_chains
 from .dot_legend import legend_line
 from .dot_nodes import _lines_into, _Options
 from .dot_tokens import _Ids, quote
@@ -34,7 +34,15 @@ NODE_ATTR = (
 )
 
 
-def _edge_attrs(e: Edge) -> str:
+#: Over this many parameter chains (``{rank=same; leaf; AccumulateGrad; op}``), the labels of
+#: edges inside a chain (gradient norms, ``--backward``) are written as ``xlabel``: a plain
+#: label is a node of its own on a flat edge, and with hundreds of them in nested clusters
+#: Graphviz's ranker runs for minutes (DenseNet-121: over 100 s unfinished, 18 s of CPU with
+#: xlabel). An xlabel is placed without room made for it, so small pictures keep ``label``.
+XLABEL_CHAINS = 128
+
+
+def _edge_attrs(e: Edge, flat: bool = False) -> str:
     parts = []
     label = []
     if e.count != 1:
@@ -45,7 +53,7 @@ def _edge_attrs(e: Edge) -> str:
         parts.append(f"color={quote(color)} fontcolor={quote(color)}")
         if not math.isfinite(e.grad_norm):
             parts.append("penwidth=2.5")
-    parts.insert(0, f"label={quote(' '.join(label))} fontsize=8")
+    parts.insert(0, f"{'xlabel' if flat else 'label'}={quote(' '.join(label))} fontsize=8")
     return " ".join(parts)
 
 
@@ -90,8 +98,11 @@ def to_dot(
     # clustered pictures are tighter than torchviz's defaults: clusters add their own margins
     head = "\tgraph [rankdir=TB nodesep=0.12 ranksep=0.2]" if clustered else "\tgraph [rankdir=TB]"
     out = ["digraph {", f"\tnode [{NODE_ATTR}]", head]
+    chains = param_chains(graph, cl.of) if clustered and cl is not None else {}
+    # many labelled flat edges: their labels as xlabel (else Graphviz's ranker stalls)
+    flat = flat_edges(chains) if len(chains) > XLABEL_CHAINS else set()
     if clustered and cl is not None:
-        out.extend(_cluster_lines(graph, cl, opt))
+        out.extend(_cluster_lines(graph, cl, opt, chains))
     else:
         _lines_into(out, graph.nodes, opt, "\t")
     tok, add = ids.tok.get, out.append
@@ -106,7 +117,7 @@ def to_dot(
         elif kind in ("view", "saved"):
             add(ends + " [style=dotted]")
         elif e.grad_norm is not None or e.count != 1:
-            add(f"{ends} [{_edge_attrs(e)}]")
+            add(f"{ends} [{_edge_attrs(e, (e.src, e.dst) in flat)}]")
         else:
             add(ends)
     if legend:

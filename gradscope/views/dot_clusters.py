@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..model.graph import Graph, Node
 from ..model.paths import levels, node_paths
 from .dot_nodes import _node_lines, _Options
-from .dot_tokens import _Ids, quote
+from .dot_tokens import quote
 from .style import CLUSTER_ATTR
 
 #: Deeper clusters are written with this many tabs: indentation stays linear in the input.
@@ -119,10 +119,11 @@ def _cluster_keys(graph: Graph) -> _Clusters:
     return _Clusters(of, clusters, box_module, module_tail, module_size)
 
 
-def _param_chains(graph: Graph, of: dict[str, int], ids: _Ids) -> dict[str, str]:
-    """AccumulateGrad id -> ``{rank=same; leaf; AccumulateGrad; consumer}`` for a parameter
-    drawn on the rank of the op that uses it (both in one cluster): a module's parameters then
-    add no rank above it, and consecutive modules stack instead of spreading sideways."""
+def param_chains(graph: Graph, of: dict[str, int]) -> dict[str, list[str]]:
+    """AccumulateGrad id -> ``[leaf, AccumulateGrad, consumer]``: a parameter drawn on the rank
+    of the op that uses it (both in one cluster, ``{rank=same; ...}``): a module's parameters
+    then add no rank above it, and consecutive modules stack instead of spreading sideways.
+    ``of``: each node's cluster (``_cluster_keys(graph).of``)."""
     kinds = {n.id: n.kind for n in graph.nodes}
     leaf: dict[str, str] = {}
     users: dict[str, list[str]] = {}
@@ -137,11 +138,20 @@ def _param_chains(graph: Graph, of: dict[str, int], ids: _Ids) -> dict[str, str]
         use = users.get(acc, [])
         if len(use) == 1 and of.get(use[0]) == of.get(acc):
             chain.append(use[0])
-        out[acc] = "{rank=same; " + "; ".join(ids.of(x) for x in chain) + "}"
+        out[acc] = chain
     return out
 
 
-def _cluster_lines(graph: Graph, cl: _Clusters, opt: _Options) -> list[str]:
+def flat_edges(chains: dict[str, list[str]]) -> set[tuple[str, str]]:
+    """The (src, dst) pairs with both ends in one chain: an edge on one rank. Its label goes in
+    ``xlabel``: Graphviz's ranker, which makes a label a node of its own on a flat edge, gives
+    up (``trouble in init_rank``) or runs for minutes on many such groups in nested clusters
+    (DenseNet-121 ``--backward``: over 100 s unfinished; 18 s of CPU with ``xlabel``)."""
+    return {(a, b) for chain in chains.values() for a in chain for b in chain if a != b}
+
+
+def _cluster_lines(graph: Graph, cl: _Clusters, opt: _Options,
+                   chains: dict[str, list[str]]) -> list[str]:
     """Nodes nested in ``subgraph cluster_*`` blocks by module path, in first-seen order."""
     of = cl.of
     kids: dict[int, list[int]] = {}  # cluster -> child clusters, in first-seen order
@@ -162,7 +172,6 @@ def _cluster_lines(graph: Graph, cl: _Clusters, opt: _Options) -> list[str]:
             listed.add(k)
             kids.setdefault(parent_of[k], []).append(k)
             k = parent_of[k]
-    chains = _param_chains(graph, of, opt.ids) if opt.compact else {}
     out: list[str] = []
     counter = 0
     # (cluster, depth, opening?): iterative, so deep module trees meet no recursion limit
@@ -183,7 +192,8 @@ def _cluster_lines(graph: Graph, cl: _Clusters, opt: _Options) -> list[str]:
         for node in members.get(c, ()):
             out.extend(_node_lines(node, opt, indent + "\t"))
             if node.id in chains:
-                out.append(f"{indent}\t{chains[node.id]}")
+                ranked = "; ".join(opt.ids.of(x) for x in chains[node.id])
+                out.append(f"{indent}\t{{rank=same; {ranked}}}")
         stack.extend((child, depth + 1, True) for child in reversed(kids.get(c, [])))
     return out
 
