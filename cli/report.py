@@ -38,6 +38,9 @@ def _progress(err: Console) -> Progress:
         TextColumn("total grad norm {task.fields[norm]}"),
         TimeElapsedColumn(),
         console=err,
+        # a bar is for a person watching: piped or logged stderr gets no frames of it (a
+        # Ctrl-C would otherwise leave a half-drawn bar above "gradscope: interrupted")
+        disable=not err.is_terminal,
     )
 
 

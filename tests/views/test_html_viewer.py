@@ -118,13 +118,22 @@ def test_folded_panel_and_legend_are_remembered(browser, tmp_path: Path) -> None
     shown = {"legend": True, "panel": True, "legend_pressed": "true", "panel_pressed": "true"}
     assert folded(p) == shown
     p.page.click("#t-legend")
+    _kept(p, "legend", "0")
     reload(p)
     assert folded(p) == shown | {"legend": False, "legend_pressed": "false"}
     p.page.click("#t-panel")
+    _kept(p, "panel", "0")
     reload(p)
     assert folded(p) == {"legend": False, "panel": False, "legend_pressed": "false",
                          "panel_pressed": "false"}
     p.page.click("#t-legend")
+    _kept(p, "legend", "1")
     reload(p)
     assert folded(p) == shown
     p.close()
+
+
+def _kept(p: Page, name: str, value: str) -> None:
+    """Wait until the page has stored the choice: a reload straight after the click raced the
+    click's handler in one CI run (the choice was not there after the reload)."""
+    p.page.wait_for_function(f"() => localStorage.getItem('gradscope.{name}') === '{value}'")
