@@ -35,22 +35,34 @@ def _autograd_cause(exc: BaseException) -> bool:
     return False
 
 
-def _one_step(mf: Any, held: list[Any]) -> None:
-    import torch
-
+def _model(mf: Any, command: str) -> tuple[Any, Any]:
+    """The model file's module and inputs; ``command`` runs the forward itself."""
     module, inputs, _ = mf.build()
     if module is None:
         raise gs.ModelFileError(
-            f"{mf.path}: doctor runs the forward itself, but the entry point returned outputs; "
-            "define model and example_input, or build() returning (model, inputs)"
+            f"{mf.path}: {command} runs the forward itself, but the entry point returned "
+            "outputs; define model and example_input, or build() returning (model, inputs)"
         )
+    return module, inputs
+
+
+def _loss(mf: Any, out: Any) -> Any:
+    """What backward starts from: ``loss_fn(out)`` when the file has one, else the output,
+    summed when it is not a scalar."""
+    import torch
+
+    loss = mf.loss(out) if callable(mf.get("loss_fn")) else out
+    return loss.sum() if isinstance(loss, torch.Tensor) and loss.numel() != 1 else loss
+
+
+def _one_step(mf: Any, held: list[Any]) -> None:
+    import torch
+
+    module, inputs = _model(mf, "doctor")
     doc = gs.doctor(module)
     held.append(doc)
     with doc, torch.enable_grad():
-        out = mf.run_model(module, inputs)
-        loss = mf.loss(out) if callable(mf.get("loss_fn")) else out
-        if isinstance(loss, torch.Tensor) and loss.numel() != 1:
-            loss = loss.sum()
+        loss = _loss(mf, mf.run_model(module, inputs))
         mf.call("running backward", loss.backward)
 
 
@@ -62,21 +74,14 @@ def doctor_graph(mf: Any, *, saved: bool = True) -> tuple[gs.Graph, Any]:
     said and the command exits 1 here."""
     import torch
 
-    module, inputs, _ = mf.build()
-    if module is None:
-        raise gs.ModelFileError(
-            f"{mf.path}: --doctor runs the forward itself, but the entry point returned "
-            "outputs; define model and example_input, or build() returning (model, inputs)"
-        )
+    module, inputs = _model(mf, "--doctor")
     doc = gs.doctor(module)
     graph: gs.Graph | None = None
     made: list[Any] = []
     try:
         with doc, torch.enable_grad(), gs.scopes(module):
             out = mf.run_model(module, inputs)
-            loss = mf.loss(out) if callable(mf.get("loss_fn")) else out
-            if isinstance(loss, torch.Tensor) and loss.numel() != 1:
-                loss = loss.sum()
+            loss = _loss(mf, out)
             made += [out, loss]
             try:
                 graph = doc.trace(loss, saved=saved, inputs=inputs)
