@@ -11,53 +11,17 @@ of its closing note):
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch
-from gradscope_cli.main import app
+
+# the CLI runner, the file writer and the NaN-poisoned torch.empty of the forward-finding tests
+from test_forward_findings import FINDINGS, invoke, poisoned_empty, write
 from torch import nn
-from typer.testing import CliRunner
 
 import gradscope as gs
-
-FINDINGS = ("the forward already produced", "already held")
-
-
-def invoke(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    return result.exit_code, result.stdout + result.stderr
-
-
-def write(tmp_path: Path, name: str, body: str) -> str:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(body))
-    return str(path)
-
-
-@contextlib.contextmanager
-def poisoned_empty():
-    """``torch.empty`` that returns NaN-filled memory (what uninitialised memory may hold)."""
-    real = torch.empty
-
-    def empty(*args, **kwargs):
-        out = real(*args, **kwargs)
-        if out.is_floating_point():
-            with torch.no_grad():
-                out.fill_(math.nan)
-        return out
-
-    torch.empty = empty
-    try:
-        yield
-    finally:
-        torch.empty = real
-
 
 # ---------------------------------------------------------------------------- build()
 PROBED = """
