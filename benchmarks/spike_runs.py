@@ -2,12 +2,13 @@
 
     .venv/bin/python benchmarks/spike_runs.py [--steps 1000] [--threads 1]
 
-For each of the small transformer and the small CNN (AdamW, linear warm-up then cosine), a
-clean run and a run with one corrupted example, every step logged, the loss observed and the
-batch ids given: the seconds the run took, the loss at the start and the end, the largest
-ratio of each signal to its running median (computed here from the history: how close a
-clean run came to the factor), and each spike incident: its step, signal, ratio, the top
-sample's id and share, against the corrupted example's id.
+For each of the small language model, the small forecasting transformer and the small CNN
+(AdamW, linear warm-up then cosine), a clean run and a run with one corrupted example, and the
+CNN's clean data with one step's learning rate x1000 (``lr_spike``), every step logged, the
+loss observed and the batch ids given: the seconds the run took, the loss at the start and
+the end, the largest ratio of each signal to its running median (computed here from the
+history: how close a clean run came to the factor), and each spike incident: its step,
+signal, ratio, the top sample's id and share, against the corrupted example's id.
 """
 
 from __future__ import annotations
@@ -54,24 +55,28 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     planted = _planted()
     print(f"torch {torch.__version__}, {args.threads} thread(s), {args.steps} steps each")
-    for kind in ("transformer", "cnn"):
-        for corrupt in (False, True):
-            t0 = time.perf_counter()
-            mon, truth = planted.run(kind, corrupt, steps=args.steps)
-            seconds = time.perf_counter() - t0
-            h, th = mon.history, mon.thresholds
-            gn = _largest([st.total_norm for st in h], th.spike_warmup, th.spike_window)
-            lo = _largest([st.loss for st in h], th.spike_warmup, th.spike_window)
-            spikes = [i for i in mon.incidents if i.kind == "spike"]
-            told = "; ".join(_told(i) for i in spikes) or "none"
-            print(
-                f"{kind:11} {'corrupted' if corrupt else 'clean':9} {seconds:6.1f} s; loss "
-                f"{h[0].loss:.3f} -> {h[-1].loss:.3f}; largest ratio to the running median: "
-                f"grad norm x{gn[0]:.2f} (step {gn[1]}), loss x{lo[0]:.2f} (step {lo[1]}); "
-                f"spikes: {told}" + (f"; corrupted example {truth} at step "
-                                     f"{planted.corrupt_step(args.steps)}" if truth else ""),
-                flush=True,
-            )
+    runs = [(kind, corrupt, False) for kind in ("transformer", "forecast", "cnn")
+            for corrupt in (False, True)] + [("cnn", False, True)]
+    for kind, corrupt, lr_spike in runs:
+        t0 = time.perf_counter()
+        mon, truth = planted.run(kind, corrupt, steps=args.steps, lr_spike=lr_spike)
+        seconds = time.perf_counter() - t0
+        h, th = mon.history, mon.thresholds
+        gn = _largest([st.total_norm for st in h], th.spike_warmup, th.spike_window)
+        lo = _largest([st.loss for st in h], th.spike_warmup, th.spike_window)
+        spikes = [i for i in mon.incidents if i.kind == "spike"]
+        told = "; ".join(_told(i) for i in spikes) or "none"
+        print(
+            f"{kind:11} {'lr x1000' if lr_spike else 'corrupted' if corrupt else 'clean':9} "
+            f"{seconds:6.1f} s; loss "
+            f"{h[0].loss:.3f} -> {h[-1].loss:.3f}; largest ratio to the running median: "
+            f"grad norm x{gn[0]:.2f} (step {gn[1]}), loss x{lo[0]:.2f} (step {lo[1]}); "
+            f"spikes: {told}" + (f"; corrupted example {truth} at step "
+                                 f"{planted.corrupt_step(args.steps)}" if truth else "")
+            + (f"; learning rate x{planted.LR_SPIKE:g} at step "
+               f"{planted.corrupt_step(args.steps)}" if lr_spike else ""),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Long clean runs raise no spike; one corrupted example raises one, naming it
-(``samples/spikes/planted.py``: a small transformer and a small CNN, AdamW, linear warm-up and
-cosine schedule). The tests run 200 steps of each (the 1,000-step runs, and their times, are
+(``samples/spikes/planted.py``: two small transformers and a small CNN, AdamW, linear warm-up
+and cosine schedule), and a learning rate gone wrong for one step raises one in which no example
+stands out. The tests run 200 steps of each (the 1,000-step runs, and their times, are
 ``benchmarks/spike_runs.py``); every step is logged and watched, the loss included.
 
 Ground truth: the clean runs' own figures never exceed the spike factor x their running
@@ -42,7 +43,7 @@ def _largest_ratio(values: list[float], warmup: int, window: int) -> float:
     return best
 
 
-@pytest.mark.parametrize("kind", ["transformer", "cnn"])
+@pytest.mark.parametrize("kind", ["transformer", "forecast", "cnn"])
 def test_a_clean_run_raises_no_spike(kind: str) -> None:
     mon, _ = planted.run(kind, corrupt=False, steps=STEPS)
     assert mon is not None and len(mon.history) == STEPS
@@ -56,8 +57,11 @@ def test_a_clean_run_raises_no_spike(kind: str) -> None:
         assert _largest_ratio(series, th.spike_warmup, th.spike_window) < 0.6 * th.spike
 
 
-def test_one_corrupted_image_raises_one_spike_naming_it() -> None:
-    mon, truth = planted.run("cnn", corrupt=True, steps=STEPS)
+@pytest.mark.parametrize("kind", ["cnn", "forecast"])
+def test_one_corrupted_example_raises_one_spike_naming_it(kind: str) -> None:
+    # cnn: one image replaced by noise of scale 1000; forecast (a transformer): one series
+    # reported x1000
+    mon, truth = planted.run(kind, corrupt=True, steps=STEPS)
     assert mon is not None
     spikes = [i for i in mon.incidents if i.kind == "spike"]
     assert len(spikes) == 1
@@ -78,3 +82,22 @@ def test_a_flipped_sequence_is_no_spike_and_none_is_said() -> None:
     base = statistics.median(losses[at - mon.thresholds.spike_window:at])
     assert 1.5 < losses[at] / base < mon.thresholds.spike
     assert [i for i in mon.incidents if i.kind == "spike"] == []
+
+
+def test_a_learning_rate_spike_raises_one_spike_carried_by_no_one_example() -> None:
+    """Clean data, one step's learning rate 1000x the schedule's: the next step's loss jumps
+    for every example alike. One spike event, at that next step; the per-sample shares are
+    spread (each example's own gradient, as the replay measured it, against an even split of
+    the batch), and the incident says no single example carries it."""
+    mon, _ = planted.run("cnn", corrupt=False, lr_spike=True, steps=STEPS)
+    assert mon is not None
+    at = planted.corrupt_step(STEPS)
+    spikes = [i for i in mon.incidents if i.kind == "spike"]
+    assert len(spikes) == 1, [(i.step, i.signal, i.ratio) for i in spikes]
+    inc = spikes[0]
+    assert inc.step == at + 1  # the bad rate moved the weights at ``at``'s optimizer.step()
+    assert inc.replayed and len(inc.samples) > 1
+    shares = [s.share for s in inc.samples]
+    assert max(shares) < 4 / planted.BATCH["cnn"]  # none near the whole (an even split: 1/32)
+    assert "no single example carries the spike" in (inc.note or "")
+    assert [a.kind for a in mon.alerts].count("spike") == 1
