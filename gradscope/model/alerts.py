@@ -87,7 +87,10 @@ class AlertRules:
         self.nan = self.inf = False
         # logged steps since each kind was last seen (FLAP_WINDOW: long enough for a new event)
         self.quiet = {"nan": FLAP_WINDOW, "inf": FLAP_WINDOW}
-        self.spikes = SpikeRule(thresholds.spike, thresholds.spike_window, thresholds.spike_warmup)
+        #: the spike rule (None: ``Thresholds.spike`` is None, detection off)
+        self.spikes = (None if thresholds.spike is None else
+                       SpikeRule(thresholds.spike, thresholds.spike_window,
+                                 thresholds.spike_warmup))
         #: the spike event the last step started (``SpikeStart``), or None
         self.spike_started: SpikeStart | None = None
 
@@ -95,7 +98,7 @@ class AlertRules:
     def spike_ended(self) -> tuple[int, int] | None:
         """(first step, logged steps it lasted) of the spike event that ended at the last
         step, or None."""
-        return self.spikes.ended
+        return None if self.spikes is None else self.spikes.ended
 
     def recount(self, numels: dict[str, int]) -> None:
         """The element counts of the parameters watched from now on."""
@@ -111,7 +114,8 @@ class AlertRules:
             msg = f"step {st.step}: the output of {first_bad} is the first non-finite forward value"
             out.append(Alert("forward_nonfinite", st.step, first_bad, msg))
         self.forward_bad = first_bad is not None
-        started = self.spike_started = self.spikes.update(st)
+        started = self.spike_started = (None if self.spikes is None
+                                        else self.spikes.update(st))
         if started is not None:
             out.append(Alert("spike", st.step, started.signal, started.message()))
         if st.skipped:  # the GradScaler skipped it: scaled overflow, not the model's gradients

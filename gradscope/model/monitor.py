@@ -100,12 +100,13 @@ class Thresholds:
     median per-element size at the same step; ``explode``: a norm above this (or
     ``SPIKE_FACTOR`` x its running median) is "exploding". ``spike``: a total gradient norm,
     loss or update ratio above this times the median of its last ``spike_window`` logged
-    values (the first ``spike_warmup`` ignored) is a "spike" (``gradscope.model.spikes``)."""
+    values (the first ``spike_warmup`` ignored) is a "spike" (``gradscope.model.spikes``);
+    None: no spike detection (no spike alerts, incidents or per-sample replays)."""
 
     vanish: float = 1e-7
     vanish_ratio: float = 1e-4
     explode: float = 1e3
-    spike: float = 10.0
+    spike: float | None = 10.0
     spike_window: int = 50
     spike_warmup: int = 10
 

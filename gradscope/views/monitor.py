@@ -337,7 +337,8 @@ def plot_series(log: MonitorLog) -> dict[str, list[Any]]:
     median of its last ``Thresholds.spike_window`` logged values, first ``spike_warmup``
     ignored, once ``SPIKE_MIN_VALUES`` are in; ``limit``: baseline x ``Thresholds.spike``,
     above which a value is a spike), the same for the loss (``loss_*``, when the monitor was
-    given the loss), and ``spikes``: one ``(step, signal, ratio)`` per spike incident."""
+    given the loss), and ``spikes``: one ``(step, signal, ratio)`` per spike incident. With
+    ``Thresholds.spike`` None (detection off) the bands are empty."""
     ok = [st for st in log.steps if not st.skipped and _plottable(st.total_norm) == st.total_norm]
     out: dict[str, list[Any]] = {
         "steps": [st.step for st in ok],
@@ -352,10 +353,11 @@ def plot_series(log: MonitorLog) -> dict[str, list[Any]]:
     out["loss_steps"] = [s for s, _ in losses]
     out["loss"] = [v for _, v in losses]
     for prefix, signal in (("", "grad_norm"), ("loss_", "loss")):
-        band = _baseline(log, signal)
+        factor = log.thresholds.spike
+        band = [] if factor is None else _baseline(log, signal)
         out[f"{prefix}baseline_steps"] = [s for s, _ in band]
         out[f"{prefix}baseline"] = [m for _, m in band]
-        out[f"{prefix}limit"] = [m * log.thresholds.spike for _, m in band]
+        out[f"{prefix}limit"] = [m * factor for _, m in band] if factor is not None else []
     out["spikes"] = [(inc.step, inc.signal, inc.ratio) for inc in log.incidents
                      if inc.kind == "spike"]
     return out
@@ -431,7 +433,7 @@ def plot_png(log: MonitorLog, path: Path) -> Path:
 
 
 def _spike_panel(ax: Any, series: dict[str, list[Any]], prefix: str, xs: list[int],
-                 ys: list[float], signal: str, title: str, factor: float) -> None:
+                 ys: list[float], signal: str, title: str, factor: float | None) -> None:
     """One signal over steps: the line, the band [median, median x spike], the spikes."""
     ax.plot(xs, ys, marker=".", color="steelblue", label=title, zorder=2)
     band_x = series[f"{prefix}baseline_steps"]

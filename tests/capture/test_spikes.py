@@ -136,6 +136,44 @@ def test_training_is_bitwise_identical_with_spike_detection() -> None:
         assert torch.equal(a, b), n
 
 
+def test_spike_none_turns_detection_off(tmp_path, monkeypatch) -> None:
+    """``spike=None``: the planted spike raises no spike alert or incident and no per-sample
+    replay runs; the loss is still read and logged, the JSON Lines log says so and reads
+    back; training is bitwise the plain run's."""
+    from gradscope.capture import incidents
+
+    replays = []  # the replay's own child process, counted (it would name the samples)
+    monkeypatch.setattr(incidents, "replay_isolated",
+                        lambda fn, **k: replays.append(fn) or incidents.SampleResult())
+    data = _data(50, plant=K)
+    plain, watched = _model(), _model()
+    _train(plain, data)
+    mon = _train(watched, data, mon_options={"spike": None, "jsonl": tmp_path / "s.jsonl"})
+    assert mon.thresholds.spike is None and mon.log.rules.spikes is None
+    assert [a for a in mon.alerts if a.kind == "spike"] == []
+    assert [i for i in mon.incidents if i.kind == "spike"] == []
+    assert replays == []
+    assert mon.history[K].total_norm > 100 * mon.history[K - 1].total_norm  # it was there
+    assert all(st.loss is not None for st in mon.history)
+    back = gs.read_jsonl(tmp_path / "s.jsonl")
+    assert back.thresholds.spike is None and len(back.steps) == 50
+    from gradscope.views.monitor import plot_series
+
+    series = plot_series(mon.log)
+    assert series["baseline"] == series["limit"] == series["loss_limit"] == []
+    for (n, a), b in zip(plain.state_dict().items(), watched.state_dict().values(), strict=True):
+        assert torch.equal(a, b), n
+    # the same run with detection on replays the spiking step (the patch above is seen)
+    _train(_model(), data, mon_options={})
+    assert len(replays) == 1
+
+
+@pytest.mark.parametrize("bad", [1.0, 0, -3.0])
+def test_a_spike_factor_of_one_or_less_is_refused(bad) -> None:
+    with pytest.raises(gs.MonitorError, match="or None: no spike detection"):
+        gs.GradMonitor(_model(), spike=bad)
+
+
 def test_observe_loss_refuses_a_non_scalar() -> None:
     model = _model()
     with gs.GradMonitor(model) as mon, pytest.raises(gs.MonitorError, match="one-element"):

@@ -108,6 +108,7 @@ class GradMonitor:
             or update ratio above ``spike`` x the median of its last ``spike_window`` logged
             values (the first ``spike_warmup`` logged ones ignored) is a spike: one alert and
             one ``Incident(kind="spike")`` per event (``gradscope.model.spikes``).
+            ``spike=None`` turns detection off (no spike alerts, incidents or replays).
         leaks: also watch for autograd graphs of earlier steps still alive at the next step
             (a loss kept without ``.detach()``), with ``gs.leak_check``; each leak is an
             ``Alert`` of kind ``leak``.
@@ -149,7 +150,7 @@ class GradMonitor:
         vanish: float = 1e-7,
         vanish_ratio: float = 1e-4,
         explode: float = 1e3,
-        spike: float = 10.0,
+        spike: float | None = 10.0,
         spike_window: int = 50,
         spike_warmup: int = 10,
         leaks: bool = False,
@@ -168,14 +169,15 @@ class GradMonitor:
         self.vanish = vanish
         self.vanish_ratio = vanish_ratio
         self.explode = explode
-        if not (spike > 1 and spike_window >= 1 and spike_warmup >= 0):
+        if not ((spike is None or spike > 1) and spike_window >= 1 and spike_warmup >= 0):
             raise MonitorError(
                 f"spike={spike!r}, spike_window={spike_window!r}, spike_warmup="
-                f"{spike_warmup!r}: give a factor above 1, a window of at least one logged "
-                "step and a warm-up of zero or more"
+                f"{spike_warmup!r}: give a factor above 1 (or None: no spike detection), a "
+                "window of at least one logged step and a warm-up of zero or more"
             )
         self.thresholds = Thresholds(
-            vanish, vanish_ratio, explode, float(spike), int(spike_window), int(spike_warmup)
+            vanish, vanish_ratio, explode, None if spike is None else float(spike),
+            int(spike_window), int(spike_warmup),
         )
         self.optimizer = unwrap_optimizer(optimizer) if optimizer is not None else None
         self.measure = measure
@@ -444,11 +446,11 @@ class GradMonitor:
     def _spike_preview(self) -> bool:
         """Whether the step just moved to the host (at ``optimizer.step()``'s pre-hook)
         starts a spike event: its micro-batch is then replayed for per-sample norms."""
-        host = self._host
-        if host is None:
+        host, rule = self._host, self._log.rules.spikes
+        if host is None or rule is None:
             return False
         total = pnorm(host.table[NORM], self.norm_type)
-        return bool(self._log.rules.spikes.would_start({"grad_norm": total, "loss": host.loss}))
+        return bool(rule.would_start({"grad_norm": total, "loss": host.loss}))
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._scaler_hook is not None:
