@@ -15,6 +15,7 @@ alert) is an incident without a replay: the modules whose norms grew most.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,7 +23,8 @@ import torch
 
 from ..errors import MonitorError
 from ..model.alerts import FLAP_WINDOW
-from ..model.incident import Incident, changes
+from ..model.incident import SPREAD_SHARE, Incident, changes
+from ..model.spikes import RATE_FACTOR, RATE_WINDOW, rate_jump
 from .replay import Replayer, ReplayResult
 from .replay_isolated import replay_isolated
 from .spike_samples import SampleResult, replay_samples
@@ -74,12 +76,24 @@ class IncidentWatch:
         self.preview: Callable[[], bool] = lambda: False
         self.samples: SampleResult | None = None  # the spiking step's per-sample norms
         self.ids: Any = None  # the data's own ids of the next micro-batch
+        # the learning rate of each optimizer step (the largest of its groups), oldest first,
+        # and the optimizer steps since the last logged one: a spike's likelier cause
+        self.rates: deque[float] = deque(maxlen=RATE_WINDOW + 1)
+        self.since = 0
 
     def read_spikes(self, rules: Any, preview: Callable[[], bool]) -> None:
         """Read the spike events from ``rules`` (the log's ``AlertRules``; never written);
         ``preview()``: whether the step just moved to the host starts a spike."""
         self.rules = rules
         self.preview = preview
+
+    def note_rate(self, optimizer: Any) -> None:
+        """At every ``optimizer.step()``'s pre-hook: the step's learning rate (the largest of
+        its param groups; a tensor rate is not read, that would be a host transfer)."""
+        rates = [g["lr"] for g in optimizer.param_groups if type(g.get("lr")) in (float, int)]
+        if rates:
+            self.rates.append(float(max(rates)))
+            self.since += 1
 
     def batch_ids(self, ids: Any) -> None:
         self.ids = list(ids)
@@ -166,10 +180,14 @@ class IncidentWatch:
         else:
             note = (self.no_replay or "not replayed: the spike was not seen before "
                     "optimizer.step()").replace("not replayed", "no per-sample norms", 1)
-        if found is not None and found.samples and found.samples[0].share < 0.5:
+        if found is not None and found.samples and found.samples[0].share < SPREAD_SHARE:
             spread = (f"no single example carries the spike (the largest has "
                       f"{found.samples[0].share:.0%} of the micro-batch's squared norm)")
             note = f"{spread}; {note}" if note else spread
+        # the rates before this step's own (its update comes after its gradients)
+        jump = rate_jump(list(self.rates)[:-1], self.since - 1, RATE_FACTOR)
+        if jump is not None:
+            note = f"{jump.message()}; {note}" if note else jump.message()
         return Incident(
             step=step, kind="spike", signal=spike.signal, ratio=spike.ratio,
             changes=changes(self.last_good, norms, self.norm_type),
@@ -231,6 +249,7 @@ class IncidentWatch:
         self.pending = None
         self.samples = None
         self.checked = False
+        self.since = 0
         # the event stays open until FLAP_WINDOW finite logged steps passed (one incident,
         # one replay for a gradient that flaps)
         self.quiet = 0 if not finite else self.quiet + 1

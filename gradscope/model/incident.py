@@ -20,6 +20,10 @@ INCIDENT_KINDS = ("nonfinite", "exploding", "spike")
 #: non-finite gradient before it reached the model's outputs)
 PHASES = ("forward", "backward", "outside")
 
+#: a spike whose largest example carries less than this share of the micro-batch's squared
+#: gradient norm is carried by no single example
+SPREAD_SHARE = 0.5
+
 
 @dataclass(frozen=True)
 class OpInput:
@@ -226,6 +230,9 @@ class Incident:
             top = self.samples[0]
             who = f"sample {top.id}" if top.id is not None else f"sample {top.index}"
             mb = "" if self.micro_batch is None else f" of micro-batch {self.micro_batch}"
+            if top.share < SPREAD_SHARE:  # its modules would be the batch's, not its own
+                return f"{head}: no single example carries it (the largest, {who}{mb}, " \
+                       f"{top.share:.0%} of the gradient)"
             head += f": {who}{mb} carries {top.share:.0%} of the gradient"
             if self.sample_modules:
                 head += f", through {self.sample_modules[0].module or '(model)'}"

@@ -16,6 +16,11 @@ NaN is another event) and neither start nor end one.
 Signals: ``grad_norm`` (``StepStats.total_norm``), ``loss`` (``StepStats.loss``, when the
 monitor was given the loss), ``update`` (the largest update-to-weight ratio of the step, on
 full-statistics steps with ``optimizer=``).
+
+A spike's cause may be the optimizer's, not the data's: with ``optimizer=`` the monitor keeps
+the learning rate of every optimizer step (the largest of its param groups, Python numbers
+only), and ``rate_jump`` tells when one since the last logged step was above ``RATE_FACTOR``
+x the median of the ``RATE_WINDOW`` before it; the spike incident's note then says so.
 """
 
 from __future__ import annotations
@@ -71,6 +76,44 @@ def signals(st: Any) -> dict[str, float]:
     if ratios:
         out["update"] = max(ratios)
     return out
+
+
+#: optimizer steps of learning rates a spike's cause is looked for against, and how far
+#: above their median a rate is a jump (a warm-up over 50 steps doubles it at most)
+RATE_WINDOW = 50
+RATE_FACTOR = 10.0
+
+
+@dataclass(frozen=True)
+class RateJump:
+    """The learning rate of an optimizer step before a spike, far above the rates before it:
+    ``ago`` optimizer steps before the spiking step, ``rate`` (the largest of its param
+    groups), ``baseline`` (the median of the earlier steps' rates) and ``ratio``."""
+
+    ago: int
+    rate: float
+    baseline: float
+    ratio: float
+
+    def message(self) -> str:
+        when = "the step before" if self.ago == 1 else f"{self.ago} steps before"
+        return (f"the learning rate of {when} was x{self.ratio:.3g} its running median "
+                f"({self.rate:.3g} against {self.baseline:.3g}): that update moved every "
+                "weight, the likelier cause")
+
+
+def rate_jump(rates: list[float], recent: int, factor: float) -> RateJump | None:
+    """Whether one of the last ``recent`` learning rates in ``rates`` (one per optimizer
+    step, oldest first, the spiking step's own excluded) is above ``factor`` x the median
+    of those before it (at least ``SPIKE_MIN_VALUES`` of them)."""
+    recent = max(1, min(recent, len(rates) - SPIKE_MIN_VALUES))
+    if len(rates) < SPIKE_MIN_VALUES + 1:
+        return None
+    base = statistics.median(rates[:-recent])
+    top = max(range(len(rates) - recent, len(rates)), key=lambda i: rates[i])
+    if base > 0 and rates[top] > factor * base:
+        return RateJump(len(rates) - top, rates[top], base, rates[top] / base)
+    return None
 
 
 class SpikeRule:

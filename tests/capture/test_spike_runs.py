@@ -69,6 +69,7 @@ def test_one_corrupted_example_raises_one_spike_naming_it(kind: str) -> None:
     assert inc.step == planted.corrupt_step(STEPS)
     assert inc.samples[0].id == truth and inc.samples[0].share > 0.9
     assert inc.steps == 1  # the run recovered the next logged step
+    assert "learning rate" not in (inc.note or "")  # the schedule was fine
     assert [a.kind for a in mon.alerts].count("spike") == 1
 
 
@@ -100,4 +101,25 @@ def test_a_learning_rate_spike_raises_one_spike_carried_by_no_one_example() -> N
     shares = [s.share for s in inc.samples]
     assert max(shares) < 4 / planted.BATCH["cnn"]  # none near the whole (an even split: 1/32)
     assert "no single example carries the spike" in (inc.note or "")
+    # and the cause it names: the rate the monitor read at that step's optimizer.step()
+    assert "the learning rate of the step before was x" in (inc.note or "")
     assert [a.kind for a in mon.alerts].count("spike") == 1
+
+
+def test_a_rate_jump_is_told_from_a_warm_up_and_a_cosine() -> None:
+    from gradscope.model.spikes import RATE_FACTOR, rate_jump
+
+    factor = planted._schedule(1000)
+    rates = [1e-2 * factor(i) for i in range(1000)]
+    # no step of a warm-up then cosine schedule is a jump, the first steps of the warm-up
+    # (x2 per step) included
+    assert all(rate_jump(rates[max(0, i - 51):i], 1, RATE_FACTOR) is None
+               for i in range(1, 1000))
+    spiked = planted._schedule(1000, spike_at=700)
+    rates = [1e-2 * spiked(i) for i in range(650, 701)]
+    jump = rate_jump(rates, 1, RATE_FACTOR)
+    assert jump is not None and jump.ago == 1 and jump.ratio > 100
+    # two steps back, found when the monitor logs one step in two
+    jump = rate_jump([*rates, rates[0]], 2, RATE_FACTOR)
+    assert jump is not None and jump.ago == 2
+    assert rate_jump([*rates, rates[0]], 1, RATE_FACTOR) is None

@@ -404,6 +404,7 @@ class GradMonitor:
             self._buffers.pending = measured  # the last backward before the step counts
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
+        self._incidents.note_rate(optimizer)  # every step: a spike's likelier cause
         if not self._clock.logged():
             return None
         self._guard(self._measure_before_step, args, kwargs)
