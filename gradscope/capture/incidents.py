@@ -75,7 +75,6 @@ class IncidentWatch:
         self.rules: Any = None  # the log's AlertRules (read: the spike a step starts)
         self.preview: Callable[[], bool] = lambda: False
         self.samples: SampleResult | None = None  # the spiking step's per-sample norms
-        self.ids: Any = None  # the data's own ids of the next micro-batch
         # the learning rate of each optimizer step (the largest of its groups), oldest first,
         # and the optimizer steps since the last logged one: a spike's likelier cause
         self.rates: deque[float] = deque(maxlen=RATE_WINDOW + 1)
@@ -96,7 +95,10 @@ class IncidentWatch:
             self.since += 1
 
     def batch_ids(self, ids: Any) -> None:
-        self.ids = list(ids)
+        """The data's own ids of a micro-batch (``Replayer.set_ids``: which one); without a
+        replay nothing reads them."""
+        if self.replayer is not None:
+            self.replayer.set_ids(list(ids))
 
     @property
     def replaying(self) -> bool:
@@ -161,8 +163,8 @@ class IncidentWatch:
         if finite:
             self.checked = True
             if self.preview():  # a spike: which examples, before the parameters change
-                rp, ids = self.replayer, self.ids
-                found = replay_isolated(lambda: replay_samples(rp, ids))
+                rp = self.replayer
+                found = replay_isolated(lambda: replay_samples(rp))
                 if not isinstance(found, SampleResult):  # the child failed: its note
                     failed, found = found, SampleResult()
                     found.note = failed.note
@@ -201,7 +203,6 @@ class IncidentWatch:
         return None if self.rules is None else self.rules.spike_started
 
     def end_step(self) -> None:
-        self.ids = None
         if self.replayer is not None:
             self.replayer.clear()
 

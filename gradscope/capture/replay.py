@@ -44,7 +44,7 @@ class MicroBatch:
 
     __slots__ = (
         "args", "kwargs", "cpu_rng", "cuda_rng", "autocast", "versions", "grads", "target",
-        "run",
+        "run", "ids",
     )
 
     def __init__(self) -> None:
@@ -57,6 +57,7 @@ class MicroBatch:
         self.grads: dict[str, torch.Tensor] = {}  # output path -> gradient that arrived
         self.target: tuple[Any, ...] | None = None
         self.run: Callable[[], Any] | None = None  # a framework's own step (Lightning)
+        self.ids: list[Any] | None = None  # the data's own ids of its examples, in order
 
 
 class ReplayResult:
@@ -157,6 +158,7 @@ class Replayer:
         self.replaying = False
         self.runs_only = False  # a framework gives each micro-batch as a run (Lightning)
         self.next_target: tuple[Any, ...] | None = None
+        self.next_ids: list[Any] | None = None
         self.handles: list[Any] = []
         self.cuda_devices = sorted(
             {p.device.index or 0 for p in self.params if p.device.type == "cuda"}
@@ -193,6 +195,7 @@ class Replayer:
         mb = MicroBatch()
         mb.args, mb.kwargs = args, kwargs
         mb.target, self.next_target = self.next_target, None
+        mb.ids, self.next_ids = self.next_ids, None
         mb.cpu_rng = torch.get_rng_state()
         if self.cuda_devices:
             mb.cuda_rng = [(d, torch.cuda.get_rng_state(d)) for d in self.cuda_devices]
@@ -226,12 +229,23 @@ class Replayer:
         else:
             self.next_target = values
 
+    def set_ids(self, ids: list[Any]) -> None:
+        """The data's own ids of a micro-batch's examples: of the latest forward when it has
+        none yet and its backward has not ended (ids read from the batch a framework just
+        ran, or by a forward hook after this one), else of the next forward (ids given
+        before it); so each micro-batch of an accumulated step keeps its own."""
+        if self.batches and self.batches[-1].ids is None and len(self.flags) < len(self.batches):
+            self.batches[-1].ids = ids
+        else:
+            self.next_ids = ids
+
     def add_run(self, run: Callable[[], Any]) -> None:
         """A framework's step (returns the loss) as one micro-batch, RNG state taken now; from
         the first call on, the model's own forwards are no longer micro-batches."""
         self.runs_only = True
         mb = MicroBatch()
         mb.run = run
+        mb.ids, self.next_ids = self.next_ids, None
         mb.cpu_rng = torch.get_rng_state()
         if self.cuda_devices:
             mb.cuda_rng = [(d, torch.cuda.get_rng_state(d)) for d in self.cuda_devices]

@@ -307,10 +307,10 @@ def _id_text(v: Any) -> str:
     return str(v)
 
 
-def replay_samples(replayer: Any, ids: Sequence[Any] | None = None) -> SampleResult:
+def replay_samples(replayer: Any) -> SampleResult:
     """The per-sample norms of the step's spiking micro-batch (the one whose backward grew
-    the gradient norms most; a ``Replayer``'s kept micro-batches, read only), or a note
-    saying why there are none."""
+    the gradient norms most; a ``Replayer``'s kept micro-batches, read only), named by its
+    examples' ids when it was given them, or a note saying why there are none."""
     why = replayer.why_not()
     if why is not None:
         res = SampleResult()
@@ -322,9 +322,7 @@ def replay_samples(replayer: Any, ids: Sequence[Any] | None = None) -> SampleRes
         sums = torch.stack([f.to(torch.float64) for f in flags]).tolist()
         steps = [sums[0]] + [b - a for a, b in zip(sums, sums[1:], strict=False)]
         index = max(range(len(steps)), key=lambda i: steps[i])
-    # the ids given are those of the step's last micro-batch (observe_batch_ids: the next
-    # micro-batch's, each replacing the one before): another micro-batch is named by position
     res = per_sample(replayer.model, replayer.params, batches[index], replayer.cuda_devices,
-                     ids if index == len(batches) - 1 else None)
+                     batches[index].ids)
     res.micro_batch = index
     return res

@@ -250,6 +250,35 @@ def test_samples_named_by_the_data_ids() -> None:
     assert f"sample row-{K}-3 of micro-batch 0" in inc.summary()
 
 
+@pytest.mark.parametrize("planted_in", [0, 1, 2])
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_each_accumulated_micro_batch_keeps_its_own_ids(planted_in: int, when: str) -> None:
+    """Three micro-batches per optimizer step, each given its ids before its forward (a loop)
+    or after it (a framework that reads the batch it just ran): the replayed micro-batch's
+    top sample is named by its own id, whichever of the three carries the planted row."""
+    data = _data(3 * (K + 1))
+    x, _ = data[3 * K + planted_in]
+    x[3] *= 1000
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with gs.GradMonitor(model, optimizer=opt) as mon:
+        for step in range(K + 1):
+            opt.zero_grad()
+            for j in range(3):
+                x, y = data[3 * step + j]
+                ids = [f"row-{step}-{j}-{i}" for i in range(B)]
+                if when == "before":
+                    mon.observe_batch_ids(ids)
+                out = model(x)
+                if when == "after":
+                    mon.observe_batch_ids(ids)
+                ((out - y).square().mean() / 3).backward()
+            opt.step()
+    (inc,) = [i for i in mon.incidents if i.kind == "spike"]
+    assert inc.micro_batch == planted_in
+    assert (inc.samples[0].index, inc.samples[0].id) == (3, f"row-{K}-{planted_in}-3")
+
+
 def test_without_optimizer_the_spike_is_detected_and_not_replayed() -> None:
     data = _data(K + 1, plant=K)
     model = _model()
