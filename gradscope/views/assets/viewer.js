@@ -31,15 +31,17 @@
   // The header (containers, options) is one JSON block; nodes and edges come in blocks of
   // rows (class gs-part), each parsed in its own task so a big graph never blocks the page.
   const N = D.n_nodes, E = D.n_edges;
-  const nodeId = new Array(N), nodeName = new Array(N), nodeKind = new Uint8Array(N);
-  const nodeC = new Int32Array(N), nodeInfo = new Array(N);
+  // (arrays of a million made by new Array(n) start in V8's slow dictionary mode: filled ones)
+  const filled = (n, v) => { const a = []; for (let q = 0; q < n; q++) a.push(v); return a; };
+  const nodeId = filled(N, ""), nodeName = filled(N, ""), nodeKind = new Uint8Array(N);
+  const nodeC = new Int32Array(N), nodeInfo = filled(N, undefined);
   let idMap = null; // node id -> index, made on first use (a million ids cost a third of a second)
   function idIndex(id) {
     if (!idMap) { idMap = new Map(); for (let n = 0; n < N; n++) idMap.set(nodeId[n], n); }
     return idMap.get(id);
   }
   const eSrc = new Int32Array(E), eDst = new Int32Array(E), eNr = new Int32Array(E);
-  const eView = new Uint8Array(E), eCount = new Int32Array(E), eNorm = new Array(E);
+  const eView = new Uint8Array(E), eCount = new Int32Array(E), eNorm = filled(E, null);
   // a diff page (views/diff.py): node marks in their info, gradient-norm ratios b/a by edge
   const DIFF = D.diff || null;
   let hasSavedEdges = false; // a compiled region's saved-activation links: in the legend
@@ -274,36 +276,67 @@
   function textWidth(lines) { return 12 + CW * Math.max(1, ...lines.map((l) => l.length)); }
 
   // ------------------------------------------------------------------ the visible graph
-  // Returns {items: Map key -> item, open: [container j, parents first], edges: [...]}.
-  const labelCache = new Array(N); // a node's lines and widths, until a toggle changes them
+  // Returns {items: ItemTable key -> item, open: [container j, parents first], edges: [...]}.
+  const labelCache = filled(N, null); // a node's lines and widths, until a toggle changes them
   const sharedLabels = new Map(); // the same for ops with only a name: kind and name -> label
+  // Labels of the same text are one object (a million ops of a chain, each with its saved
+  // tensor, are a handful of labels, not a million): text -> label, for this labelState.
+  let interned = new Map(), internedState = -1;
   const LEAF = KINDS.indexOf("leaf"), OUTPUT = KINDS.indexOf("output"), MODULE = KINDS.indexOf("module");
   let labelState = 0;
+  function labelKey(lines, saved) { // unambiguous: each line with its length
+    let t = "";
+    for (const l of lines) t += l.length + ":" + l;
+    if (saved) for (const b of saved) { t += "|" + (b.freed ? 1 : 0); for (const l of b.lines) t += l.length + ":" + l; }
+    return t;
+  }
+  function nodeLabel(key) {
+    // an op with nothing but its name (most of a long chain) shares its label with its likes
+    const plain = nodeInfo[key] === null && nodeKind[key] !== LEAF && nodeKind[key] !== OUTPUT && nodeKind[key] !== MODULE;
+    let lab = plain ? sharedLabels.get(nodeKind[key] + "\u0000" + nodeName[key]) : labelCache[key];
+    if (lab && lab.state === labelState) return lab;
+    if (internedState !== labelState) { interned = new Map(); internedState = labelState; }
+    const lines = nodeLines(key), saved = savedBoxes(key), text = labelKey(lines, saved);
+    lab = interned.get(text);
+    if (!lab) {
+      const cw = textWidth(lines);
+      let w = cw, h = 6 + LH * lines.length;
+      if (saved) { w += saved.reduce((a, b) => a + b.w + 4, 6); h = Math.max(h, 6 + LH * 2); }
+      lab = { state: labelState, lines, cw, saved, w, h };
+      interned.set(text, lab);
+    }
+    if (plain) sharedLabels.set(nodeKind[key] + "\u0000" + nodeName[key], lab);
+    else labelCache[key] = lab;
+    return lab;
+  }
+  // The drawn items by key (node i, BOX + j, SUM + f): an array, not a Map (a million keys),
+  // with the Map calls the page makes; values() in the order they were added.
+  class ItemTable {
+    constructor(n) { this.at = filled(n, undefined); this.list = []; }
+    get(key) { return this.at[key]; }
+    has(key) { return this.at[key] !== undefined; }
+    set(key, it) { if (this.at[key] === undefined) this.list.push(it); else this.list[this.list.indexOf(this.at[key])] = it; this.at[key] = it; return this; }
+    values() { return this.list; }
+    get size() { return this.list.length; }
+  }
   function buildView() {
     computeStatus();
-    const items = new Map();
+    const items = new ItemTable(SUM + M), at = items.at;
     const open = [];
     for (const j of ORDER) if (status[j] === -1) open.push(j);
-    const direct = new Map(open.map((j) => [j, []])); // open container -> item keys in it
+    const direct = new Map(), directOf = filled(M, null); // open container -> item keys in it
+    for (const j of open) { const keys = []; direct.set(j, keys); directOf[j] = keys; }
     function add(key, parent) {
-      if (items.has(key)) return;
-      const it = { key, parent, local: direct.get(parent).length, x: 0, y: 0, w: 0, h: 0, cw: 0, lines: null, saved: null, open: false };
+      if (at[key] !== undefined) return;
+      const keys = directOf[parent];
+      const it = { key, parent, local: keys.length, x: 0, y: 0, w: 0, h: 0, cw: 0, lines: null, saved: null, open: false };
       if (key < N) {
-        // an op with nothing but its name (most of a long chain) shares its label with its likes
-        const plain = nodeInfo[key] === null && nodeKind[key] !== LEAF && nodeKind[key] !== OUTPUT && nodeKind[key] !== MODULE;
-        let lab = plain ? sharedLabels.get(nodeKind[key] + "\u0000" + nodeName[key]) : labelCache[key];
-        if (!lab || lab.state !== labelState) {
-          const lines = nodeLines(key);
-          lab = { state: labelState, lines, cw: textWidth(lines), saved: savedBoxes(key) };
-          if (plain) sharedLabels.set(nodeKind[key] + "\u0000" + nodeName[key], lab);
-          else labelCache[key] = lab;
-        }
+        const lab = nodeLabel(key);
         it.lines = lab.lines;
         it.cw = lab.cw;
         it.saved = lab.saved;
-        it.w = it.cw + (it.saved ? it.saved.reduce((a, s) => a + s.w + 4, 6) : 0);
-        it.h = 6 + LH * it.lines.length;
-        if (it.saved) it.h = Math.max(it.h, 6 + LH * 2);
+        it.w = lab.w;
+        it.h = lab.h;
       } else if (key < SUM) {
         const j = key - BOX;
         it.open = status[j] === -1;
@@ -312,8 +345,8 @@
         it.lines = summaryLines(key - SUM);
         it.cw = it.w = textWidth(it.lines); it.h = 8 + LH * it.lines.length;
       }
-      items.set(key, it);
-      direct.get(parent).push(key);
+      at[key] = it; items.list.push(it);
+      keys.push(key);
     }
     for (const j of open) {
       if (j === 0) continue;
@@ -364,14 +397,22 @@
     // exit port (OUT, at the bottom of that container's layout), in the container holding both
     // ends, then from each entry port (IN, at the top) to its end: so no segment cuts straight
     // through an open module's contents.
-    const routes = new Map(open.map((j) => [j, new Map()])); // container -> route key -> index
+    // A container's routes: [a0, b0, a1, b1, ...] (the places of their ends among its items, or
+    // IN / OUT), a route's index its place there. A route between two drawn items (an edge that
+    // stays in its container) is one merged edge's own: no two are alike, none is looked up. A
+    // hop's route (to a port, or from an open container's frame) may be shared: found by key.
+    const routes = new Map(), routesOf = filled(M, null), hopKeys = filled(M, null);
+    for (const j of open) { const r = []; routes.set(j, r); routesOf[j] = r; }
     let RK = ROUTE; // the key's base: more than any container's items (a bigger one still works)
     for (const keys of direct.values()) if (keys.length + 4 > RK) RK = keys.length + 4;
+    const ownRoute = (j, a, b) => { const r = routesOf[j]; r.push(at[a].local, at[b].local); return r.length / 2 - 1; };
     const route = (j, a, b) => { // a, b: item keys, or IN / OUT (the ports)
-      const la = a < 0 ? a : items.get(a).local, lb = b < 0 ? b : items.get(b).local;
-      const r = routes.get(j), rk = (la + 2) * RK + (lb + 2);
-      let n = r.get(rk);
-      if (n === undefined) { n = r.size; r.set(rk, n); }
+      const la = a < 0 ? a : at[a].local, lb = b < 0 ? b : at[b].local;
+      const rk = (la + 2) * RK + (lb + 2);
+      let m = hopKeys[j];
+      if (m === null) { m = new Map(); hopKeys[j] = m; }
+      let n = m.get(rk);
+      if (n === undefined) { const r = routesOf[j]; n = r.length / 2; r.push(la, lb); m.set(rk, n); }
       return n;
     };
     const edges = [];
@@ -384,7 +425,8 @@
         else { if (down === NO_HOPS) down = []; down.push(pb, route(pb, IN, cb)); cb = BOX + pb; pb = drawnParent[pb]; }
       }
       e.lca = pa; e.ca = ca; e.cb = cb;
-      e.route = route(pa, ca, cb);
+      // (ends drawn in pa itself: a merged pair, met once; an open frame's or a port's: shared)
+      e.route = up === NO_HOPS && down === NO_HOPS ? ownRoute(pa, ca, cb) : route(pa, ca, cb);
       e.up = up; e.down = down; // [container, route index, ...], innermost first
       edges.push(e);
     }
@@ -411,10 +453,8 @@
         if (port[q] < 0) { port[q] = w.length; w.push(1); h.push(1); } // a port: a 1 px node
         return port[q];
       };
-      for (const rk of view.routes.get(j).keys()) {
-        const a = Math.floor(rk / view.rk) - 2, b = (rk % view.rk) - 2;
-        e.push(at(a), at(b));
-      }
+      const r = view.routes.get(j);
+      for (let q = 0; q < r.length; q += 2) e.push(at(r[q]), at(r[q + 1]));
       // The ports go above and below everything in the container (unseen edges from the IN
       // port to every source and from every sink to the OUT port, after the routes): a route
       // that leaves the container then never crosses the boxes under its port.
@@ -523,49 +563,49 @@
   let again = false;
 
   function place(view, jobs, results) {
-    const origin = new Map([[0, [0, 0]]]);
-    const frames = [];
-    const byJob = new Map();
-    jobs.jobs.forEach((job, n) => byJob.set(job.key, results[n]));
+    // each open container's origin (its layout's top left on the page) and layout result
+    const originX = new Float64Array(M), originY = new Float64Array(M), byJob = filled(M, null);
+    const frames = [], at = view.items.at;
+    jobs.jobs.forEach((job, n) => { byJob[job.key] = results[n]; });
     for (const j of view.open) {
-      const r = byJob.get(j), [ox, oy] = origin.get(j);
+      const r = byJob[j], ox = originX[j], oy = originY[j], rx = r.x, ry = r.y;
       const keys = view.direct.get(j);
-      keys.forEach((k, n) => {
-        const it = view.items.get(k);
-        it.x = ox + r.x[n]; it.y = oy + r.y[n];
+      for (let n = 0; n < keys.length; n++) {
+        const k = keys[n], it = at[k];
+        it.x = ox + rx[n]; it.y = oy + ry[n];
         if (it.open) {
-          const rr = byJob.get(k - BOX);
+          const rr = byJob[k - BOX];
           it.w = rr.w + PAD[0] + PAD[2]; it.h = rr.h + PAD[1] + PAD[3];
-          origin.set(k - BOX, [it.x + PAD[0], it.y + PAD[1]]);
+          originX[k - BOX] = it.x + PAD[0]; originY[k - BOX] = it.y + PAD[1];
           frames.push(it);
         }
-      });
+      }
     }
-    const edges = [];
+    const edges = [], NONE = [];
     // A route of container j, in page coordinates; skip: leave out its first point.
     const follow = (pts, j, r, skip) => {
-      const [ox, oy] = origin.get(j); // results are shared by identical containers: their own origin
-      const flat = byJob.get(j).p[r] || [];
+      const ox = originX[j], oy = originY[j]; // results are shared by identical containers: their own origin
+      const flat = byJob[j].p[r] || NONE;
       for (let q = skip ? 2 : 0; q < flat.length; q += 2) pts.push(ox + flat[q], oy + flat[q + 1]);
     };
-    const routeStart = (j, r) => { const [ox] = origin.get(j), flat = byJob.get(j).p[r] || []; return flat.length ? ox + flat[0] : null; };
+    const routeStart = (j, r) => { const flat = byJob[j].p[r] || NONE; return flat.length ? originX[j] + flat[0] : null; };
     // Where a route crosses an open container's frame, the layout outside it ends on the frame's
     // outline, wherever the line to its centre meets it (often a side): the edge would cut back
     // across the frame to its port. It leaves by the exit port straight down through the bottom,
     // and enters straight down through the top to the entry port.
     for (const e of view.edges) {
-      const a = view.items.get(e.a), b = view.items.get(e.b);
+      const a = at[e.a], b = at[e.b];
       const pts = [a.x + (a.cw || a.w) / 2, a.y + a.h];
       let out = false; // the last point is an exit port: the next route's outline point is replaced
       for (let q = 0; q < e.up.length; q += 2) {
         follow(pts, e.up[q], e.up[q + 1], out);
-        const f = view.items.get(BOX + e.up[q]);
+        const f = at[BOX + e.up[q]];
         pts.push(pts[pts.length - 2], f.y + f.h);
         out = true;
       }
       follow(pts, e.lca, e.route, out);
       for (let q = e.down.length - 2; q >= 0; q -= 2) {
-        const f = view.items.get(BOX + e.down[q]), x = routeStart(e.down[q], e.down[q + 1]);
+        const f = at[BOX + e.down[q]], x = routeStart(e.down[q], e.down[q + 1]);
         if (x !== null) { pts.length -= 2; pts.push(x, f.y); } // the outline point -> the top, above the port
         follow(pts, e.down[q], e.down[q + 1], false);
       }
@@ -586,7 +626,7 @@
       e.x0 = x0; e.y0 = y0; e.x1 = x1; e.y1 = y1;
       edges.push(e);
     }
-    const root = byJob.get(0);
+    const root = byJob[0];
     const nodes = [];
     for (const it of view.items.values()) if (!it.open) nodes.push(it);
     frames.sort((p, q) => containerLevel(p.key - BOX) - containerLevel(q.key - BOX));
@@ -603,23 +643,24 @@
   function makeGrid(s) {
     const g = new Map();
     s.gridEntries = 0; // objects put in cells, all cells: linear in what is drawn
-    function put(obj, x0, y0, x1, y1, kind) {
+    let entries = 0;
+    function put(obj, x0, y0, x1, y1, kind) { // kind: 0 a box, 1 a frame, 2 an edge
       const cx0 = Math.floor(x0 / CELL), cx1 = Math.floor(x1 / CELL);
       const cy0 = Math.floor(y0 / CELL), cy1 = Math.floor(y1 / CELL);
       for (let cx = cx0; cx <= cx1; cx++) for (let cy = cy0; cy <= cy1; cy++) {
         const id = cx * 100003 + cy;
         let cell = g.get(id);
         if (!cell) { cell = { n: [], f: [], e: [] }; g.set(id, cell); }
-        cell[kind].push(obj);
-        s.gridEntries++;
+        (kind === 0 ? cell.n : kind === 1 ? cell.f : cell.e).push(obj);
+        entries++;
       }
     }
-    for (const it of s.nodes) put(it, it.x, it.y, it.x + it.w, it.y + it.h, "n");
+    for (const it of s.nodes) put(it, it.x, it.y, it.x + it.w, it.y + it.h, 0);
     for (const it of s.frames) {
       // a frame is drawn only where it is: its four sides and its title bar, not its inside
-      put(it, it.x, it.y, it.x + it.w, it.y + PAD[1], "f");
-      put(it, it.x, it.y, it.x, it.y + it.h, "f"); put(it, it.x + it.w, it.y, it.x + it.w, it.y + it.h, "f");
-      put(it, it.x, it.y + it.h, it.x + it.w, it.y + it.h, "f");
+      put(it, it.x, it.y, it.x + it.w, it.y + PAD[1], 1);
+      put(it, it.x, it.y, it.x, it.y + it.h, 1); put(it, it.x + it.w, it.y, it.x + it.w, it.y + it.h, 1);
+      put(it, it.x, it.y + it.h, it.x + it.w, it.y + it.h, 1);
     }
     // An edge whose box spans many cells (one op's thousands of inputs, laid out side by side)
     // is kept in a list of its own, tested against the view by its box: put in every cell it
@@ -628,8 +669,9 @@
     for (const e of s.edges) {
       const cells = (Math.floor(e.x1 / CELL) - Math.floor(e.x0 / CELL) + 1) * (Math.floor(e.y1 / CELL) - Math.floor(e.y0 / CELL) + 1);
       if (cells > LONG_CELLS) s.long.push(e);
-      else put(e, e.x0, e.y0, e.x1, e.y1, "e");
+      else put(e, e.x0, e.y0, e.x1, e.y1, 2);
     }
+    s.gridEntries = entries;
     return g;
   }
   let stamp = 0;
@@ -703,10 +745,14 @@
     if (typeof r === "string" || !isFinite(r)) return "#c92a2a";
     return r > 2 ? "#c92a2a" : r < 0.5 ? "#1864ab" : "#495057";
   }
+  const nodeFill = filled(N, null); // a node's colour: its kind and info, which never change
   function fillOf(it) {
     const key = it.key;
     if (key >= SUM) return COLORS.folded;
     if (key >= BOX) return C[key - BOX].kind === "fold" ? COLORS.folded : COLORS.module;
+    return nodeFill[key] || (nodeFill[key] = nodeFillOf(key));
+  }
+  function nodeFillOf(key) {
     const kind = KINDS[nodeKind[key]], info = nodeInfo[key] || {};
     if (info[K.diff]) return DIFF_COLORS[info[K.diff]];
     if (info[K.forward_nonfinite]) return COLORS.bad; // the forward made the run's first NaN/Inf here
@@ -941,18 +987,22 @@
     if (scene.nodes.length <= MINI_RECTS) {
       for (const it of scene.nodes) { o.fillStyle = fillOf(it); o.fillRect(it.x, it.y, Math.max(it.w, 2 / miniX), Math.max(it.h, 2 / miniY)); }
     } else { // many boxes: set their pixels (a million fillRect calls take seconds)
-      const img = o.getImageData(0, 0, off.width, off.height), px = img.data, W = off.width, H = off.height;
-      const rgb = new Map();
-      for (const it of scene.nodes) {
-        const col = fillOf(it);
-        let c = rgb.get(col);
-        if (!c) { c = [parseInt(col.slice(1, 3), 16), parseInt(col.slice(3, 5), 16), parseInt(col.slice(5, 7), 16)]; rgb.set(col, c); }
+      const img = o.getImageData(0, 0, off.width, off.height), W = off.width, H = off.height;
+      const px = new Uint8Array(img.data.buffer, img.data.byteOffset, img.data.length);
+      const rgb = new Map(), nodes = scene.nodes;
+      let last = null, r = 0, g = 0, b = 0; // boxes in a row mostly share their colour
+      for (let n = 0; n < nodes.length; n++) {
+        const it = nodes[n], col = fillOf(it);
+        if (col !== last) {
+          let c = rgb.get(col);
+          if (!c) { c = [parseInt(col.slice(1, 3), 16), parseInt(col.slice(3, 5), 16), parseInt(col.slice(5, 7), 16)]; rgb.set(col, c); }
+          last = col; r = c[0]; g = c[1]; b = c[2];
+        }
         const x0 = Math.max(0, Math.floor(it.x * miniX + 1)), y0 = Math.max(0, Math.floor(it.y * miniY + 1));
         const x1 = Math.min(W, Math.max(x0 + 2, Math.ceil((it.x + it.w) * miniX + 1)));
         const y1 = Math.min(H, Math.max(y0 + 2, Math.ceil((it.y + it.h) * miniY + 1)));
-        for (let y = y0; y < y1; y++) for (let x = x0; x < x1; x++) {
-          const q = 4 * (y * W + x);
-          px[q] = c[0]; px[q + 1] = c[1]; px[q + 2] = c[2]; px[q + 3] = 255;
+        for (let y = y0; y < y1; y++) for (let q = 4 * (y * W + x0), end = 4 * (y * W + x1); q < end; q += 4) {
+          px[q] = r; px[q + 1] = g; px[q + 2] = b; px[q + 3] = 255;
         }
       }
       o.putImageData(img, 0, 0);
@@ -1373,7 +1423,7 @@
   }
 
   // ------------------------------------------------------------------ search
-  const searchText = new Array(N);
+  const searchText = filled(N, undefined);
   function haystack(i) {
     if (searchText[i] === undefined) searchText[i] = (nodeName[i] + " " + modulePathOf(i) + " " + nodeId[i]).toLowerCase();
     return searchText[i];
