@@ -30,7 +30,7 @@ from ..model.doctor import DoctorReport, Finding, Site, findings_json, torch_err
 from ..model.graph import Graph
 from . import doctor_explain as explain
 from . import dynamo
-from .doctor_record import BackwardLines, _DoctorMode, user_line
+from .doctor_record import BackwardLines, _DoctorMode, _outputs, user_line
 from .dynamo import ModuleHooks
 from .handles import HookHandle
 from .stamps import outside_gradscope
@@ -84,6 +84,11 @@ class Doctor:
         self.root_tags = (0, 0, 0)
         self.mode: _DoctorMode | None = None
         self.paused_for: list[Any] = []  # torch.compile wrappers running with the mode off
+        #: each compiled region's module, and the inputs (args, kwargs) of the latest call of
+        #: each compiled module of ``model`` (held until the block ends: a parameter cut
+        #: inside is looked for by running the module again)
+        self.regions: dict[Site, torch.nn.Module] = {}
+        self.region_inputs: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
         self._said: set[tuple[Any, ...]] = set()
         #: grad_fn -> graph node id of the graph ``trace`` drew (held until the block ends)
         self._ids: dict[Any, str] = {}
@@ -95,6 +100,10 @@ class Doctor:
         self.mode = mode
         try:
             self.handle.add(ModuleHooks(self._pre_module, self._post_module).install())
+            for m in (self.model.modules() if self.model is not None else ()):
+                if dynamo.unwrap(m) is not None:  # a compiled module: its inputs, keywords too
+                    self.handle.add(m.register_forward_hook(self._region_call,
+                                                            with_kwargs=True).remove)
             if self.optimizer is not None:
                 self.handle.add(self.optimizer.register_step_pre_hook(self._pre_step))
                 self.handle.add(self.optimizer.register_step_post_hook(self._post_step))
@@ -106,11 +115,15 @@ class Doctor:
         return self
 
     def __exit__(self, etype: Any, exc: BaseException | None, tb: Any) -> None:
-        self.handle.remove()
+        judge = exc is None and self.plain_backwards and self.mode is not None
+        try:  # with the hooks and the mode still on: the compiled regions' insides
+            inside = self._look_inside() if judge else {}
+        finally:
+            self.handle.remove()
         try:
-            if exc is None and self.plain_backwards and self.mode is not None:
+            if judge and self.mode is not None:
                 for finding in explain.check_grad_none(self.watched, self.mode, self.got_grad,
-                                                       self.root_tags, self.ran):
+                                                       self.root_tags, self.ran, inside):
                     self.add(finding)
             if isinstance(exc, RuntimeError) and not isinstance(exc, AutogradError):
                 kind = torch_error_kind(str(exc))
@@ -119,6 +132,7 @@ class Doctor:
                     raise AutogradError(str(exc), finding) from exc
         finally:
             self._ids = {}  # the traced graph's nodes are not kept past the block
+            self.regions, self.region_inputs = {}, {}
 
     # ---------------------------------------------------------------- the graph
     def trace(self, outputs: Any, **options: Any) -> Graph:
@@ -186,8 +200,36 @@ class Doctor:
             at = Site("compiled", type(inner).__name__, _here(), self.stack[-1] if self.stack
                       else None)
             self.mode.region(args, output, own, at)  # the region as one call: lineage goes on
+            self.regions[at] = inner
         if self.stack:
             self.stack.pop()
+
+    def _look_inside(self) -> dict[Site, int]:
+        """For each compiled region on the path of a parameter left without a gradient: its
+        module run once more, uncompiled, on its latest inputs, with the mode recording (the
+        RNG forked, buffers the run changed put back, nothing backpropagated), and the
+        lineage cuts of what it returned (``CutEvent`` bits): where inside it the path was
+        cut. A region that cannot run again (a compiled module outside ``model``, whose
+        keyword inputs the doctor does not see, or one that raises) is left out."""
+        mode = self.mode
+        assert mode is not None
+        missing = 0
+        for bit, p in enumerate(self.params):
+            if p.requires_grad and not self.got_grad >> bit & 1:
+                missing |= 1 << bit
+        wanted = {site for bit, site in mode.compiled_use.items() if missing >> bit & 1}
+        found: dict[Site, int] = {}
+        for site in wanted:
+            module = self.regions.get(site)
+            held = self.region_inputs.get(id(module)) if module is not None else None
+            if module is not None and held is not None:
+                cuts = _run_again(mode, module, *held)
+                if cuts is not None:
+                    found[site] = cuts
+        return found
+
+    def _region_call(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        self.region_inputs[id(dynamo.unwrap(module))] = (args, kwargs)
 
     # ---------------------------------------------------------------- backward
     def _backward(self, func: Any, args: Any, kwargs: Any) -> Any:
@@ -259,6 +301,35 @@ class Doctor:
     def param_site(self, bit: int) -> str | None:
         """The module path that owns parameter ``bit`` (None for a parameter of the root)."""
         return self.watched.param_site(bit)
+
+
+def _run_again(mode: _DoctorMode, module: torch.nn.Module, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> int | None:
+    """The cut-event bits of ``module(*args, **kwargs)`` run eagerly under ``mode`` (see
+    ``Doctor._look_inside``), or None when it raised."""
+    devices = sorted({p.device.index or 0 for p in module.parameters() if p.device.type == "cuda"})
+    paused = mode.paused
+    mode.paused = True  # the doctor's own copies are not the model's calls
+    with torch.no_grad():
+        kept = [(b, b.clone()) for b in module.buffers()]
+    try:
+        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+            mode.paused = False
+            out = module(*args, **kwargs)
+            mode.paused = True
+        cuts = 0
+        for t in _outputs(out):
+            cuts |= mode.tag(t)[2]
+        return cuts
+    except Exception:  # it needs state gone by now: the region stays unseen
+        return None
+    finally:
+        mode.paused = True
+        with torch.no_grad():  # only what changed: a buffer a graph saved keeps its version
+            for b, old in kept:
+                if not torch.equal(b, old):
+                    b.copy_(old)
+        mode.paused = paused
 
 
 def doctor(model: torch.nn.Module | None = None,

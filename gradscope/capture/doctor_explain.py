@@ -295,7 +295,8 @@ def _no_grad_fn(watched: Watched, mode: _DoctorMode, roots: list[torch.Tensor],
 # ---------------------------------------------------------------------------- grad None
 def check_grad_none(watched: Watched, mode: _DoctorMode, got_grad: int,
                     root_tags: tuple[int, int, int],
-                    ran: dict[str, tuple[bool, str | None]]) -> list[Finding]:
+                    ran: dict[str, tuple[bool, str | None]],
+                    inside: dict[Site, int] | None = None) -> list[Finding]:
     """When the block ends: a ``grad_none`` finding for every watched parameter that requires
     grad and got no gradient from any of the block's ``backward()`` calls (``got_grad``: the
     bits of those that did; ``root_tags``: the lineage of the roots, OR-ed; ``ran``: the modules
@@ -310,7 +311,11 @@ def check_grad_none(watched: Watched, mode: _DoctorMode, got_grad: int,
         owner = watched.param_site(bit)
         if live & mask:
             region = mode.compiled_use.get(bit)
-            if region is not None:  # cut inside compiled code, which the doctor does not see
+            cut_inside = (inside or {}).get(region, 0) if region is not None else 0
+            if cut_inside and any(mode.events[i].lost & mask for i in bits_of(cut_inside)):
+                event, _ = _first_event(mode, cut_inside, mask)  # seen in the uncompiled run
+                found.append(_cut(name, event, region))
+            elif region is not None:  # cut inside compiled code it could not run again
                 found.append(_in_compiled(name, region))
             continue  # else on the loss's gradient path: a hook or inputs= kept it away
         if not dep & mask:
@@ -319,12 +324,7 @@ def check_grad_none(watched: Watched, mode: _DoctorMode, got_grad: int,
         hit = [i for i in bits_of(cuts) if mode.events[i].lost & mask]
         if hit:
             event, _ = _first_event(mode, cuts, mask)
-            reason = "no_grad" if event.why in ("no_grad", "inference_mode") else "cut"
-            found.append(Finding(
-                "grad_none", f"{name} influences the loss, but only through "
-                f"{event.site.op}{_where(event.site)}, which {_WHY[event.why]}; its .grad "
-                "stayed None.", event.site.op, event.site.line, event.site.module,
-                _CUT_FIX[event.why], reason=reason, param=name, sites=(event.site,)))
+            found.append(_cut(name, event))
             continue
         site = mode.frozen_use.get(bit)
         found.append(Finding(
@@ -338,12 +338,28 @@ def check_grad_none(watched: Watched, mode: _DoctorMode, got_grad: int,
     return found
 
 
+def _cut(name: str, event: CutEvent, region: Site | None = None) -> Finding:
+    """``event`` cut ``name``'s path (``region``: inside that compiled region, seen when the
+    doctor ran its module again uncompiled)."""
+    reason = "no_grad" if event.why in ("no_grad", "inference_mode") else "cut"
+    within = "" if region is None else (
+        f" inside the torch.compile'd {region.op}{_where(region)} (seen by running its "
+        "module once more, uncompiled, after the step)")
+    sites = (event.site,) if region is None else (event.site, region)
+    return Finding(
+        "grad_none", f"{name} influences the loss, but only through "
+        f"{event.site.op}{_where(event.site)}{within}, which {_WHY[event.why]}; its .grad "
+        "stayed None.", event.site.op, event.site.line, event.site.module,
+        _CUT_FIX[event.why], reason=reason, param=name, sites=sites)
+
+
 def _in_compiled(name: str, region: Site) -> Finding:
     return Finding(
         "grad_none", f"{name} got no gradient; its path to the loss goes through the "
-        f"torch.compile'd {region.op}{_where(region)}, whose inside the doctor does not see, "
-        "so the op that cut it cannot be named (a .detach(), .data, no_grad or an integer op "
-        "in that forward are the usual causes); its .grad stayed None.", region.op, region.line,
+        f"torch.compile'd {region.op}{_where(region)}, whose inside the doctor does not see "
+        "and could not run again uncompiled (keyword inputs, or it raised), so the op that cut "
+        "it cannot be named (a .detach(), .data, no_grad or an integer op in that forward are "
+        "the usual causes); its .grad stayed None.", region.op, region.line,
         region.module, "run the step once without torch.compile under the doctor to name the op "
         "(gradscope doctor FILE on an uncompiled copy)", reason="compiled", param=name,
         sites=(region,))

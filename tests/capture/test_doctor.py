@@ -239,31 +239,89 @@ def test_a_compiled_module_is_one_call_no_recompile(fresh_dynamo):
         ("2.weight", "cut", line), ("2.bias", "cut", line)}
 
 
-def test_a_cut_inside_a_compiled_module_is_said_not_silent(fresh_dynamo):
-    """Inside compiled code the doctor sees nothing (the region is one call): a parameter cut
-    there gets a grad_none finding naming the region and its call line, never silence."""
+class _CutBlock(torch.nn.Module):
+    """A block that cuts its path inside, with a dropout and a BatchNorm (RNG and buffers
+    that a second run would move)."""
 
-    class Block(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.a = torch.nn.Linear(4, 4)
-            self.b = torch.nn.Linear(4, 1)
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.norm = torch.nn.BatchNorm1d(4)
+        self.drop = torch.nn.Dropout(0.5)
+        self.b = torch.nn.Linear(4, 1)
 
-        def forward(self, x):
-            return self.b(self.a(x).detach())  # the cut, inside the compiled region
+    def forward(self, x, scale=None):
+        h = self.norm(self.drop(self.a(x)))
+        if scale is not None:
+            h = h * scale
+        return self.b(h.detach())  # the cut, inside the compiled region
 
+
+_CUT_LINE = f"test_doctor.py:{inspect.getsourcelines(_CutBlock.forward)[1] + 4}"
+
+
+def _compiled_cut_net():
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(4, 4), Block())
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), _CutBlock())
     net[1] = torch.compile(net[1], backend="eager")
-    x = torch.randn(2, 4)
+    return net
+
+
+def test_a_cut_inside_a_compiled_module_is_named_by_running_it_again(fresh_dynamo):
+    """Inside compiled code the doctor sees nothing while the step runs (the region is one
+    call): at the block's end it runs the region's module once more, uncompiled, on the same
+    inputs, and names the op and line of the cut inside, the region's call line kept as a
+    site. The step's outputs, gradients, RNG and buffers are those of a run without it."""
+    net, plain = _compiled_cut_net(), _compiled_cut_net()
+    x = torch.randn(8, 4)
+    torch.manual_seed(1)
+    want = plain(x)
+    want.sum().backward()
+    after_plain = torch.rand(3)
+    torch.manual_seed(1)
     with gs.doctor(net) as doc:
-        net(x).sum().backward()
-    line = f"test_doctor.py:{inspect.currentframe().f_lineno - 1}"
+        got = net(x)
+        got.sum().backward()
+    line = f"test_doctor.py:{inspect.currentframe().f_lineno - 2}"
+    after_doctor = torch.rand(3)
+    assert torch.equal(got, want) and torch.equal(after_doctor, after_plain)
+    for (n, a), b in zip(plain.state_dict().items(), net.state_dict().values(), strict=True):
+        assert torch.equal(a, b), n  # the BatchNorm's running statistics: one update
+    for (n, p), q in zip(plain.named_parameters(), net.parameters(), strict=True):
+        assert (p.grad is None) == (q.grad is None) and (p.grad is None or
+                                                        torch.equal(p.grad, q.grad)), n
     cut = [p for p, q in net.named_parameters() if q.grad is None]  # torch's own answer
-    assert cut == ["0.weight", "0.bias", "1._orig_mod.a.weight", "1._orig_mod.a.bias"]
-    assert {(f.param, f.reason, f.line, f.module) for f in doc.findings} == {
-        (name, "compiled", line, "1._orig_mod") for name in cut}
-    assert "goes through the torch.compile'd Block at" in doc.findings[0].message
+    assert cut == ["0.weight", "0.bias", "1._orig_mod.a.weight", "1._orig_mod.a.bias",
+                   "1._orig_mod.norm.weight", "1._orig_mod.norm.bias"]
+    assert {(f.param, f.reason, f.op, f.line, f.module) for f in doc.findings} == {
+        (name, "cut", "detach", _CUT_LINE, "1._orig_mod") for name in cut}
+    f = doc.findings[0]
+    assert "inside the torch.compile'd _CutBlock at" in f.message
+    assert [(s.role, s.line) for s in f.sites] == [("cut", _CUT_LINE), ("compiled", line)]
+
+
+def test_a_compiled_region_called_with_keywords_runs_again_with_them(fresh_dynamo):
+    net = _compiled_cut_net()
+    x = torch.randn(8, 4)
+    with gs.doctor(net) as doc:
+        net[1](net[0](x), scale=torch.tensor(2.0)).sum().backward()
+    assert {(f.reason, f.op, f.line) for f in doc.findings} == {("cut", "detach", _CUT_LINE)}
+    assert len(doc.findings) == 6
+
+
+def test_a_compiled_region_it_cannot_run_again_is_said_not_silent(fresh_dynamo):
+    """A compiled module outside the doctor's model (its keyword inputs unseen) is not run
+    again: the finding names the region and its call line, never silence."""
+    net = _compiled_cut_net()
+    outside = net[1]
+    net[1] = torch.nn.Identity()
+    x = torch.randn(8, 4)
+    with gs.doctor(net) as doc:
+        outside(net[0](x)).sum().backward()
+    line = f"test_doctor.py:{inspect.currentframe().f_lineno - 1}"
+    assert {(f.param, f.reason, f.line) for f in doc.findings} == {
+        ("0.weight", "compiled", line), ("0.bias", "compiled", line)}
+    assert "goes through the torch.compile'd _CutBlock at" in doc.findings[0].message
 
 
 def test_tensors_it_cannot_read_never_break_the_step():
