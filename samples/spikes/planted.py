@@ -65,43 +65,41 @@ NOISE = {"transformer": 0.03, "cnn": 0.1, "forecast": 0.05}
 LR_SPIKE = 1000.0  # the learning rate of ``run(..., lr_spike=True)``'s one bad step, x the schedule
 
 
-class TinyLM(nn.Module):
-    """Token + position embeddings, one pre-norm transformer layer (d=16), a head."""
+class _OneLayer(nn.Module):
+    """``embed``, then positions, one pre-norm causal transformer layer (d=16), a final norm
+    and a head of ``out`` features."""
 
-    def __init__(self, d: int = 16) -> None:
+    def __init__(self, embed: nn.Module, out: int, d: int = 16) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, d)
+        self.embed = embed
         self.pos = nn.Parameter(torch.zeros(LENGTH, d))
         self.layer = nn.TransformerEncoderLayer(d, 2, dim_feedforward=32, dropout=0.0,
                                                 batch_first=True, norm_first=True)
         self.norm = nn.LayerNorm(d)
-        self.head = nn.Linear(d, VOCAB)
+        self.head = nn.Linear(d, out)
         self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(LENGTH))
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.embed(tokens) + self.pos
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) + self.pos
         h = self.layer(h, src_mask=self.mask, is_causal=True)
         return self.head(self.norm(h))
 
 
-class TinyForecaster(nn.Module):
-    """A reading per time step projected to d=16, positions, one pre-norm causal transformer
-    layer, a head predicting the next reading."""
+class TinyLM(_OneLayer):
+    """A language model: token embeddings, a head over the vocabulary."""
 
     def __init__(self, d: int = 16) -> None:
-        super().__init__()
-        self.proj = nn.Linear(1, d)
-        self.pos = nn.Parameter(torch.zeros(LENGTH, d))
-        self.layer = nn.TransformerEncoderLayer(d, 2, dim_feedforward=32, dropout=0.0,
-                                                batch_first=True, norm_first=True)
-        self.norm = nn.LayerNorm(d)
-        self.head = nn.Linear(d, 1)
-        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(LENGTH))
+        super().__init__(nn.Embedding(VOCAB, d), VOCAB, d)
+
+
+class TinyForecaster(_OneLayer):
+    """A reading per time step projected to d, a head predicting the next reading."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__(nn.Linear(1, d), 1, d)
 
     def forward(self, series: torch.Tensor) -> torch.Tensor:
-        h = self.proj(series.unsqueeze(-1)) + self.pos
-        h = self.layer(h, src_mask=self.mask, is_causal=True)
-        return self.head(self.norm(h)).squeeze(-1)
+        return super().forward(series.unsqueeze(-1)).squeeze(-1)
 
 
 class TinyCNN(nn.Module):
