@@ -520,14 +520,15 @@ def test_memory_samples_run_through_the_cli(spec):
     assert expected in proc.stdout
 
 
-def test_memory_samples_run_as_scripts():
+@pytest.mark.parametrize(("name", "expected"), [("checkpointing", "non_reentrant: saved"),
+                                              ("leaky_training", "held")])
+def test_memory_samples_run_as_scripts(name: str, expected: str):
     import subprocess
     import sys
 
-    for name, expected in (("checkpointing", "non_reentrant: saved"), ("leaky_training", "held")):
-        proc = subprocess.run(
-            [sys.executable, str(SAMPLES / f"{name}.py")],
-            capture_output=True, text=True, timeout=120, env={"COLUMNS": "100", "NO_COLOR": "1"},
-        )
-        assert proc.returncode == 0, proc.stderr
-        assert expected in proc.stdout
+    proc = subprocess.run(
+        [sys.executable, str(SAMPLES / f"{name}.py")],
+        capture_output=True, text=True, timeout=120, env={"COLUMNS": "100", "NO_COLOR": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert expected in proc.stdout
