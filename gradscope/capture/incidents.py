@@ -89,7 +89,8 @@ class IncidentWatch:
     def note_rate(self, optimizer: Any) -> None:
         """At every ``optimizer.step()``'s pre-hook: the step's learning rate (the largest of
         its param groups; a tensor rate is not read, that would be a host transfer)."""
-        rates = [g["lr"] for g in optimizer.param_groups if type(g.get("lr")) in (float, int)]
+        rates = [g["lr"] for g in optimizer.param_groups  # numpy floats too, never a bool
+                 if isinstance(g.get("lr"), (float, int)) and not isinstance(g["lr"], bool)]
         if rates:
             self.rates.append(float(max(rates)))
             self.since += 1
