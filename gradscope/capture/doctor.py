@@ -24,6 +24,7 @@ import sys
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 from ..errors import AutogradError, GradscopeError
 from ..model.doctor import DoctorReport, Finding, Site, findings_json, torch_error_kind
@@ -315,6 +316,10 @@ def _run_again(mode: _DoctorMode, module: torch.nn.Module, args: tuple[Any, ...]
     try:
         with torch.random.fork_rng(devices=devices), torch.enable_grad():
             mode.paused = False
+            # copies of the tensor inputs (the mode follows their lineage through clone): an
+            # in-place op inside writes to them, never to the step's own tensors again
+            args, kwargs = tree_map(
+                lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (args, kwargs))
             out = module(*args, **kwargs)
             mode.paused = True
         cuts = 0

@@ -309,19 +309,23 @@ def check_grad_none(watched: Watched, mode: _DoctorMode, got_grad: int,
         mask = 1 << bit
         name = watched.names[bit]
         owner = watched.param_site(bit)
-        if live & mask:
-            region = mode.compiled_use.get(bit)
-            cut_inside = (inside or {}).get(region, 0) if region is not None else 0
-            if cut_inside and any(mode.events[i].lost & mask for i in bits_of(cut_inside)):
+        region = mode.compiled_use.get(bit)
+        hit = [i for i in bits_of(cuts) if mode.events[i].lost & mask]
+        # the path reaches the loss (live), or reached it only through compiled code whose
+        # output came out without a graph: the cut is inside that region
+        if region is not None and (live & mask or (dep & mask and not hit)):
+            cut_inside = (inside or {}).get(region, 0)
+            if any(mode.events[i].lost & mask for i in bits_of(cut_inside)):
                 event, _ = _first_event(mode, cut_inside, mask)  # seen in the uncompiled run
                 found.append(_cut(name, event, region))
-            elif region is not None:  # cut inside compiled code it could not run again
+            else:  # cut inside compiled code it could not run again
                 found.append(_in_compiled(name, region))
-            continue  # else on the loss's gradient path: a hook or inputs= kept it away
+            continue
+        if live & mask:
+            continue  # on the loss's gradient path: a hook or inputs= kept it away
         if not dep & mask:
             found.append(_unused(mode, bit, name, owner, ran))
             continue
-        hit = [i for i in bits_of(cuts) if mode.events[i].lost & mask]
         if hit:
             event, _ = _first_event(mode, cuts, mask)
             found.append(_cut(name, event))
@@ -357,11 +361,12 @@ def _in_compiled(name: str, region: Site) -> Finding:
     return Finding(
         "grad_none", f"{name} got no gradient; its path to the loss goes through the "
         f"torch.compile'd {region.op}{_where(region)}, whose inside the doctor does not see "
-        "and could not run again uncompiled (keyword inputs, or it raised), so the op that cut "
-        "it cannot be named (a .detach(), .data, no_grad or an integer op in that forward are "
-        "the usual causes); its .grad stayed None.", region.op, region.line,
-        region.module, "run the step once without torch.compile under the doctor to name the op "
-        "(gradscope doctor FILE on an uncompiled copy)", reason="compiled", param=name,
+        "and could not run again uncompiled (a compiled module outside the model, or it "
+        "raised), so the op that cut it cannot be named (a .detach(), .data, no_grad or an "
+        "integer op in that forward are the usual causes); its .grad stayed None.",
+        region.op, region.line, region.module, "run the step once without torch.compile "
+        "under the doctor to name the op (gradscope doctor FILE on an uncompiled copy)",
+        reason="compiled", param=name,
         sites=(region,))
 
 

@@ -366,6 +366,13 @@ class _DoctorMode(TorchFunctionMode):
         """A ``torch.compile``d module ran with the mode off (called at ``at``): its outputs
         depend on its inputs and on its own parameters (bits ``own``), as one call; what
         happens inside is not seen (a parameter cut there is only known to be in the region)."""
+        paused, self.paused = self.paused, True  # its own reads (requires_grad) are not calls
+        try:
+            self._region(args, output, own, at)
+        finally:
+            self.paused = paused
+
+    def _region(self, args: Any, output: Any, own: int, at: Site) -> None:
         dep = own
         live = 0
         cuts = 0

@@ -309,6 +309,25 @@ def test_a_compiled_region_called_with_keywords_runs_again_with_them(fresh_dynam
     assert len(doc.findings) == 6
 
 
+def test_running_a_compiled_region_again_leaves_its_inputs_alone(fresh_dynamo):
+    class Writes(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            x.mul_(2)  # writes to its input
+            return self.a(x).detach().sum(1)
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.compile(Writes(), backend="eager"))
+    x = torch.ones(2, 4)
+    with gs.doctor(net) as doc:
+        (net(x) * torch.ones(2, requires_grad=True)).sum().backward()
+    assert torch.equal(x, torch.full((2, 4), 2.0))  # once, by the step itself
+    assert {(f.reason, f.op) for f in doc.findings} == {("cut", "detach")}
+
+
 def test_a_compiled_region_it_cannot_run_again_is_said_not_silent(fresh_dynamo):
     """A compiled module outside the doctor's model (its keyword inputs unseen) is not run
     again: the finding names the region and its call line, never silence."""
