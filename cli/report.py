@@ -62,7 +62,9 @@ def _train(mf: gs.ModelFile, steps: int, every: int, err: Console) -> gs.GradMon
             check_signals()  # a Ctrl-C swallowed by the model's code still stops training
             if batch[1] is not None:
                 mon.target(batch[1])  # a replay of a bad step recomputes loss_fn(output, target)
-            training.step(batch)
+            if training.ids is not None:  # a spike names the batch's examples by them
+                mon.observe_batch_ids(training.ids)
+            training.step(batch, on_loss=mon.observe_loss)  # the loss: read in the one transfer
             norm = f"{mon.history[-1].total_norm:.4g}" if mon.history else "-"
             bar.update(task, advance=1, norm=norm)
     return mon

@@ -12,9 +12,10 @@ A model file is imported as a module (its folder on ``sys.path``, ``__name__`` n
 
 Training (``gradscope report``, ``ModelFile.training()``) is the other half of the contract: the
 file also supplies ``loss_fn(output, target)`` (or ``loss_fn(output)``), optionally ``batches()``
-(an iterable of ``(inputs, target)`` pairs, or of inputs when ``loss_fn`` takes only the output;
-default: ``example_input`` and ``example_target`` again and again) and ``optimizer(params)``
-(default SGD, lr 1e-2).
+(an iterable of ``(inputs, target)`` pairs, or ``(inputs, target, ids)`` triples whose ``ids``
+name the batch's examples (a spike names them), or of inputs when ``loss_fn`` takes only the
+output; default: ``example_input`` and ``example_target`` again and again) and
+``optimizer(params)`` (default SGD, lr 1e-2).
 """
 
 from __future__ import annotations
@@ -94,15 +95,26 @@ class Training:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     loss_fn: Callable[..., Any]
-    batches: Iterator[tuple[Any, Any]]
+    batches: Iterator[tuple[Any, Any, Any]]
+    #: the ids of the examples of the batch ``next_batch`` returned last (the third item of
+    #: a ``batches()`` triple), else None
+    ids: Any = None
 
     def next_batch(self) -> tuple[Any, Any] | None:
         """The next ``(inputs, target)`` pair (target None when loss_fn takes only the
-        output), or None when ``batches()`` ran out."""
-        return self.file.call("taking the next batch from batches()", next, self.batches, None)
+        output; its ids, if ``batches()`` gave them, in ``ids``), or None when ``batches()``
+        ran out."""
+        item = self.file.call("taking the next batch from batches()", next, self.batches, None)
+        if item is None:
+            self.ids = None
+            return None
+        inputs, target, self.ids = item
+        return inputs, target
 
-    def step(self, batch: tuple[Any, Any]) -> None:
-        """One optimizer step on ``batch``: zero_grad, forward, loss, backward, step.
+    def step(self, batch: tuple[Any, Any],
+             on_loss: Callable[[torch.Tensor], None] | None = None) -> None:
+        """One optimizer step on ``batch``: zero_grad, forward, loss, backward, step
+        (``on_loss(loss)`` before the backward: ``GradMonitor.observe_loss``).
 
         Raises:
             ReportError: loss_fn did not return a scalar tensor with a graph.
@@ -120,6 +132,8 @@ class Training:
                 f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}; expected "
                 "a scalar tensor that depends on the model's parameters"
             )
+        if on_loss is not None:
+            on_loss(loss)
         mf.call("running backward", loss.backward)
         mf.call("running optimizer.step()", self.optimizer.step)
 
@@ -483,8 +497,9 @@ class ModelFile:
             )
         return module, inputs
 
-    def _batches(self, example: Any, wants_target: bool) -> Iterator[tuple[Any, Any]]:
-        """``(inputs, target)`` pairs (target None when loss_fn takes only the output)."""
+    def _batches(self, example: Any, wants_target: bool) -> Iterator[tuple[Any, Any, Any]]:
+        """``(inputs, target, ids)`` (target None when loss_fn takes only the output, ids
+        None when the batch gave none)."""
         source = self.get("batches")
         if source is None:
             target = self.get("example_target")
@@ -493,19 +508,20 @@ class ModelFile:
                     f"{self.path}: loss_fn takes (output, target) but the file has neither "
                     f"batches() nor example_target; {_LOSS_HINT}"
                 )
-            return itertools.repeat((example, target))
+            return itertools.repeat((example, target, None))
         items = self.call("calling batches()", source) if callable(source) else source
         it = iter(items)
         if not wants_target:
-            return ((x, None) for x in it)
+            return ((x, None, None) for x in it)
         return (self._pair(item) for item in it)
 
-    def _pair(self, item: Any) -> tuple[Any, Any]:
-        if isinstance(item, (tuple, list)) and len(item) == 2:
-            return item[0], item[1]
+    def _pair(self, item: Any) -> tuple[Any, Any, Any]:
+        if isinstance(item, (tuple, list)) and len(item) in (2, 3):
+            return item[0], item[1], item[2] if len(item) == 3 else None
         raise ReportError(
             f"{self.path}: batches() gave a {type(item).__name__}, but loss_fn takes "
-            "(output, target), so each batch must be an (inputs, target) pair"
+            "(output, target), so each batch must be an (inputs, target) pair or an "
+            "(inputs, target, ids) triple"
         )
 
     def _optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:

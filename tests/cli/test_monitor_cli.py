@@ -14,6 +14,8 @@ import torch
 from conftest import SAMPLES, run_cli
 from gradscope_cli.main import main
 
+import gradscope as gs
+
 
 def cli(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
     """Run the CLI in this process (fast); returns (exit code, stdout, stderr)."""
@@ -132,7 +134,17 @@ BAD_FILES = {
         def loss_fn(output, target): return (output - target).pow(2).mean()
         def batches(): yield torch.randn(4, 3)
         """,
-        "must be an (inputs, target) pair",
+        "must be an (inputs, target) pair or an (inputs, target, ids) triple",
+    ),
+    "four-item batch": (
+        """
+        import torch
+        model = torch.nn.Linear(3, 1)
+        example_input = torch.randn(4, 3)
+        def loss_fn(output, target): return (output - target).pow(2).mean()
+        def batches(): yield torch.randn(4, 3), torch.randn(4, 1), [0, 1, 2, 3], "extra"
+        """,
+        "batches() gave a tuple",
     ),
     "raising forward": (
         """
@@ -168,3 +180,31 @@ def test_unusable_files_exit_2_with_one_line(capsys, monkeypatch, tmp_path, case
     lines = [ln for ln in err.splitlines() if ln.startswith("gradscope: error:")]
     assert len(lines) == 1 and message in lines[0], err
     assert "Traceback" not in err
+
+
+def test_a_spike_in_a_file_with_ids_names_the_example_and_exits_1(capsys, monkeypatch,
+                                                                   tmp_path) -> None:
+    """``samples/spikes/bad_example.py``: batches() yields (inputs, target, ids); one example
+    of step 30 comes x1000. The report names its id, exits 1, and the JSON Lines log holds the
+    spike and every step's loss, equal to the file trained by hand with plain PyTorch."""
+    code, out, _ = cli(capsys, monkeypatch, "report", str(SAMPLES / "spikes" / "bad_example.py"),
+                       "--steps", "40", "--json", str(tmp_path / "run.jsonl"))
+    assert code == 1
+    assert "spike x" in out and "at step 30 (the gradient norm" in out
+    assert "sample ex-00963 of micro-batch 0 carries 100% of the gradient" in out
+    log = gs.read_jsonl(tmp_path / "run.jsonl")
+    (inc,) = [i for i in log.incidents if i.kind == "spike"]
+    assert (inc.step, inc.samples[0].id, inc.samples[0].index) == (30, "ex-00963", 3)
+    spec = importlib.util.spec_from_file_location("bad_by_hand",
+                                                  SAMPLES / "spikes" / "bad_example.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    opt = mod.optimizer(mod.model.parameters())
+    losses = []
+    for _, (x, y, _ids) in zip(range(40), mod.batches(), strict=False):
+        opt.zero_grad(set_to_none=True)
+        loss = mod.loss_fn(mod.model(x), y)
+        losses.append(loss.item())
+        loss.backward()
+        opt.step()
+    assert [st.loss for st in log.steps] == pytest.approx(losses, rel=1e-6)
