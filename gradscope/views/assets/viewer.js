@@ -233,6 +233,7 @@
       const b = info[K.box] || [];
       return [nodeName[i], (b[BF.cls] ? b[BF.cls] + " · " : "") + (b[BF.nodes] || 0) + " nodes", "saved " + fmtBytes(b[BF.saved_bytes] || 0)];
     }
+    // (what this and savedBoxes read of an op is listed once more in OP_LABEL_FIELDS)
     const lines = [(info[K.order] !== undefined ? "#" + info[K.order] + " " : "") + nodeName[i]];
     if (kind === "custom") lines.push("(custom Function)");
     if (toggles.shapes && info[K.shape]) lines.push("→ " + shapeText(info[K.shape]));
@@ -295,6 +296,10 @@
     const plain = nodeInfo[key] === null && nodeKind[key] !== LEAF && nodeKind[key] !== OUTPUT && nodeKind[key] !== MODULE;
     let lab = plain ? sharedLabels.get(nodeKind[key] + "\u0000" + nodeName[key]) : labelCache[key];
     if (lab && lab.state === labelState) return lab;
+    if (!plain && lastLabel && lastLabel.state === labelState && sameLabelInputs(key, lastLabelKey)) {
+      labelCache[key] = lastLabel;
+      return lastLabel;
+    }
     if (internedState !== labelState) { interned = new Map(); internedState = labelState; }
     const lines = nodeLines(key), saved = savedBoxes(key), text = labelKey(lines, saved);
     lab = interned.get(text);
@@ -306,8 +311,52 @@
       interned.set(text, lab);
     }
     if (plain) sharedLabels.set(nodeKind[key] + "\u0000" + nodeName[key], lab);
-    else labelCache[key] = lab;
+    else { labelCache[key] = lab; lastLabel = lab; lastLabelKey = key; }
     return lab;
+  }
+  // What nodeLines and savedBoxes read of an op (not a leaf, output or module): its kind, name,
+  // these info fields and its saved tensors' names, shapes and freed marks. A node whose are
+  // the same as those of the node labelled before it has the same label, made without a string
+  // (a million ops alike in a row). Values are compared as primitives or shape lists; anything
+  // else by identity, which only ever makes a label anew. (A new field read there goes here.)
+  let lastLabel = null, lastLabelKey = -1;
+  const OP_LABEL_FIELDS = [K.order, K.shape, K.memory, K.doctor, K.forward_nonfinite, K.nonfinite, K.first_nonfinite, K.created_at];
+  function sameValue(p, q) {
+    if (p === q) return true;
+    if (!Array.isArray(p) || !Array.isArray(q) || p.length !== q.length) return false;
+    for (let n = 0; n < p.length; n++) if (p[n] !== q[n]) return false;
+    return true;
+  }
+  function sameLabelInputs(i, j) {
+    const kind = nodeKind[i];
+    if (kind !== nodeKind[j] || kind === LEAF || kind === OUTPUT || kind === MODULE || nodeName[i] !== nodeName[j]) return false;
+    const a = nodeInfo[i], b = nodeInfo[j];
+    if (!a || !b) return false;
+    for (const f of OP_LABEL_FIELDS) if (!sameValue(a[f], b[f])) return false;
+    const sa = a[K.saved], sb = b[K.saved];
+    if (sa === sb) return true;
+    if (!Array.isArray(sa) || !Array.isArray(sb) || sa.length !== sb.length) return false;
+    for (let n = 0; n < sa.length; n++) {
+      const x = sa[n], y = sb[n];
+      if (x[SF.name] !== y[SF.name] || !x[SF.freed] !== !y[SF.freed] || !sameValue(x[SF.shape], y[SF.shape])) return false;
+    }
+    return true;
+  }
+  // A drawn item: a node, a closed container's box, an open one's frame, a fold's summary. Its
+  // geometry (x, y, w, h, cw: the width of its own box, without saved tensors beside it) is read
+  // and written as fields but kept in its view's Float64Array: a million items with numbers of
+  // their own would be millions of heap numbers for the garbage collector.
+  class Item {
+    constructor(key, parent, local, g, o) {
+      this.key = key; this.parent = parent; this.local = local; // local: its place in its container
+      this.lines = null; this.saved = null; this.open = false; this._s = 0;
+      this.g = g; this.o = o;
+    }
+    get x() { return this.g[this.o]; } set x(v) { this.g[this.o] = v; }
+    get y() { return this.g[this.o + 1]; } set y(v) { this.g[this.o + 1] = v; }
+    get w() { return this.g[this.o + 2]; } set w(v) { this.g[this.o + 2] = v; }
+    get h() { return this.g[this.o + 3]; } set h(v) { this.g[this.o + 3] = v; }
+    get cw() { return this.g[this.o + 4]; } set cw(v) { this.g[this.o + 4] = v; }
   }
   // The drawn items by key (node i, BOX + j, SUM + f): an array, not a Map (a million keys),
   // with the Map calls the page makes; values() in the order they were added.
@@ -326,10 +375,22 @@
     for (const j of ORDER) if (status[j] === -1) open.push(j);
     const direct = new Map(), directOf = filled(M, null); // open container -> item keys in it
     for (const j of open) { const keys = []; direct.set(j, keys); directOf[j] = keys; }
+    // the items in the order they are added (open containers' frames, then what each node is
+    // drawn as), counted first: their geometry lives in one array of this view (see Item)
+    const seen = new Uint8Array(SUM + M), addKey = new Int32Array(N + 2 * M), addParent = new Int32Array(N + 2 * M);
+    let count = 0;
+    const note = (key, parent) => { if (!seen[key]) { seen[key] = 1; addKey[count] = key; addParent[count++] = parent; } };
+    for (const j of open) if (j !== 0) note(BOX + j, drawnParent[j]);
+    for (let i = 0; i < N; i++) {
+      const s = status[nodeC[i]];
+      if (s === -1) note(i, nodeC[i]);
+      else if (s < SUM) note(s, drawnParent[s - BOX]);
+      else note(s, s - SUM);
+    }
+    const geo = new Float64Array(5 * count);
     function add(key, parent) {
-      if (at[key] !== undefined) return;
       const keys = directOf[parent];
-      const it = { key, parent, local: keys.length, x: 0, y: 0, w: 0, h: 0, cw: 0, lines: null, saved: null, open: false };
+      const it = new Item(key, parent, keys.length, geo, 5 * items.list.length);
       if (key < N) {
         const lab = nodeLabel(key);
         it.lines = lab.lines;
@@ -348,16 +409,7 @@
       at[key] = it; items.list.push(it);
       keys.push(key);
     }
-    for (const j of open) {
-      if (j === 0) continue;
-      add(BOX + j, drawnParent[j]);
-    }
-    for (let i = 0; i < N; i++) {
-      const s = status[nodeC[i]];
-      if (s === -1) add(i, nodeC[i]);
-      else if (s < SUM) add(s, drawnParent[s - BOX]);
-      else add(s, s - SUM);
-    }
+    for (let q = 0; q < count; q++) add(addKey[q], addParent[q]);
     // edges between visible items, merged (in the order of their first edge); each routed in
     // the open container that holds both. Typed arrays, no map keyed by pairs: a million edges.
     const KEYS = SUM + M, ea = new Int32Array(E), eb = new Int32Array(E);
@@ -385,7 +437,7 @@
       if (r === k) {
         mergedOf[k] = mergedList.length;
         mergedList.push({ a: ea[k], b: eb[k], count: eCount[k], norm: eNorm[k], view: !!eView[k], ratio: eRatio.has(k) ? eRatio.get(k) : null, diff: eDiff.get(k) || null,
-                          lca: 0, ca: 0, cb: 0, route: 0, up: NO_HOPS, down: NO_HOPS, pts: null, x0: 0, y0: 0, x1: 0, y1: 0, lab: null, _s: 0 });
+                          lca: 0, ca: 0, cb: 0, route: 0, up: NO_HOPS, down: NO_HOPS, pts: null, i: 0, lab: null, _s: 0 });
       } else {
         const m = mergedList[mergedOf[r]];
         m.count += eCount[k]; m.norm = null; m.ratio = null; m.view = m.view && eView[k]; if (m.diff !== eDiff.get(k)) m.diff = null;
@@ -428,6 +480,7 @@
       // (ends drawn in pa itself: a merged pair, met once; an open frame's or a port's: shared)
       e.route = up === NO_HOPS && down === NO_HOPS ? ownRoute(pa, ca, cb) : route(pa, ca, cb);
       e.up = up; e.down = down; // [container, route index, ...], innermost first
+      e.i = edges.length; // its bounds: place() keeps them at 4 * i in the scene's ebox
       edges.push(e);
     }
     return { items, open, direct, routes, edges, rk: RK };
@@ -581,7 +634,7 @@
         }
       }
     }
-    const edges = [], NONE = [];
+    const edges = [], NONE = [], scratch = [], ebox = new Float64Array(4 * view.edges.length);
     // A route of container j, in page coordinates; skip: leave out its first point.
     const follow = (pts, j, r, skip) => {
       const ox = originX[j], oy = originY[j]; // results are shared by identical containers: their own origin
@@ -595,7 +648,9 @@
     // and enters straight down through the top to the entry port.
     for (const e of view.edges) {
       const a = at[e.a], b = at[e.b];
-      const pts = [a.x + (a.cw || a.w) / 2, a.y + a.h];
+      const pts = scratch;
+      pts.length = 0;
+      pts.push(a.x + (a.cw || a.w) / 2, a.y + a.h);
       let out = false; // the last point is an exit port: the next route's outline point is replaced
       for (let q = 0; q < e.up.length; q += 2) {
         follow(pts, e.up[q], e.up[q + 1], out);
@@ -616,14 +671,15 @@
         pts[n - 4] = pts[n - 2]; pts[n - 3] = pts[n - 1];
         pts.length = n - 4;
       }
-      e.pts = pts;
+      e.pts = pts.slice(); // exactly as long as it is (the pushes left room for more: a million edges)
       let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
       for (let q = 0; q < pts.length; q += 2) {
         const x = pts[q], y = pts[q + 1];
         if (x < x0) x0 = x; if (x > x1) x1 = x;
         if (y < y0) y0 = y; if (y > y1) y1 = y;
       }
-      e.x0 = x0; e.y0 = y0; e.x1 = x1; e.y1 = y1;
+      const q4 = 4 * e.i;
+      ebox[q4] = x0; ebox[q4 + 1] = y0; ebox[q4 + 2] = x1; ebox[q4 + 3] = y1;
       edges.push(e);
     }
     const root = byJob[0];
@@ -631,7 +687,7 @@
     for (const it of view.items.values()) if (!it.open) nodes.push(it);
     frames.sort((p, q) => containerLevel(p.key - BOX) - containerLevel(q.key - BOX));
     const bounds = { w: Math.max(root.w, 1), h: Math.max(root.h, 1) };
-    const s = { items: view.items, nodes, frames, edges, bounds, view };
+    const s = { items: view.items, nodes, frames, edges, ebox, bounds, view };
     s.grid = makeGrid(s);
     s.adj = null; // made on first use (a selection): adjacencyOf(s)
     placeLabels(s);
@@ -643,14 +699,15 @@
   function makeGrid(s) {
     const g = new Map();
     s.gridEntries = 0; // objects put in cells, all cells: linear in what is drawn
-    let entries = 0;
+    let entries = 0, lastId = NaN, lastCell = null;
     function put(obj, x0, y0, x1, y1, kind) { // kind: 0 a box, 1 a frame, 2 an edge
       const cx0 = Math.floor(x0 / CELL), cx1 = Math.floor(x1 / CELL);
       const cy0 = Math.floor(y0 / CELL), cy1 = Math.floor(y1 / CELL);
       for (let cx = cx0; cx <= cx1; cx++) for (let cy = cy0; cy <= cy1; cy++) {
         const id = cx * 100003 + cy;
-        let cell = g.get(id);
+        let cell = id === lastId ? lastCell : g.get(id); // (most puts land in the cell before)
         if (!cell) { cell = { n: [], f: [], e: [] }; g.set(id, cell); }
+        lastId = id; lastCell = cell;
         (kind === 0 ? cell.n : kind === 1 ? cell.f : cell.e).push(obj);
         entries++;
       }
@@ -666,10 +723,12 @@
     // is kept in a list of its own, tested against the view by its box: put in every cell it
     // spans, N such edges would fill N x (the graph's width) cells.
     s.long = [];
+    const b = s.ebox;
     for (const e of s.edges) {
-      const cells = (Math.floor(e.x1 / CELL) - Math.floor(e.x0 / CELL) + 1) * (Math.floor(e.y1 / CELL) - Math.floor(e.y0 / CELL) + 1);
+      const x0 = b[4 * e.i], y0 = b[4 * e.i + 1], x1 = b[4 * e.i + 2], y1 = b[4 * e.i + 3];
+      const cells = (Math.floor(x1 / CELL) - Math.floor(x0 / CELL) + 1) * (Math.floor(y1 / CELL) - Math.floor(y0 / CELL) + 1);
       if (cells > LONG_CELLS) s.long.push(e);
-      else put(e, e.x0, e.y0, e.x1, e.y1, 2);
+      else put(e, x0, y0, x1, y1, 2);
     }
     s.gridEntries = entries;
     return g;
@@ -695,7 +754,8 @@
         o._s = stamp; out[kind].push(o);
       }
     }
-    for (const e of scene.long) if (e.x0 <= x1 && e.x1 >= x0 && e.y0 <= y1 && e.y1 >= y0) out.e.push(e);
+    const b = scene.ebox;
+    for (const e of scene.long) if (b[4 * e.i] <= x1 && b[4 * e.i + 2] >= x0 && b[4 * e.i + 1] <= y1 && b[4 * e.i + 3] >= y0) out.e.push(e);
     out.f.sort((p, q) => containerLevel(p.key - BOX) - containerLevel(q.key - BOX));
     return out;
   }
@@ -991,6 +1051,7 @@
       const px = new Uint8Array(img.data.buffer, img.data.byteOffset, img.data.length);
       const rgb = new Map(), nodes = scene.nodes;
       let last = null, r = 0, g = 0, b = 0; // boxes in a row mostly share their colour
+      let lx0 = -1, ly0 = -1, lx1 = -1, ly1 = -1, lcol = null;
       for (let n = 0; n < nodes.length; n++) {
         const it = nodes[n], col = fillOf(it);
         if (col !== last) {
@@ -1001,6 +1062,9 @@
         const x0 = Math.max(0, Math.floor(it.x * miniX + 1)), y0 = Math.max(0, Math.floor(it.y * miniY + 1));
         const x1 = Math.min(W, Math.max(x0 + 2, Math.ceil((it.x + it.w) * miniX + 1)));
         const y1 = Math.min(H, Math.max(y0 + 2, Math.ceil((it.y + it.h) * miniY + 1)));
+        // the same pixels in the same colour as the box before (a long chain: thousands a row)
+        if (x0 === lx0 && y0 === ly0 && x1 === lx1 && y1 === ly1 && col === lcol) continue;
+        lx0 = x0; ly0 = y0; lx1 = x1; ly1 = y1; lcol = col;
         for (let y = y0; y < y1; y++) for (let q = 4 * (y * W + x0), end = 4 * (y * W + x1); q < end; q += 4) {
           px[q] = r; px[q + 1] = g; px[q + 2] = b; px[q + 3] = 255;
         }
