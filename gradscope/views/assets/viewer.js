@@ -31,8 +31,8 @@
   // The header (containers, options) is one JSON block; nodes and edges come in blocks of
   // rows (class gs-part), each parsed in its own task so a big graph never blocks the page.
   const N = D.n_nodes, E = D.n_edges;
-  // (arrays of a million made by new Array(n) start in V8's slow dictionary mode: filled ones)
-  const filled = (n, v) => { const a = []; for (let q = 0; q < n; q++) a.push(v); return a; };
+  // (an array of a million left as new Array(n) leaves it is in V8's slow dictionary mode)
+  const filled = (n, v) => new Array(n).fill(v);
   const nodeId = filled(N, ""), nodeName = filled(N, ""), nodeKind = new Uint8Array(N);
   const nodeC = new Int32Array(N), nodeInfo = filled(N, undefined);
   let idMap = null; // node id -> index, made on first use (a million ids cost a third of a second)
@@ -77,13 +77,16 @@
     if (document.readyState === "loading") await new Promise((r) => document.addEventListener("DOMContentLoaded", r));
     await tick();
     buildContainers();
-    let i = 0, k = 0, sliceEnd = performance.now() + SLICE_MS;
+    let i = 0, k = 0, sliceEnd = performance.now() + SLICE_MS, lastName = null;
     for (const el of document.querySelectorAll("script.gs-part")) {
       if (performance.now() >= sliceEnd) { await tick(); sliceEnd = performance.now() + SLICE_MS; }
       const rows = JSON.parse(el.textContent);
       if (el.dataset.kind === "nodes") {
         for (const r of rows) {
-          nodeId[i] = r[NF.id]; nodeName[i] = r[NF.name]; nodeKind[i] = r[NF.kind];
+          // a name the same as the row before's is kept once (JSON.parse makes a string each)
+          const name = r[NF.name];
+          if (name !== lastName) lastName = name;
+          nodeId[i] = r[NF.id]; nodeName[i] = lastName; nodeKind[i] = r[NF.kind];
           nodeC[i] = r[NF.container]; nodeInfo[i] = r[NF.info] || null;
           i++;
         }
