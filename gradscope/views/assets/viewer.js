@@ -361,6 +361,17 @@
     get h() { return this.g[this.o + 3]; } set h(v) { this.g[this.o + 3] = v; }
     get cw() { return this.g[this.o + 4]; } set cw(v) { this.g[this.o + 4] = v; }
   }
+  // A drawn edge (merged: every edge between the same two items): its ends' item keys a, b, what
+  // its label says, where it is routed (buildView) and its points, [x0, y0, x1, y1, ...] in page
+  // coordinates (place): pts, a view of the scene's one Float64Array of points, made when read.
+  class Edge {
+    constructor(a, b, count, norm, view, ratio, diff) {
+      this.a = a; this.b = b; this.count = count; this.norm = norm; this.view = view; this.ratio = ratio; this.diff = diff;
+      this.lca = 0; this.ca = 0; this.cb = 0; this.route = 0; this.up = NO_HOPS; this.down = NO_HOPS;
+      this.pg = null; this.po = 0; this.pn = 0; this.i = 0; this.lab = null; this._s = 0;
+    }
+    get pts() { return this.pg === null ? null : this.pg.subarray(this.po, this.po + this.pn); }
+  }
   // The drawn items by key (node i, BOX + j, SUM + f): an array, not a Map (a million keys),
   // with the Map calls the page makes; values() in the order they were added.
   class ItemTable {
@@ -439,8 +450,7 @@
       if (r < 0) continue;
       if (r === k) {
         mergedOf[k] = mergedList.length;
-        mergedList.push({ a: ea[k], b: eb[k], count: eCount[k], norm: eNorm[k], view: !!eView[k], ratio: eRatio.has(k) ? eRatio.get(k) : null, diff: eDiff.get(k) || null,
-                          lca: 0, ca: 0, cb: 0, route: 0, up: NO_HOPS, down: NO_HOPS, pts: null, i: 0, lab: null, _s: 0 });
+        mergedList.push(new Edge(ea[k], eb[k], eCount[k], eNorm[k], !!eView[k], eRatio.has(k) ? eRatio.get(k) : null, eDiff.get(k) || null));
       } else {
         const m = mergedList[mergedOf[r]];
         m.count += eCount[k]; m.norm = null; m.ratio = null; m.view = m.view && eView[k]; if (m.diff !== eDiff.get(k)) m.diff = null;
@@ -637,6 +647,8 @@
         }
       }
     }
+    // every edge's points in one array (a million arrays of their own: the garbage collector's)
+    let P = new Float64Array(Math.max(64, 6 * view.edges.length)), pn = 0;
     const edges = [], NONE = [], scratch = [], ebox = new Float64Array(4 * view.edges.length);
     // A route of container j, in page coordinates; skip: leave out its first point.
     const follow = (pts, j, r, skip) => {
@@ -674,7 +686,9 @@
         pts[n - 4] = pts[n - 2]; pts[n - 3] = pts[n - 1];
         pts.length = n - 4;
       }
-      e.pts = pts.slice(); // exactly as long as it is (the pushes left room for more: a million edges)
+      if (pn + pts.length > P.length) { const bigger = new Float64Array(2 * P.length + pts.length); bigger.set(P.subarray(0, pn)); P = bigger; }
+      e.po = pn; e.pn = pts.length;
+      for (let q = 0; q < pts.length; q++) P[pn++] = pts[q];
       let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
       for (let q = 0; q < pts.length; q += 2) {
         const x = pts[q], y = pts[q + 1];
@@ -685,6 +699,7 @@
       ebox[q4] = x0; ebox[q4 + 1] = y0; ebox[q4 + 2] = x1; ebox[q4 + 3] = y1;
       edges.push(e);
     }
+    for (const e of edges) e.pg = P;
     const root = byJob[0];
     const nodes = [];
     for (const it of view.items.values()) if (!it.open) nodes.push(it);
@@ -1954,7 +1969,7 @@
     // it], edges {pts, label}.
     geometry: () => (scene ? {
       boxes: scene.nodes.map((it) => [it.key < N ? nodeId[it.key] : it.key < SUM ? "box:" + C[it.key - BOX].path : "sum:" + C[it.key - SUM].path, it.x, it.y, it.cw || it.w, it.h, it.w]),
-      edges: scene.edges.map((e) => ({ a: e.a, b: e.b, pts: e.pts, label: edgeLabel(e) })),
+      edges: scene.edges.map((e) => ({ a: e.a, b: e.b, pts: Array.from(e.pts), label: edgeLabel(e) })),
     } : null),
     boxAt(id) { // where a node (or "box:path") is drawn now, in CSS pixels of the canvas
       let key = idIndex(id);
