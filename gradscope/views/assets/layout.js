@@ -13,7 +13,16 @@
   // job: {w: [..], h: [..], c: [itemIndex, jobIndex, ...], e: [a0, b0, a1, b1, ...],
   //       pad: [left, top, right, bottom]} (pad: the frame drawn around this job when it is a
   //       child of another). result: {w, h, x: [..], y: [..] (item top-left), p: [[x0, y0, ...]]}
+  let last = null; // the job laid out before, and its result
   function layoutOne(job, results) {
+    // the very arrays of the job before (viewer.js gives a job alike to the one before them):
+    // the same input, so the same result
+    if (last && job.c.length === 0 && last.job.c.length === 0 && job.w === last.job.w && job.h === last.job.h && job.e === last.job.e) return last.result;
+    const result = layoutFresh(job, results);
+    last = { job, result };
+    return result;
+  }
+  function layoutFresh(job, results) {
     const n = job.w.length;
     const w = job.w.slice(), h = job.h.slice();
     for (let k = 0; k < job.c.length; k += 2) {

@@ -535,9 +535,19 @@
         if (port[0] >= 0 && port[1] >= 0 && e.length === n) e.push(port[0], port[1]);
       }
       jobOf.set(j, jobs.length);
-      jobs.push({ w, h, c, e, pad: PAD, key: j });
+      // A job with no open child the same as the job before it (a long chain's chunks) gets that
+      // job's very arrays: the worker receives them once, and lays them out once (layout.js).
+      const prev = jobs.length ? jobs[jobs.length - 1] : null;
+      if (prev && c.length === 0 && prev.c.length === 0 && sameNumbers(w, prev.w) && sameNumbers(h, prev.h) && sameNumbers(e, prev.e)) {
+        jobs.push({ w: prev.w, h: prev.h, c: prev.c, e: prev.e, pad: PAD, key: j });
+      } else jobs.push({ w, h, c, e, pad: PAD, key: j });
     }
     return { jobs, jobOf };
+  }
+  function sameNumbers(p, q) {
+    if (p.length !== q.length) return false;
+    for (let n = 0; n < p.length; n++) if (p[n] !== q[n]) return false;
+    return true;
   }
 
   // ------------------------------------------------------------------ the layout worker
