@@ -24,6 +24,14 @@ pages in Python takes minutes (``to_html`` of the chain: about 2 minutes here).
 
     .venv/bin/python benchmarks/viewer.py --scale [--fan-in 20000,60000,200000] [--chain 1000000]
 
+With ``--repeat N`` each figure of ``--scale`` is the median of N loads. With ``--base DIR`` (a
+checkout to compare with, e.g. ``git worktree add /tmp/viewer-base HEAD``) each page is also
+written with that checkout's ``viewer.js`` and ``layout.js`` in place of this one's (the same data
+and template: for a change to the page's scripts only), the two loaded in turn, and the medians
+of both are printed with their ratio (this / base), so machine load hits both alike.
+
+    .venv/bin/python benchmarks/viewer.py --scale --repeat 3 --base /tmp/viewer-base
+
 With ``--overlaps`` it prints, instead, what is drawn over what on the sample pages, a GPT-2
 ``--backward`` page and (where torchvision is installed) ResNet-50 and Faster R-CNN, in the first
 view and after Expand all: edges through a box, edge labels over labels and over boxes (the
@@ -211,7 +219,37 @@ def chain_graph(n: int):
     return graph
 
 
-def scale(fan_ins: list[int], chain: int) -> None:
+def with_base_scripts(page: Path, base: Path, out: Path) -> Path:
+    """``page`` with the base checkout's viewer.js and layout.js inlined in place of this one's."""
+    from gradscope.views import html as page_html
+
+    text = page.read_text(encoding="utf-8")
+    for name in ("viewer.js", "layout.js"):
+        ours = page_html._asset(name)
+        theirs = (base / "gradscope" / "views" / "assets" / name).read_text(encoding="utf-8")
+        theirs = "\n".join(ln for ln in theirs.splitlines()
+                           if not ln.startswith("//# sourceMappingURL="))
+        if text.count(ours) != 1:
+            raise SystemExit(f"{name} is not inlined once in the page")
+        text = text.replace(ours, theirs.replace("</script", "<\\/script"))
+    out.write_text(text, encoding="utf-8")
+    return out
+
+
+def load_and_expand(browser, path: Path) -> dict:
+    v = Viewer(browser, path)
+    first = v.page.evaluate("gradscope.visible()")
+    t_all, gap = v.timed("expandAll")
+    got = {"ready": v.ready_s, "first": first, "all": t_all, "gap": gap,
+           "shown": v.page.evaluate("gradscope.visible()"),
+           "phases": v.page.evaluate("gradscope.stats().phases")}
+    v.close()
+    return got
+
+
+def scale(fan_ins: list[int], chain: int, repeat: int = 1, base: Path | None = None) -> None:
+    import os
+
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
@@ -225,22 +263,34 @@ def scale(fan_ins: list[int], chain: int) -> None:
             t0 = time.perf_counter()
             path = graph.save(Path(tmp) / "scale.html")
             t_py = time.perf_counter() - t0
-            v = Viewer(browser, path)
-            first = v.page.evaluate("gradscope.visible()")
-            t_all, gap = v.timed("expandAll")
-            shown = v.page.evaluate("gradscope.visible()")
-            phases = v.page.evaluate("gradscope.stats().phases")
-            v.close()
+            pages = {"this": path}
+            if base is not None:
+                pages["base"] = with_base_scripts(path, base, Path(tmp) / "scale-base.html")
+            runs: dict[str, list[dict]] = {k: [] for k in pages}
+            for _ in range(repeat):  # in turn: a load spike hits both
+                for k, page in pages.items():
+                    runs[k].append(load_and_expand(browser, page))
+            med = {k: {f: statistics.median(r[f] for r in rs) for f in ("ready", "all", "gap")}
+                   for k, rs in runs.items()}
+            last = runs["this"][-1]
             is_chain = "chain" in name
+            ready, t_all = med["this"]["ready"], med["this"]["all"]
             figures = {
-                "time to ready": f"{v.ready_s:.2f} s, {first} boxes"
-                                 + (f" ({verdict(v.ready_s, 3)}: <= 3 s)" if is_chain else ""),
-                "expand all": f"{t_all:.2f} s, {shown:,} boxes of {len(graph.nodes):,}"
+                "time to ready": f"{ready:.2f} s, {last['first']} boxes"
+                                 + (f" ({verdict(ready, 3)}: <= 3 s)" if is_chain else ""),
+                "expand all": f"{t_all:.2f} s, {last['shown']:,} boxes of {len(graph.nodes):,}"
                               + (f" ({verdict(t_all, 3)}: <= 3 s)" if is_chain else ""),
-                "  of which (ms)": ", ".join(f"{k} {v:.0f}" for k, v in phases.items()),
-                "longest stall during expand all": f"{gap:.0f} ms",
+                "  of which (ms)": ", ".join(f"{k} {v:.0f}" for k, v in last["phases"].items()),
+                "longest stall during expand all": f"{med['this']['gap']:.0f} ms",
                 "Python to_html": f"{t_py:.1f} s, {path.stat().st_size / 1e6:.0f} MB",
             }
+            if base is not None:
+                b = med["base"]
+                figures["base: ready, expand all"] = (
+                    f"{b['ready']:.2f} s, {b['all']:.2f} s (this / base: "
+                    f"{ready / b['ready']:.2f}x, {t_all / b['all']:.2f}x; "
+                    f"{repeat} loads each, in turn)")
+            figures["load average at the end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
             report(name, figures)
             del graph
         browser.close()
@@ -399,6 +449,8 @@ def main() -> None:
                         help="the --scale fan-in sizes, comma-separated")
     parser.add_argument("--chain", type=int, default=1_000_000,
                         help="the --scale chain's nodes (0: none)")
+    parser.add_argument("--base", type=Path, default=None,
+                        help="--scale: a checkout whose viewer.js and layout.js to compare with")
     args = parser.parse_args()
     try:
         from playwright.sync_api import sync_playwright
@@ -408,7 +460,7 @@ def main() -> None:
         overlaps()
         return
     if args.scale:
-        scale([int(n) for n in args.fan_in.split(",") if n], args.chain)
+        scale([int(n) for n in args.fan_in.split(",") if n], args.chain, args.repeat, args.base)
         return
     if args.text:
         huge_text(args.repeat)
