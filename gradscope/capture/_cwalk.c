@@ -52,6 +52,8 @@ static int configured = 0;
 
 /* type -> (name, kind, is_accumulate, is_custom, reads, unpacked), from class_entry_fn */
 static PyObject *class_cache;
+static PyObject *last_cls, *last_entry; /* the last class looked up and its entry (borrowed:
+                                        * class_cache holds both until configure replaces it) */
 static PyObject *class_entry_fn; /* gradscope.capture.walk._class_entry */
 static PyObject *dtype_names;   /* dtype -> "float32" (shared with the Python walker) */
 static PyObject *dtype_name_fn; /* gradscope.capture.walk._dtype_name */
@@ -196,6 +198,7 @@ configure(PyObject *self, PyObject *args)
     Py_XSETREF(dtype_name_fn, Py_NewRef(dname_fn));
     Py_XSETREF(tensor_type, Py_NewRef(tensor_t));
     Py_XSETREF(storage_key_fn, Py_NewRef(key_fn));
+    last_cls = last_entry = NULL; /* borrowed from the cache dropped here */
     Py_XSETREF(class_cache, cache);
     configured = 1;
     Py_RETURN_NONE;
@@ -208,7 +211,13 @@ configure(PyObject *self, PyObject *args)
 static PyObject *
 class_entry(PyObject *cls)
 {
+    if (cls == last_cls) /* a graph repeats a few classes in runs: one compare, no dict */
+        return last_entry;
     PyObject *entry = PyDict_GetItemWithError(class_cache, cls);
+    if (entry != NULL) {
+        last_cls = cls;
+        last_entry = entry;
+    }
     if (entry != NULL || PyErr_Occurred())
         return entry;
     entry = PyObject_CallOneArg(class_entry_fn, cls);
@@ -801,6 +810,47 @@ make_edges(PyObject *self, PyObject *args)
     return Py_NewRef(raw);
 }
 
+PyDoc_STRVAR(param_names_doc,
+"param_names(params) -> dict | None\n\n"
+"`{id(tensor): name}` for a dict of str -> tensor (what `_param_names` builds for one), in one\n"
+"pass; None when a key is not exactly a str or a value is not a tensor, for the Python code to\n"
+"handle (its error message, `str()` of the keys). A tensor under two names keeps the last.");
+
+static PyObject *
+param_names(PyObject *self, PyObject *params)
+{
+    if (!configured) {
+        PyErr_SetString(PyExc_RuntimeError, "gradscope.capture._cwalk.configure was not called");
+        return NULL;
+    }
+    if (!PyDict_CheckExact(params))
+        Py_RETURN_NONE;
+    PyObject *out = PyDict_New();
+    if (out == NULL)
+        return NULL;
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(params, &pos, &k, &v)) {
+        if (!PyUnicode_CheckExact(k)) {
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        int is_tensor = PyObject_TypeCheck(v, (PyTypeObject *)tensor_type);
+        if (!is_tensor) {
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        PyObject *key = PyLong_FromVoidPtr(v);
+        if (key == NULL || PyDict_SetItem(out, key, k) < 0) {
+            Py_XDECREF(key);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(key);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(Node, fields, defaults, Edge, fields, TensorInfo, fields, SavedTensor, fields, "
@@ -808,6 +858,7 @@ static PyMethodDef methods[] = {
      "layouts and keep the helpers the walk needs."},
     {"walk", (PyCFunction)(void (*)(void))walk, METH_VARARGS | METH_KEYWORDS, walk_doc},
     {"make_edges", make_edges, METH_VARARGS, make_edges_doc},
+    {"param_names", param_names, METH_O, param_names_doc},
     {NULL, NULL, 0, NULL},
 };
 

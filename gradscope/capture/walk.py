@@ -152,8 +152,13 @@ def _param_names(params: Any) -> dict[int, str]:
         # a torch.compile wrapper names its parameters as its module does (no `_orig_mod.`)
         return {id(p): dynamo.plain_name(name) for name, p in params.named_parameters()}
     if isinstance(params, Mapping):
-        # map() keeps the per-entry work in C: a dict of every parameter of a big model is
-        # common, and this runs on every trace
+        # a dict of str -> tensor (every parameter of a big model: the common case, on every
+        # trace) in one pass of C; anything else (or no compiled walk) below
+        if CWALK is not None:
+            found = CWALK.param_names(params)
+            if found is not None:
+                return found
+        # map() keeps the per-entry work in C
         if not all(issubclass(t, torch.Tensor) for t in set(map(type, params.values()))):
             name, p = next((k, v) for k, v in params.items() if not isinstance(v, torch.Tensor))
             raise GradscopeError(
@@ -506,8 +511,9 @@ def _trace_with_ids(
     """``trace``, also returning its map from each live ``grad_fn`` to its node id, so that
     ``gs.record_backward`` can hook the very nodes it drew. The map holds the nodes alive:
     drop it when done."""
-    names = _param_names(model)
-    names.update(_param_names(params))
+    names = _param_names(params)  # a new dict: a copy only when a model names leaves too
+    if model is not None:
+        names = {**_param_names(model), **names}
     found = list(iter_tensors(outputs))
     with_grad = [(p, t) for p, t in found if t.requires_grad]
     if not with_grad:
