@@ -160,6 +160,75 @@ new_edge(PyObject *src, PyObject *dst, PyObject *input_nr)
     return new_instance(&EDGE, vals);
 }
 
+/* Tensor attributes read for every leaf and saved tensor (`shape`, `dtype`, `is_cpu`): for a
+ * tensor of a class that resolves them to torch's own getset descriptors (torch.Tensor,
+ * nn.Parameter) and uses the generic attribute lookup, the descriptor's getter is called
+ * directly: what `PyObject_GetAttr` does for a data descriptor, less the lookup (most of what
+ * reading one costs). Any other class (a subclass overriding one, `__getattr__`...) takes
+ * `PyObject_GetAttr`. Classes are checked once and kept with their version tag, which CPython
+ * changes when a class (or a base) is modified, so a later override is seen. */
+enum { A_SHAPE, A_DTYPE, A_IS_CPU, A_COUNT };
+static PyObject *t_descr[A_COUNT]; /* torch's getset descriptors, or NULL */
+#define PLAIN_TYPES 4
+static struct {
+    PyTypeObject *type; /* owned */
+    unsigned int tag;
+    int plain;
+} plain_types[PLAIN_TYPES];
+static int plain_next;
+
+static void
+plain_types_clear(void)
+{
+    for (int i = 0; i < PLAIN_TYPES; i++)
+        Py_CLEAR(plain_types[i].type);
+    plain_next = 0;
+}
+
+static PyObject *
+attr_name(int which)
+{
+    return which == A_SHAPE ? s_shape : which == A_DTYPE ? s_dtype : s_is_cpu;
+}
+
+static int
+plain_tensor_type(PyTypeObject *tp)
+{
+    for (int i = 0; i < PLAIN_TYPES; i++)
+        if (plain_types[i].type == tp) {
+            if (PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG)
+                && tp->tp_version_tag == plain_types[i].tag)
+                return plain_types[i].plain;
+            break;
+        }
+    int plain = tp->tp_getattro == PyObject_GenericGetAttr;
+    for (int w = 0; plain && w < A_COUNT; w++)
+        plain = t_descr[w] != NULL && _PyType_Lookup(tp, attr_name(w)) == t_descr[w]
+                && PyType_IsSubtype(tp, PyDescr_TYPE(t_descr[w]));
+    if (PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        int i = 0;
+        while (i < PLAIN_TYPES && plain_types[i].type != tp)
+            i++;
+        if (i == PLAIN_TYPES) {
+            i = plain_next;
+            plain_next = (plain_next + 1) % PLAIN_TYPES;
+        }
+        Py_XSETREF(plain_types[i].type, (PyTypeObject *)Py_NewRef(tp));
+        plain_types[i].tag = tp->tp_version_tag;
+        plain_types[i].plain = plain;
+    }
+    return plain;
+}
+
+static PyObject *
+tensor_attr(PyObject *t, int which)
+{
+    if (!plain_tensor_type(Py_TYPE(t)))
+        return PyObject_GetAttr(t, attr_name(which));
+    PyGetSetDef *gs = ((PyGetSetDescrObject *)t_descr[which])->d_getset;
+    return gs->get(t, gs->closure);
+}
+
 static PyObject *
 configure(PyObject *self, PyObject *args)
 {
@@ -197,6 +266,14 @@ configure(PyObject *self, PyObject *args)
     Py_XSETREF(dtype_names, Py_NewRef(dnames));
     Py_XSETREF(dtype_name_fn, Py_NewRef(dname_fn));
     Py_XSETREF(tensor_type, Py_NewRef(tensor_t));
+    plain_types_clear();
+    for (int w = 0; w < A_COUNT; w++) {
+        PyObject *d = PyType_Check(tensor_t)
+                          ? _PyType_Lookup((PyTypeObject *)tensor_t, attr_name(w)) : NULL;
+        Py_XSETREF(t_descr[w], d != NULL && Py_IS_TYPE(d, &PyGetSetDescr_Type)
+                                   && ((PyGetSetDescrObject *)d)->d_getset->get != NULL
+                                   ? Py_NewRef(d) : NULL);
+    }
     Py_XSETREF(storage_key_fn, Py_NewRef(key_fn));
     last_cls = last_entry = NULL; /* borrowed from the cache dropped here */
     Py_XSETREF(class_cache, cache);
@@ -334,7 +411,7 @@ storage_record(Ctx *c, PyObject *t)
 static PyObject *
 dtype_str(PyObject *t)
 {
-    PyObject *dtype = PyObject_GetAttr(t, s_dtype);
+    PyObject *dtype = tensor_attr(t, A_DTYPE);
     if (dtype == NULL)
         return NULL;
     PyObject *name = PyDict_GetItemWithError(dtype_names, dtype);
@@ -349,7 +426,7 @@ dtype_str(PyObject *t)
 static PyObject *
 device_str(PyObject *t)
 {
-    PyObject *is_cpu = PyObject_GetAttr(t, s_is_cpu);
+    PyObject *is_cpu = tensor_attr(t, A_IS_CPU);
     if (is_cpu == NULL)
         return NULL;
     int cpu = is_cpu == Py_True;
@@ -370,7 +447,7 @@ device_str(PyObject *t)
 static PyObject *
 shape_list(Ctx *c, PyObject *t)
 {
-    PyObject *shape = PyObject_GetAttr(t, s_shape);
+    PyObject *shape = tensor_attr(t, A_SHAPE);
     if (shape == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_RuntimeError))
             return NULL;
