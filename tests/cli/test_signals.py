@@ -40,6 +40,8 @@ def test_a_signal_during_a_write_removes_the_temp_file(tmp_path, signum):
 
     target = tmp_path / "g.json"
     target.write_text("previous")
+    # under nohup SIGHUP arrives ignored, and gradscope leaves it so: not what is tested here
+    found = signal.signal(signum, signal.SIG_DFL)
     entry.install_signals(watchdog=False)
     try:
         with pytest.raises(KeyboardInterrupt) as info, atomic_path(target) as tmp:
@@ -48,6 +50,7 @@ def test_a_signal_during_a_write_removes_the_temp_file(tmp_path, signum):
             time.sleep(5)  # the handler raises here, at once
     finally:
         entry.end_signals()
+        signal.signal(signum, found)
     assert isinstance(info.value, entry.Terminated) == (signum != signal.SIGINT)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.json"]
     assert target.read_text() == "previous"
