@@ -20,6 +20,7 @@ and the mode are removed when the block ends, also when it raises.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Any
 
@@ -34,6 +35,7 @@ from . import dynamo
 from .doctor_record import BackwardLines, _DoctorMode, _outputs, user_line
 from .dynamo import ModuleHooks
 from .handles import HookHandle
+from .replay import autocast_now
 from .stamps import outside_gradscope
 from .walk import _trace_with_ids
 
@@ -89,7 +91,8 @@ class Doctor:
         #: each compiled module of ``model`` (held until the block ends: a parameter cut
         #: inside is looked for by running the module again)
         self.regions: dict[Site, torch.nn.Module] = {}
-        self.region_inputs: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        self.region_inputs: dict[int, tuple[tuple[Any, ...], dict[str, Any],
+                                            list[tuple[str, torch.dtype]]]] = {}
         self._said: set[tuple[Any, ...]] = set()
         #: grad_fn -> graph node id of the graph ``trace`` drew (held until the block ends)
         self._ids: dict[Any, str] = {}
@@ -230,7 +233,8 @@ class Doctor:
         return found
 
     def _region_call(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
-        self.region_inputs[id(dynamo.unwrap(module))] = (args, kwargs)
+        # the autocast settings the call ran under (a hook runs inside them): the same again
+        self.region_inputs[id(dynamo.unwrap(module))] = (args, kwargs, autocast_now())
 
     # ---------------------------------------------------------------- backward
     def _backward(self, func: Any, args: Any, kwargs: Any) -> Any:
@@ -305,16 +309,20 @@ class Doctor:
 
 
 def _run_again(mode: _DoctorMode, module: torch.nn.Module, args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> int | None:
-    """The cut-event bits of ``module(*args, **kwargs)`` run eagerly under ``mode`` (see
-    ``Doctor._look_inside``), or None when it raised."""
+               kwargs: dict[str, Any], autocast: list[tuple[str, torch.dtype]]) -> int | None:
+    """The cut-event bits of ``module(*args, **kwargs)`` run eagerly under ``mode`` and the
+    ``autocast`` settings of its call (see ``Doctor._look_inside``), or None when it raised."""
     devices = sorted({p.device.index or 0 for p in module.parameters() if p.device.type == "cuda"})
     paused = mode.paused
     mode.paused = True  # the doctor's own copies are not the model's calls
     with torch.no_grad():
         kept = [(b, b.clone()) for b in module.buffers()]
     try:
-        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.random.fork_rng(devices=devices))
+            stack.enter_context(torch.enable_grad())
+            for device_type, dtype in autocast:
+                stack.enter_context(torch.autocast(device_type, dtype=dtype))
             mode.paused = False
             # copies of the tensor inputs (the mode follows their lineage through clone): an
             # in-place op inside writes to them, never to the step's own tensors again

@@ -39,6 +39,12 @@ _AUTOCAST_DEVICES = ("cpu", "cuda")
 _version = torchcompat.tensor_version
 
 
+def autocast_now() -> list[tuple[str, torch.dtype]]:
+    """The autocast settings in force: ``(device type, dtype)`` per device type on."""
+    return [(dt, torch.get_autocast_dtype(dt)) for dt in _AUTOCAST_DEVICES
+            if torch.is_autocast_enabled(dt)]
+
+
 class MicroBatch:
     """What one forward of the model needs to run again."""
 
@@ -199,11 +205,7 @@ class Replayer:
         mb.cpu_rng = torch.get_rng_state()
         if self.cuda_devices:
             mb.cuda_rng = [(d, torch.cuda.get_rng_state(d)) for d in self.cuda_devices]
-        mb.autocast = [
-            (dt, torch.get_autocast_dtype(dt))
-            for dt in _AUTOCAST_DEVICES
-            if torch.is_autocast_enabled(dt)
-        ]
+        mb.autocast = autocast_now()
         mb.versions = [(t, _version(t)) for _, t in iter_tensors((args, kwargs))]
         if self.param_versions is None:
             self.param_versions = [_version(p) for p in self.params]

@@ -328,6 +328,28 @@ def test_running_a_compiled_region_again_leaves_its_inputs_alone(fresh_dynamo):
     assert {(f.reason, f.op) for f in doc.findings} == {("cut", "detach")}
 
 
+def test_a_compiled_region_runs_again_under_the_autocast_of_its_call(fresh_dynamo):
+    class NeedsBf16(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.a(x)
+            if h.dtype != torch.bfloat16:  # only right under the step's autocast
+                raise RuntimeError("expected bfloat16")
+            return h.detach().float().sum(1)
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.compile(NeedsBf16(), backend="eager"))
+    with gs.doctor(net) as doc:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = net(torch.randn(2, 4))
+        (out * torch.ones(2, requires_grad=True)).sum().backward()
+    assert {(f.param, f.reason, f.op) for f in doc.findings} == {
+        ("0._orig_mod.a.weight", "cut", "detach"), ("0._orig_mod.a.bias", "cut", "detach")}
+
+
 def test_a_compiled_region_it_cannot_run_again_is_said_not_silent(fresh_dynamo):
     """A compiled module outside the doctor's model (its keyword inputs unseen) is not run
     again: the finding names the region and its call line, never silence."""
