@@ -32,6 +32,7 @@ from ..model.doctor import DoctorReport
 from ..model.formats import FormatKind, OutputFormat, register_format, register_renderer
 from ..model.graph import Graph
 from ..model.schema_write import float_to_json
+from . import page_wire
 from .containers import CHUNK, MAX_LEVELS
 from .page_data import (
     BUDGET,
@@ -42,6 +43,7 @@ from .page_data import (
     DiffMarks,
     graph_data,
 )
+from .page_wire import PART
 from .style import clean_text
 
 __all__ = [
@@ -51,8 +53,6 @@ __all__ = [
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 
-#: Rows of nodes (or edges) per JSON block of the page: each block is parsed in its own task.
-PART = 5_000
 
 
 @cache
@@ -109,16 +109,13 @@ def to_html(
     """
     data = graph_data(graph, depth=depth, full=full, fold=fold, saved=saved, notes=notes,
                       root=root, budget=max_nodes, diff=diff, doctor=doctor)
-    # Nodes and edges go in blocks of PART rows, each parsed in its own task by the page, so
+    # Nodes and edges go in blocks of PART rows as columns, with their names and infos in
+    # tables of their own (views.page_wire), each block parsed in its own task by the page, so
     # no single JSON.parse of a 100,000-node graph holds the main thread.
-    parts = []
-    for kind in ("nodes", "edges"):
-        rows = data.pop(kind)
-        data["n_" + kind] = len(rows)
-        for start in range(0, len(rows), PART):
-            block = _json(rows[start:start + PART])
-            parts.append(f'<script type="application/json" class="gs-part" data-kind="{kind}">'
-                         f"{block}</script>")
+    nodes, edges = data.pop("nodes"), data.pop("edges")
+    data["n_nodes"], data["n_edges"] = len(nodes), len(edges)
+    parts = [f'<script type="application/json" class="gs-part" data-kind="{kind}">'
+             f"{_json(block)}</script>" for kind, block in page_wire.encode(nodes, edges)]
     fill = {
         "{{TITLE}}": html.escape(clean_text(title)),
         "/*{{DAGRE}}*/": _asset("dagre.min.js"),

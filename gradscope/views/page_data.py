@@ -75,7 +75,9 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "containers": ("path", "label", "cls", "kind", "parent", "depth", "count", "saved_bytes",
                    "members", "sum_count", "sum_bytes", "range"),
     # lists inside a node's info (INFO): its saved tensors, tensor, module box, compiled region
-    "saved": ("name", "shape", "dtype", "nbytes", "storage", "freed"),
+    # (a saved tensor's storage id is the schema's, not the page's: the page shows none, and
+    # one per node would make every node's info of a long chain of the same op distinct)
+    "saved": ("name", "shape", "dtype", "nbytes", "freed"),
     "tensor": ("name", "shape", "dtype", "device"),
     "box": ("cls", "nodes", "saved_bytes", "repeat"),
     "region": ("ops", "note"),
@@ -199,7 +201,7 @@ class DiffMarks:
 # ---------------------------------------------------------------------- nodes
 def _saved(s: SavedTensor) -> list[Any]:
     return _row("saved", {"name": cut_text(s.name), "shape": s.shape, "dtype": s.dtype,
-                          "nbytes": s.nbytes, "storage": s.storage, "freed": 1 if s.freed else 0})
+                          "nbytes": s.nbytes, "freed": 1 if s.freed else 0})
 
 
 #: The forward arguments behind ``next_functions`` slots of a few common ops, from their ATen

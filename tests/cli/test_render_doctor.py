@@ -25,6 +25,7 @@ from test_doctor import load, marked
 
 import gradscope as gs
 from gradscope.capture.walk import _trace_with_ids
+from gradscope.views import page_wire
 
 DOCTOR = SAMPLES / "doctor"
 INPLACE = load("inplace")
@@ -110,8 +111,8 @@ def _page_data(path: Path) -> dict:
     assert m, "no embedded graph data"
     data = json.loads(m.group(1))
     blocks = re.findall(r'<script type="application/json" class="gs-part" '
-                        r'data-kind="nodes">(.*?)</script>', page, re.S)
-    data["nodes"] = [row for block in blocks for row in json.loads(block)]
+                        r'data-kind="(\w+)">(.*?)</script>', page, re.S)
+    data["nodes"] = page_wire.decode([(k, json.loads(b)) for k, b in blocks])["nodes"]
     assert len(data["nodes"]) == data["n_nodes"]
     return data
 

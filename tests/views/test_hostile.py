@@ -29,6 +29,7 @@ from torch import nn
 
 import gradscope as gs
 from gradscope.model.graph import Box, Graph
+from gradscope.views import page_wire
 from gradscope.views.html import graph_data
 from gradscope.views.style import UNSAFE_CHARS, clean_text, terminal_text
 
@@ -198,12 +199,11 @@ def _page_data(page: str) -> tuple[dict, list, list]:
     m = re.search(r'<script type="application/json" id="gs-data">(.*?)</script>', page, re.S)
     assert m is not None
     data = json.loads(m.group(1))
-    rows: dict[str, list] = {"nodes": [], "edges": []}
-    for kind, block in re.findall(
+    blocks = [(kind, json.loads(block)) for kind, block in re.findall(
         r'<script type="application/json" class="gs-part" data-kind="(\w+)">(.*?)</script>',
         page, re.S,
-    ):
-        rows[kind].extend(json.loads(block))
+    )]
+    rows = page_wire.decode(blocks)
     return data, rows["nodes"], rows["edges"]
 
 

@@ -245,10 +245,12 @@ def test_viewer_clicks_search_and_details(browser, transformer, tmp_path: Path) 
     assert f"mat1\t{shape}\tfloat32\t{mat1.numel() * mat1.element_size()} B" in row
 
     # keyboard: Up goes to an input of the selection (drawn above it)
-    before = p.js(f"gradscope.boxAt('{node.id}').y")
+    # (both boxes read in one call: the view may still be moving to the new selection)
     p.page.keyboard.press("ArrowUp")
     moved = p.js("gradscope.selected()")
-    assert moved != node.id and p.js(f"gradscope.boxAt('{moved}').y") < before
+    assert moved != node.id
+    above, below = p.js(f"[gradscope.boxAt('{moved}').y, gradscope.boxAt('{node.id}').y]")
+    assert above < below
     assert any(e.src == node.id and e.dst == moved for e in graph.edges)
 
     # the wheel zooms; the SVG export holds what the view shows

@@ -19,6 +19,7 @@ import gradscope as gs
 from gradscope.model import schema_write
 from gradscope.model.nodes import KINDS, Node
 from gradscope.model.schema_write import EDGE_KINDS, NODE_OPTIONAL
+from gradscope.views import page_wire
 from gradscope.views.html import ASSETS
 from gradscope.views.page_data import (
     CONTAINER_KINDS,
@@ -69,7 +70,7 @@ def test_viewer_js_spells_no_key_of_its_own() -> None:
     # kinds compared by name, every name one of a table's (KINDS, CONTAINER_KINDS) or the data
     # blocks' own ("nodes", "edges")
     compared = set(re.findall(r"""kind(?:\])?\s*[!=]==\s*["'](\w*)["']""", VIEWER))
-    allowed = set(KINDS) | set(CONTAINER_KINDS) | {"nodes", "edges"}
+    allowed = set(KINDS) | set(CONTAINER_KINDS) | set(page_wire.KINDS)
     assert compared and compared <= allowed, compared - allowed
     assert not set(CONTAINER_KINDS.values()) & compared  # no letter r/m/f/k
     # row fields by name, each a name of its table

@@ -17,6 +17,7 @@ import torch
 from conftest import SAMPLES
 
 import gradscope as gs
+from gradscope.views import page_wire
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = [
@@ -52,10 +53,10 @@ def embedded_data(page: str) -> dict:
     m = re.search(r'<script type="application/json" id="gs-data">(.*?)</script>', page, re.S)
     assert m, "no embedded graph data"
     data = json.loads(m.group(1))
+    blocks = re.findall(r'<script type="application/json" class="gs-part" '
+                        r'data-kind="(\w+)">(.*?)</script>', page, re.S)
+    data |= page_wire.decode([(kind, json.loads(block)) for kind, block in blocks])
     for kind in ("nodes", "edges"):
-        blocks = re.findall(rf'<script type="application/json" class="gs-part" '
-                            rf'data-kind="{kind}">(.*?)</script>', page, re.S)
-        data[kind] = [row for block in blocks for row in json.loads(block)]
         assert len(data[kind]) == data["n_" + kind]
     return data
 

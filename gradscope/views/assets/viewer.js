@@ -77,26 +77,30 @@
     if (document.readyState === "loading") await new Promise((r) => document.addEventListener("DOMContentLoaded", r));
     await tick();
     buildContainers();
-    let i = 0, k = 0, sliceEnd = performance.now() + SLICE_MS, lastName = null;
+    // (views/page_wire.py) a block is a list of columns in D.fields order, a column all at its
+    // default null; a node's name and info are indices into the names and infos blocks, which
+    // come first; a null id column means each id is "n" and the row's index
+    const names = [], infos = [];
+    let i = 0, k = 0, sliceEnd = performance.now() + SLICE_MS;
     for (const el of document.querySelectorAll("script.gs-part")) {
       if (performance.now() >= sliceEnd) { await tick(); sliceEnd = performance.now() + SLICE_MS; }
-      const rows = JSON.parse(el.textContent);
-      if (el.dataset.kind === "nodes") {
-        for (const r of rows) {
-          // a name the same as the row before's is kept once (JSON.parse makes a string each)
-          const name = r[NF.name];
-          if (name !== lastName) lastName = name;
-          nodeId[i] = r[NF.id]; nodeName[i] = lastName; nodeKind[i] = r[NF.kind];
-          nodeC[i] = r[NF.container]; nodeInfo[i] = r[NF.info] || null;
-          i++;
+      const b = JSON.parse(el.textContent), kind = el.dataset.kind;
+      if (kind === "names") { for (const v of b) names.push(v); continue; }
+      if (kind === "infos") { for (const v of b) infos.push(v); continue; }
+      if (kind === "nodes") {
+        const ids = b[NF.id], nm = b[NF.name], kd = b[NF.kind], ct = b[NF.container], inf = b[NF.info];
+        for (let q = 0; q < kd.length; q++, i++) {
+          nodeId[i] = ids ? ids[q] : "n" + i; nodeName[i] = names[nm[q]]; nodeKind[i] = kd[q];
+          nodeC[i] = ct[q]; nodeInfo[i] = inf && inf[q] >= 0 ? infos[inf[q]] : null;
         }
-      } else {
-        for (const r of rows) {
-          eSrc[k] = r[EF.src]; eDst[k] = r[EF.dst]; eNr[k] = r[EF.input_nr] || 0;
-          eView[k] = (r[EF.kind] || 0) === PLAIN_EDGE ? 0 : r[EF.kind];
-          eCount[k] = r[EF.count] === undefined ? 1 : r[EF.count];
-          eNorm[k] = r[EF.grad_norm] === undefined ? null : r[EF.grad_norm];
-          k++;
+      } else if (kind === "edges") {
+        const src = b[EF.src], dst = b[EF.dst], nr = b[EF.input_nr], ek = b[EF.kind], cnt = b[EF.count], gn = b[EF.grad_norm];
+        for (let q = 0; q < src.length; q++, k++) {
+          eSrc[k] = src[q]; eDst[k] = dst[q]; eNr[k] = nr ? nr[q] : 0;
+          const v = ek ? ek[q] : 0;
+          eView[k] = v === PLAIN_EDGE ? 0 : v;
+          eCount[k] = cnt ? cnt[q] : 1;
+          eNorm[k] = gn ? gn[q] : null;
         }
       }
     }
