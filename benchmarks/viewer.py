@@ -26,9 +26,9 @@ pages in Python takes minutes (``to_html`` of the chain: about 2 minutes here).
 
 With ``--repeat N`` each figure of ``--scale`` is the median of N loads. With ``--base DIR`` (a
 checkout to compare with, e.g. ``git worktree add /tmp/viewer-base HEAD``) each page is also
-written with that checkout's ``viewer.js`` and ``layout.js`` in place of this one's (the same data
-and template: for a change to the page's scripts only), the two loaded in turn, and the medians
-of both are printed with their ratio (this / base), so machine load hits both alike.
+written by that checkout's own ``to_html`` (its data format and scripts, from the graph's JSON,
+in a process importing that checkout), the two loaded in turn, and the medians of both are
+printed with their ratio (this / base), so machine load hits both alike.
 
     .venv/bin/python benchmarks/viewer.py --scale --repeat 3 --base /tmp/viewer-base
 
@@ -54,6 +54,7 @@ off (the page's pre-sketch path), as a ratio.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -219,20 +220,22 @@ def chain_graph(n: int):
     return graph
 
 
-def with_base_scripts(page: Path, base: Path, out: Path) -> Path:
-    """``page`` with the base checkout's viewer.js and layout.js inlined in place of this one's."""
-    from gradscope.views import html as page_html
+def base_page(graph, base: Path, out: Path) -> Path:
+    """The page of ``graph`` as the ``base`` checkout writes it: its own ``to_html`` (the page's
+    data format is the checkout's as much as its scripts are), run from the graph's JSON in a
+    process that imports ``gradscope`` from ``base``."""
+    import subprocess
+    import sys
 
-    text = page.read_text(encoding="utf-8")
-    for name in ("viewer.js", "layout.js"):
-        ours = page_html._asset(name)
-        theirs = (base / "gradscope" / "views" / "assets" / name).read_text(encoding="utf-8")
-        theirs = "\n".join(ln for ln in theirs.splitlines()
-                           if not ln.startswith("//# sourceMappingURL="))
-        if text.count(ours) != 1:
-            raise SystemExit(f"{name} is not inlined once in the page")
-        text = text.replace(ours, theirs.replace("</script", "<\\/script"))
-    out.write_text(text, encoding="utf-8")
+    src = out.with_suffix(".json")
+    src.write_text(graph.to_json(), encoding="utf-8")
+    code = ("import sys, gradscope as gs; "
+            "gs.Graph.from_json(open(sys.argv[1], encoding='utf-8').read()).save(sys.argv[2])")
+    env = {k: v for k, v in os.environ.items() if k != "GRADSCOPE_REQUIRE_CWALK"}
+    env["PYTHONPATH"] = str(base)
+    subprocess.run([sys.executable, "-c", code, str(src), str(out)], check=True, env=env,
+                   cwd=base)
+    src.unlink()
     return out
 
 
@@ -248,8 +251,6 @@ def load_and_expand(browser, path: Path) -> dict:
 
 
 def scale(fan_ins: list[int], chain: int, repeat: int = 1, base: Path | None = None) -> None:
-    import os
-
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
@@ -265,7 +266,7 @@ def scale(fan_ins: list[int], chain: int, repeat: int = 1, base: Path | None = N
             t_py = time.perf_counter() - t0
             pages = {"this": path}
             if base is not None:
-                pages["base"] = with_base_scripts(path, base, Path(tmp) / "scale-base.html")
+                pages["base"] = base_page(graph, base, Path(tmp) / "scale-base.html")
             runs: dict[str, list[dict]] = {k: [] for k in pages}
             for _ in range(repeat):  # in turn: a load spike hits both
                 for k, page in pages.items():
@@ -450,7 +451,7 @@ def main() -> None:
     parser.add_argument("--chain", type=int, default=1_000_000,
                         help="the --scale chain's nodes (0: none)")
     parser.add_argument("--base", type=Path, default=None,
-                        help="--scale: a checkout whose viewer.js and layout.js to compare with")
+                        help="--scale: a checkout whose page (its to_html) to compare with")
     args = parser.parse_args()
     try:
         from playwright.sync_api import sync_playwright

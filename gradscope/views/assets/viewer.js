@@ -29,7 +29,8 @@
 
   // ------------------------------------------------------------------ the data
   // The header (containers, options) is one JSON block; nodes and edges come in blocks of
-  // rows (class gs-part), each parsed in its own task so a big graph never blocks the page.
+  // columns (class gs-part, views/page_wire.py) after their names and infos, each parsed in
+  // its own task so a big graph never blocks the page.
   const N = D.n_nodes, E = D.n_edges;
   // (an array of a million left as new Array(n) leaves it is in V8's slow dictionary mode)
   const filled = (n, v) => new Array(n).fill(v);
@@ -339,6 +340,7 @@
     if (kind !== nodeKind[j] || kind === LEAF || kind === OUTPUT || kind === MODULE || nodeName[i] !== nodeName[j]) return false;
     const a = nodeInfo[i], b = nodeInfo[j];
     if (!a || !b) return false;
+    if (a === b) return true; // one info of the page's table (views/page_wire.py): alike
     for (const f of OP_LABEL_FIELDS) if (!sameValue(a[f], b[f])) return false;
     const sa = a[K.saved], sb = b[K.saved];
     if (sa === sb) return true;
