@@ -32,7 +32,6 @@ from ..model.doctor import DoctorReport
 from ..model.formats import FormatKind, OutputFormat, register_format, register_renderer
 from ..model.graph import Graph
 from ..model.schema_write import float_to_json
-from . import page_wire
 from .containers import CHUNK, MAX_LEVELS
 from .page_data import (
     BUDGET,
@@ -43,7 +42,7 @@ from .page_data import (
     DiffMarks,
     graph_data,
 )
-from .page_wire import PART
+from .page_wire import PART, encode
 from .style import clean_text
 
 __all__ = [
@@ -115,7 +114,7 @@ def to_html(
     nodes, edges = data.pop("nodes"), data.pop("edges")
     data["n_nodes"], data["n_edges"] = len(nodes), len(edges)
     parts = [f'<script type="application/json" class="gs-part" data-kind="{kind}">'
-             f"{_json(block)}</script>" for kind, block in page_wire.encode(nodes, edges)]
+             f"{_json(block)}</script>" for kind, block in encode(nodes, edges)]
     fill = {
         "{{TITLE}}": html.escape(clean_text(title)),
         "/*{{DAGRE}}*/": _asset("dagre.min.js"),
