@@ -110,6 +110,17 @@ _UNINITIALISED = frozenset(
 )
 
 
+#: In-place ops that overwrite every element of the tensor they are called on without reading
+#: it, and the ``nn.init`` functions built on them (a parameter made by ``torch.empty`` is
+#: filled by one; some reach the mode themselves, the tensor given as ``tensor=``): that
+#: tensor's old values are nobody's finding, only what the op writes (checked as its output).
+_OVERWRITING = frozenset(
+    {"normal_", "uniform_", "fill_", "zero_", "random_", "bernoulli_", "exponential_",
+     "geometric_", "cauchy_", "log_normal_", "copy_",
+     "constant_", "ones_", "zeros_", "eye_", "dirac_", "trunc_normal_", "orthogonal_",
+     "sparse_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_"}
+)
+
 #: Tensor properties that compute a tensor from the one they are read on (``x.T``); reading
 #: any other (``x.shape``, ``x.dtype``, ``x.data``) computes nothing from its values.
 _COMPUTING_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
@@ -125,6 +136,21 @@ def _computing_op(func: Any, out: Any) -> str | None:
         return prop if name == "__get__" and prop in _COMPUTING_PROPERTIES else None
     outs = out if isinstance(out, (tuple, list)) else (out,)
     return name if any(isinstance(t, torch.Tensor) for t in outs) else None
+
+
+#: ``made_by``'s label of an input whose first computing call wrote over it unread.
+_OVERWRITTEN = "an input written over before it was read"
+
+
+def _overwritten(t: torch.Tensor, op: str, args: Any, kwargs: Any) -> bool:
+    """Whether the call ``op`` wrote over all of ``t`` without reading it: ``t`` is the
+    tensor an overwriting in-place op was called on, or the ``out=`` of a call."""
+    if op in _OVERWRITING:
+        dest = args[0] if args else (kwargs or {}).get("tensor", (kwargs or {}).get("self"))
+        if dest is t:
+            return True
+    out = kwargs.get("out") if kwargs else None
+    return out is t or (isinstance(out, (tuple, list)) and any(o is t for o in out))
 
 
 def _grad_fn(t: torch.Tensor) -> Any:
@@ -209,7 +235,7 @@ class _ForwardMode(TorchFunctionMode):
         if self.check_finite:
             self._flag(func, out)
             if read:
-                self._attribute(func, out, read)
+                self._attribute(func, out, read, args, kwargs)
         return out
 
     def name(self, named: Iterator[tuple[str, torch.Tensor]]) -> None:
@@ -274,11 +300,18 @@ class _ForwardMode(TorchFunctionMode):
         return found[1] if found is not None and found[0]() is t else None
 
     def _attribute(
-        self, func: Any, out: Any, read: list[tuple[list[Any], Any, torch.Tensor]]
+        self,
+        func: Any,
+        out: Any,
+        read: list[tuple[list[Any], Any, torch.Tensor]],
+        args: Any,
+        kwargs: Any,
     ) -> None:
         """After the call: name the inputs it read by it (op, grad_fn: the module, line) when
         it computed from them; a call that only read their metadata (``x.shape``,
-        ``x.size(0)``, ``x.dim()``) leaves them to the next call that reads them."""
+        ``x.size(0)``, ``x.dim()``) leaves them to the next call that reads them. An input
+        the call only wrote over (``p.uniform_()`` on a ``torch.empty`` parameter, the
+        ``out=`` of a call) was never read: its old values are dropped from the findings."""
         op = _computing_op(func, out)
         if op is None:
             for entry, _, t in read:
@@ -292,6 +325,8 @@ class _ForwardMode(TorchFunctionMode):
         for entry, loc, t in read:
             entry[0], entry[1], entry[2] = op, fn, loc
             self.unread.pop(id(t), None)
+            if _overwritten(t, op, args, kwargs):
+                entry[3] = _OVERWRITTEN
 
     @staticmethod
     def _first_grad_fn(out: Any) -> Any:
@@ -337,7 +372,7 @@ class _ForwardMode(TorchFunctionMode):
         for indices in by_device.values():
             values = torch.stack([self.flags[i] for i in indices]).tolist()
             for i, (nan, inf) in zip(indices, values):
-                if nan or inf:
+                if (nan or inf) and self.made_by[i][3] is not _OVERWRITTEN:
                     bad[i] = "nan" if nan else "inf"
         if not bad:
             return None
