@@ -156,14 +156,20 @@ def test_render_backward_marks_the_first_nan_and_exits_1(tmp_path):
     assert ok.returncode == 0 and "#0 " in ok.stdout and "‖∇‖" in ok.stdout
 
 
-def test_depth_memory_and_html(tmp_path):
+def test_tree_at_a_depth_lists_modules_and_their_memory():
     proc = run_cli("tree", str(SAMPLES / "transformer.py"), "--depth", "1")
     assert proc.returncode == 0, proc.stderr
     assert "encoder (TransformerEncoder)" in proc.stdout
     assert "saved tensors hold" in proc.stdout and "module" in proc.stdout
+
+
+def test_render_memory_labels_the_nodes(tmp_path):
     dot = tmp_path / "m.dot"
     proc = run_cli("render", str(SAMPLES / "mlp.py"), "--memory", "-o", str(dot))
     assert proc.returncode == 0 and "holds 2.0 KiB" in dot.read_text()
+
+
+def test_render_to_html_writes_a_page(tmp_path):
     html = tmp_path / "m.html"
     proc = run_cli("render", str(SAMPLES / "mlp.py"), "-o", str(html))
     assert proc.returncode == 0 and html.read_text().lstrip().lower().startswith("<!doctype html")

@@ -59,31 +59,33 @@ def test_render_of_a_60000_op_chain_is_bounded_and_does_not_crash(tmp_path):
     assert out.read_text().count("MulBackward0") <= 1500
 
 
-def test_release_frees_a_deep_chain_without_recursion():
-    """Without gs.release, the same program dies with SIGSEGV once a Python walk has run."""
-    code = textwrap.dedent("""
-        import sys, torch, gradscope as gs
-        x = torch.ones(2, requires_grad=True)
-        y = x
-        for _ in range(100_000):
-            y = y * 1.0
-        gs.trace(y, saved=False)
-        if sys.argv[1] == "release":
-            assert gs.release(y) == 100_001 and y.grad_fn is None
-        del y
-        print("freed")
-    """)
-    def run(mode: str) -> subprocess.CompletedProcess:
-        def stack_8mib() -> None:  # the usual default, whatever this machine's ulimit -s is
-            resource.setrlimit(resource.RLIMIT_STACK, (8 << 20, 8 << 20))
+DEEP_CHAIN = textwrap.dedent("""
+    import sys, torch, gradscope as gs
+    x = torch.ones(2, requires_grad=True)
+    y = x
+    for _ in range(100_000):
+        y = y * 1.0
+    gs.trace(y, saved=False)
+    if sys.argv[1] == "release":
+        assert gs.release(y) == 100_001 and y.grad_fn is None
+    del y
+    print("freed")
+""")
 
-        return subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True,
-                              timeout=120, preexec_fn=stack_8mib)
 
-    done = run("release")
-    assert done.returncode == 0 and "freed" in done.stdout, done.stderr[-400:]
-    crash = run("plain")
-    assert crash.returncode == -signal.SIGSEGV  # the failure release prevents
+@pytest.mark.parametrize("mode", ["release", "plain"])
+def test_release_frees_a_deep_chain_without_recursion(mode: str):
+    """Without gs.release, the same program dies with SIGSEGV once a Python walk has run
+    (the "plain" run: the failure release prevents)."""
+    def stack_8mib() -> None:  # the usual default, whatever this machine's ulimit -s is
+        resource.setrlimit(resource.RLIMIT_STACK, (8 << 20, 8 << 20))
+
+    proc = subprocess.run([sys.executable, "-c", DEEP_CHAIN, mode], capture_output=True,
+                          text=True, timeout=120, preexec_fn=stack_8mib)
+    if mode == "release":
+        assert proc.returncode == 0 and "freed" in proc.stdout, proc.stderr[-400:]
+    else:
+        assert proc.returncode == -signal.SIGSEGV
 
 
 def test_release_keeps_values_and_gradients():

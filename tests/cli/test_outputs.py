@@ -157,20 +157,21 @@ def build():
 """
 
 
-def test_a_model_file_that_changes_folder_cannot_move_the_output(tmp_path):
+@pytest.mark.parametrize("args, written", [
+    (("-o", "out.dot"), "out.dot"),
+    (("--format", "dot"), "m.dot"),  # the default output too
+])
+def test_a_model_file_that_changes_folder_cannot_move_the_output(tmp_path, args, written):
     here, away = tmp_path / "here", tmp_path / "away"
     here.mkdir()
     away.mkdir()
     (away / "out.dot").write_text("keep me")
     (away / "m.dot").write_text("keep me too")
     (here / "m.py").write_text(CHDIR.format(away=str(away)))
-    proc = run_cli("render", "m.py", "-o", "out.dot", cwd=here)
+    proc = run_cli("render", "m.py", *args, cwd=here)
     assert proc.returncode == 0, proc.stderr
-    assert (here / "out.dot").read_text().startswith("digraph")
-    assert "wrote out.dot" in proc.stderr
-    proc = run_cli("render", "m.py", "--format", "dot", cwd=here)  # the default output too
-    assert proc.returncode == 0, proc.stderr
-    assert (here / "m.dot").read_text().startswith("digraph")
+    assert (here / written).read_text().startswith("digraph")
+    assert f"wrote {written}" in proc.stderr
     assert (away / "out.dot").read_text() == "keep me"
     assert (away / "m.dot").read_text() == "keep me too"
 
@@ -185,35 +186,41 @@ os.chdir({away!r})
 """
 
 
-def test_report_outputs_are_settled_before_the_model_runs(tmp_path):
+def chdir_model(tmp_path: Path) -> tuple[Path, Path]:
+    """A model file that changes folder as it loads: (its folder, the folder it goes to)."""
     here, away = tmp_path / "here", tmp_path / "away"
     here.mkdir()
     away.mkdir()
     (here / "m.py").write_text(REPORT_CHDIR.format(away=str(away)))
+    return here, away
+
+
+def test_report_outputs_are_settled_before_the_model_runs(tmp_path):
+    here, away = chdir_model(tmp_path)
     proc = run_cli("report", "m.py", "--steps", "2", "--json", "log.jsonl", cwd=here)
     assert proc.returncode == 0, proc.stderr
     assert len((here / "log.jsonl").read_text().splitlines()) == 2
     assert not (away / "log.jsonl").exists()
-    fifo = here / "log2.jsonl"
+
+
+@pytest.mark.parametrize("command", [("report", "--steps", "2"), ("memory",)])
+def test_a_fifo_output_is_refused_before_the_model_runs(tmp_path, command):
+    here, _ = chdir_model(tmp_path)
+    fifo = here / "out.json"
     os.mkfifo(fifo)
-    assert "FIFO" in one_error_line(
-        run_cli("report", "m.py", "--steps", "2", "--json", str(fifo), cwd=here))
+    line = one_error_line(run_cli(command[0], "m.py", *command[1:], "--json", str(fifo),
+                                  cwd=here))
+    assert "FIFO" in line
 
 
 # ---------------------------------------------------------------------------- format vs suffix
 
 def test_memory_outputs_are_settled_before_the_model_runs(tmp_path):
-    here, away = tmp_path / "here", tmp_path / "away"
-    here.mkdir()
-    away.mkdir()
-    (here / "m.py").write_text(REPORT_CHDIR.format(away=str(away)))
+    here, away = chdir_model(tmp_path)
     proc = run_cli("memory", "m.py", "--json", "mem.json", cwd=here)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((here / "mem.json").read_text())
     assert not (away / "mem.json").exists()
-    fifo = here / "mem2.json"
-    os.mkfifo(fifo)
-    assert "FIFO" in one_error_line(run_cli("memory", "m.py", "--json", str(fifo), cwd=here))
 
 def test_a_format_that_disagrees_with_the_suffix_is_refused(tmp_path):
     model, mark = marked_model(tmp_path)
