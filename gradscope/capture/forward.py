@@ -126,11 +126,23 @@ _OVERWRITING = frozenset(
 _COMPUTING_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
 
 
+#: Calls that make a tensor from another's shape, dtype and device alone, never its values
+#: (``nn.init.orthogonal_`` and ``trunc_normal_`` call them on the tensor they fill).
+_SHAPE_ONLY = frozenset(
+    {"new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "new_tensor",
+     "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
+     "randint_like"}
+)
+
+
 def _computing_op(func: Any, out: Any) -> str | None:
-    """The name of ``func`` when the call computed a tensor from its arguments, else None: a
-    property getter other than ``x.T`` and friends (``__get__`` of ``shape``), or a call that
-    returned no tensor (``size``, ``dim``, ``__len__``, ``is_floating_point``)."""
+    """The name of ``func`` when the call computed a tensor from its arguments' values, else
+    None: a property getter other than ``x.T`` and friends (``__get__`` of ``shape``), a call
+    that returned no tensor (``size``, ``dim``, ``__len__``, ``is_floating_point``), or one
+    that read only a shape (``x.new_zeros(3)``, ``torch.ones_like(x)``)."""
     name = getattr(func, "__name__", str(func))
+    if name in _SHAPE_ONLY:
+        return None
     if name in ("__get__", "__set__", "__delete__"):
         prop = getattr(getattr(func, "__self__", None), "__name__", None)
         return prop if name == "__get__" and prop in _COMPUTING_PROPERTIES else None
@@ -209,8 +221,9 @@ class _ForwardMode(TorchFunctionMode):
         # with check_finite: per floating value checked, its [has NaN, has Inf] flags (left on
         # the device), and what made it: [op name, grad_fn or None, (file, line) or None,
         # None, or for a tensor the forward was given (no op of the block made it) its
-        # label]; an input's op, grad_fn and line are those of the first call that computed
-        # from it ("", None, None while none has: reading x.shape computes nothing)
+        # label and the index of its flags]; an input's op, grad_fn and line are those of the
+        # first call that computed from it ("", None, None while none has: reading x.shape
+        # computes nothing), its flags those of its values just before that call
         self.flags: list[torch.Tensor] = []
         self.made_by: list[list[Any]] = []
         # tensors the block has seen (made by a call, or checked as an input), by id: a
@@ -277,6 +290,9 @@ class _ForwardMode(TorchFunctionMode):
                 entry = self._unread_entry(t) if self.unread else None
                 if entry is None:
                     continue  # made in the block, or an input already named
+                d = _checkable(t)
+                if d is not None:  # its values now: since its last touch (metadata only),
+                    self.flags[entry[4]] = _flags(d)  # an alias (``p.data``) may have set them
             elif _grad_fn(t) is not None:
                 continue  # made by an earlier forward: its op is known
             else:
@@ -284,7 +300,7 @@ class _ForwardMode(TorchFunctionMode):
                 d = _checkable(t)
                 if d is None:
                     continue
-                entry = ["", None, None, self._label(t)]
+                entry = ["", None, None, self._label(t), len(self.flags)]
                 self.made_by.append(entry)
                 self.flags.append(_flags(d))
             if loc is _UNSET:
@@ -313,6 +329,12 @@ class _ForwardMode(TorchFunctionMode):
         the call only wrote over (``p.uniform_()`` on a ``torch.empty`` parameter, the
         ``out=`` of a call) was never read: its old values are dropped from the findings."""
         op = _computing_op(func, out)
+        if op is None and args and getattr(func, "__name__", None) == "__setitem__":
+            # ``y[i] = x`` computes y's new values from x: x is read, y only written in part
+            dest = [r for r in read if r[2] is args[0]]
+            read = [r for r in read if r[2] is not args[0]]
+            self._attribute(func, out, dest, (), None)  # y: still unread
+            op = "__setitem__"
         if op is None:
             for entry, _, t in read:
                 if id(t) not in self.unread:
@@ -343,6 +365,9 @@ class _ForwardMode(TorchFunctionMode):
         outs = out if isinstance(out, (tuple, list)) else (out,)
         loc: Any = _UNSET  # the user's line, looked up once per call (only if one is checked)
         name = getattr(func, "__name__", str(func))
+        if name == "__get__" and _computing_op(func, out) is None:
+            return  # a property read (``p.data``, ``x.grad``): no op made its tensor, which
+            # is checked as a tensor given to the forward if a call computes from it
         for t in outs:
             if not isinstance(t, torch.Tensor):
                 continue
@@ -368,16 +393,27 @@ class _ForwardMode(TorchFunctionMode):
         by_device: dict[torch.device, list[int]] = {}
         for i, f in enumerate(self.flags):
             by_device.setdefault(f.device, []).append(i)
+        # inputs no call computed from: their values as the forward leaves them (an alias,
+        # ``p.data[:] = 0``, may have written them since), and none of a tensor gone since
+        # (a temporary only written into: nothing read it)
+        gone: set[int] = set()
+        for ref, entry in self.unread.values():
+            t = ref()
+            d = _checkable(t) if t is not None else None
+            if d is not None:
+                self.flags[entry[4]] = _flags(d)
+            elif t is None:
+                gone.add(entry[4])
         bad: dict[int, str] = {}
         for indices in by_device.values():
             values = torch.stack([self.flags[i] for i in indices]).tolist()
             for i, (nan, inf) in zip(indices, values):
-                if (nan or inf) and self.made_by[i][3] is not _OVERWRITTEN:
+                if (nan or inf) and self.made_by[i][3] is not _OVERWRITTEN and i not in gone:
                     bad[i] = "nan" if nan else "inf"
         if not bad:
             return None
         first = min(bad)
-        op, fn, loc, given = self.made_by[first]
+        op, fn, loc, given = self.made_by[first][:4]
         module = node = None
         if fn is not None:
             meta = fn.metadata

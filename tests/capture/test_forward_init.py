@@ -79,3 +79,62 @@ def test_a_parameter_left_as_nan_memory_is_still_found(monkeypatch):
         w = nn.Parameter(torch.empty(3, 4))
         (torch.randn(2, 3) @ w).sum()
     assert (fw.first_nonfinite.input, fw.first_nonfinite.kind) == ("a parameter", "nan")
+
+
+INITS = {
+    "normal_": nn.init.normal_,
+    "uniform_": nn.init.uniform_,
+    "trunc_normal_": nn.init.trunc_normal_,  # reads new_tensor(a) first: a shape, not values
+    "xavier_uniform_": nn.init.xavier_uniform_,
+    "xavier_normal_": nn.init.xavier_normal_,
+    "kaiming_uniform_": lambda p: nn.init.kaiming_uniform_(p, a=5 ** 0.5),
+    "kaiming_normal_": nn.init.kaiming_normal_,
+    "constant_": lambda p: nn.init.constant_(p, 0.5),
+    "zeros_": nn.init.zeros_,
+    "ones_": nn.init.ones_,
+    "eye_": nn.init.eye_,  # torch.eye(..., out=p)
+    "sparse_": lambda p: nn.init.sparse_(p, 0.5),
+    # Hugging Face's _init_weights writes through .data
+    "data.normal_": lambda p: p.data.normal_(mean=0.0, std=0.02),
+    "data.zero_": lambda p: p.data.zero_(),
+    "data[:] =": lambda p: p.data.__setitem__(slice(None), 1.0),
+    "data.copy_": lambda p: p.data.copy_(torch.ones_like(p)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INITS))
+def test_a_parameter_initialised_from_nan_memory_is_no_finding(monkeypatch, name):
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    p = nn.Parameter(torch.empty(3, 4))
+    with gs.record_forward(check_finite=True) as fw:
+        INITS[name](p)
+        (torch.randn(2, 3) @ p).sum()
+    assert torch.isfinite(p).all()
+    assert fw.first_nonfinite is None
+
+
+def test_a_value_set_into_a_tensor_is_read_by_the_assignment():
+    """``y[:] = x`` computes y's values from x: a NaN in x is first read there."""
+    x = torch.tensor([1.0, float("nan")])
+    with gs.record_forward(check_finite=True) as fw:
+        fw.name_inputs([("the input x", x)])
+        y = torch.zeros(2)
+        y[:] = x
+        (y * 2).sum()
+    assert (fw.first_nonfinite.input, fw.first_nonfinite.op) == ("the input x", "__setitem__")
+
+
+def test_an_input_nothing_computes_from_is_said_as_the_forward_left_it():
+    """Only the shape of ``y`` is read: its NaN is said (the batch holds it), unless the
+    forward wrote it over through an alias meanwhile."""
+    w = torch.ones(3, requires_grad=True)
+    y = torch.full((2,), float("nan"))
+    with gs.record_forward(check_finite=True) as fw:
+        fw.name_inputs([("the input y", y)])
+        (w * float(y.shape[0])).sum()
+    assert (fw.first_nonfinite.input, fw.first_nonfinite.op) == ("the input y", "")
+    with gs.record_forward(check_finite=True) as fw:
+        fw.name_inputs([("the input y", y)])
+        (w * float(y.shape[0])).sum()
+        y.data.zero_()
+    assert fw.first_nonfinite is None
