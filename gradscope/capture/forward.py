@@ -165,6 +165,14 @@ def _overwritten(t: torch.Tensor, op: str, args: Any, kwargs: Any) -> bool:
     return out is t or (isinstance(out, (tuple, list)) and any(o is t for o in out))
 
 
+def _whole_view(out: Any, t: torch.Tensor) -> bool:
+    """Whether ``out`` is a view of all of ``t`` (``t.view_as(q)``, ``t.reshape(-1)``)."""
+    if not isinstance(out, torch.Tensor) or out is t or not out._is_view():
+        return False
+    base = t._base if t._is_view() and t._base is not None else t
+    return out._base is base and out.numel() == t.numel() == base.numel()
+
+
 def _grad_fn(t: torch.Tensor) -> Any:
     """``t.grad_fn``, or None where torch refuses to say (a view made under ``no_grad`` whose
     base was then changed in place: reading its ``grad_fn`` raises, and what a recorder reads
@@ -223,7 +231,8 @@ class _ForwardMode(TorchFunctionMode):
         # None, or for a tensor the forward was given (no op of the block made it) its
         # label and the index of its flags]; an input's op, grad_fn and line are those of the
         # first call that computed from it ("", None, None while none has: reading x.shape
-        # computes nothing), its flags those of its values just before that call
+        # computes nothing), its flags set when its values held NaN/Inf both when it was
+        # first touched and just before that call
         self.flags: list[torch.Tensor] = []
         self.made_by: list[list[Any]] = []
         # tensors the block has seen (made by a call, or checked as an input), by id: a
@@ -233,6 +242,9 @@ class _ForwardMode(TorchFunctionMode):
         # tensors the forward was given that no call has computed from yet (only their shape
         # or size was read): their entry of made_by, named by the first call that does
         self.unread: dict[int, tuple[weakref.ref[torch.Tensor], list[Any]]] = {}
+        # whole views of those inputs (``p.view_as(q)``, as ``nn.init.orthogonal_`` makes to
+        # fill ``p``): the view's own entry, dropped if the view is written over unread
+        self.views: dict[int, tuple[weakref.ref[torch.Tensor], list[Any]]] = {}
         self.paused: list[Any] = []  # torch.compile wrappers running with the mode off
         dynamo.eager_only(_ForwardMode.__torch_function__)
 
@@ -246,9 +258,10 @@ class _ForwardMode(TorchFunctionMode):
         else:
             self._stamp_custom()  # custom Function forwards run with grad disabled
         if self.check_finite:
+            before = len(self.made_by)
             self._flag(func, out)
             if read:
-                self._attribute(func, out, read, args, kwargs)
+                self._attribute(func, out, read, args, kwargs, self.made_by[before:])
         return out
 
     def name(self, named: Iterator[tuple[str, torch.Tensor]]) -> None:
@@ -285,14 +298,18 @@ class _ForwardMode(TorchFunctionMode):
         line: new ones, and earlier ones no call has computed from yet."""
         read: list[tuple[list[Any], Any, torch.Tensor]] | None = None
         loc: Any = _UNSET
+        if self.views:
+            self._drop_written_views(func, args, kwargs)
         for t in _arguments(args, kwargs):
             if self._seen(t):
                 entry = self._unread_entry(t) if self.unread else None
                 if entry is None:
                     continue  # made in the block, or an input already named
                 d = _checkable(t)
-                if d is not None:  # its values now: since its last touch (metadata only),
-                    self.flags[entry[4]] = _flags(d)  # an alias (``p.data``) may have set them
+                if d is not None:  # held NaN/Inf when first touched and still now: what an
+                    # alias (``p.data.normal_()``) wrote over since is no finding, and what
+                    # one wrote in is the writer's
+                    self.flags[entry[4]] = self.flags[entry[4]] & _flags(d)
             elif _grad_fn(t) is not None:
                 continue  # made by an earlier forward: its op is known
             else:
@@ -311,6 +328,17 @@ class _ForwardMode(TorchFunctionMode):
             read.append((entry, loc, t))
         return read
 
+    def _drop_written_views(self, func: Any, args: Any, kwargs: Any) -> None:
+        """A whole view of an unread input, written over by this call before anything read
+        it: what its maker saw there (uninitialised memory) is no finding."""
+        op = getattr(func, "__name__", "")
+        for t in list(_arguments(args, kwargs)):
+            found = self.views.get(id(t))
+            if found is not None and found[0]() is t:
+                if _overwritten(t, op, args, kwargs):
+                    found[1][3] = _OVERWRITTEN
+                del self.views[id(t)]  # read or written: settled either way
+
     def _unread_entry(self, t: torch.Tensor) -> list[Any] | None:
         found = self.unread.get(id(t))
         return found[1] if found is not None and found[0]() is t else None
@@ -322,6 +350,7 @@ class _ForwardMode(TorchFunctionMode):
         read: list[tuple[list[Any], Any, torch.Tensor]],
         args: Any,
         kwargs: Any,
+        made: list[list[Any]] | None = None,
     ) -> None:
         """After the call: name the inputs it read by it (op, grad_fn: the module, line) when
         it computed from them; a call that only read their metadata (``x.shape``,
@@ -345,7 +374,18 @@ class _ForwardMode(TorchFunctionMode):
             return
         fn = self._first_grad_fn(out)  # the module of the reader: its output's node knows it
         for entry, loc, t in read:
-            entry[0], entry[1], entry[2] = op, fn, loc
+            if not entry[0]:
+                entry[0], entry[1], entry[2] = op, fn, loc
+            if made is not None and len(made) == 1 and _whole_view(out, t):
+                # a view reads no value: t stays unread (its flags follow its values), and the
+                # view, written over next, is no finding
+                try:
+                    self.views[id(out)] = (weakref.ref(out), made[0])
+                    if id(t) not in self.unread:
+                        self.unread[id(t)] = (weakref.ref(t), entry)
+                    continue
+                except TypeError:  # no weak reference: named by the view, as any call
+                    pass
             self.unread.pop(id(t), None)
             if _overwritten(t, op, args, kwargs):
                 entry[3] = _OVERWRITTEN
@@ -393,15 +433,15 @@ class _ForwardMode(TorchFunctionMode):
         by_device: dict[torch.device, list[int]] = {}
         for i, f in enumerate(self.flags):
             by_device.setdefault(f.device, []).append(i)
-        # inputs no call computed from: their values as the forward leaves them (an alias,
-        # ``p.data[:] = 0``, may have written them since), and none of a tensor gone since
-        # (a temporary only written into: nothing read it)
+        # inputs no call computed from: NaN/Inf when first touched and still as the forward
+        # leaves them (an alias, ``p.data[:] = 0``, may have written over them since), and
+        # none of a tensor gone since (a temporary only written into: nothing read it)
         gone: set[int] = set()
         for ref, entry in self.unread.values():
             t = ref()
             d = _checkable(t) if t is not None else None
             if d is not None:
-                self.flags[entry[4]] = _flags(d)
+                self.flags[entry[4]] = self.flags[entry[4]] & _flags(d)
             elif t is None:
                 gone.add(entry[4])
         bad: dict[int, str] = {}
@@ -564,6 +604,7 @@ class RecordForward:
             mode.seen.clear()
             mode.names.clear()
             mode.unread.clear()
+            mode.views.clear()
             self._mode = None
 
     def __exit__(self, *exc: object) -> None:

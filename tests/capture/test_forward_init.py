@@ -94,6 +94,7 @@ INITS = {
     "ones_": nn.init.ones_,
     "eye_": nn.init.eye_,  # torch.eye(..., out=p)
     "sparse_": lambda p: nn.init.sparse_(p, 0.5),
+    "orthogonal_": nn.init.orthogonal_,  # new_empty(shape), then p.view_as(q).copy_(q)
     # Hugging Face's _init_weights writes through .data
     "data.normal_": lambda p: p.data.normal_(mean=0.0, std=0.02),
     "data.zero_": lambda p: p.data.zero_(),
@@ -111,6 +112,32 @@ def test_a_parameter_initialised_from_nan_memory_is_no_finding(monkeypatch, name
         (torch.randn(2, 3) @ p).sum()
     assert torch.isfinite(p).all()
     assert fw.first_nonfinite is None
+
+
+def test_a_nan_input_read_through_a_view_is_said_as_the_input():
+    """A view reads no value, but the input it shows is still the one that held the NaN."""
+    lin = nn.Linear(6, 2)
+    x = torch.randn(4, 3)
+    x[1, 1] = float("nan")
+    with gs.record_forward(check_finite=True) as fw:
+        fw.name_inputs([("the input x", x)])
+        lin(x.view(2, 6)).sum()
+    assert (fw.first_nonfinite.input, fw.first_nonfinite.op) == ("the input x", "view")
+    # a NaN written in through a view is the writer's, not the parameter's
+    p = nn.Parameter(torch.ones(3, 4))
+    src = torch.full((12,), float("nan"))
+    with gs.record_forward(check_finite=True) as fw:
+        fw.name_inputs([("the input src", src)])
+        with torch.no_grad():
+            p.view(-1).copy_(src)
+        (p * 2).sum()
+    assert (fw.first_nonfinite.input, fw.first_nonfinite.op) == ("the input src", "copy_")
+    p = nn.Parameter(torch.ones(3, 4))
+    with gs.record_forward(check_finite=True) as fw:
+        with torch.no_grad():
+            p.data.copy_(torch.ones(3, 4).log_().neg_().log_())  # log(-0.) = -inf, made here
+        (p * 2).sum()
+    assert fw.first_nonfinite.input is None and fw.first_nonfinite.op == "log_"
 
 
 def test_a_value_set_into_a_tensor_is_read_by_the_assignment():
