@@ -69,6 +69,20 @@ def graph_counts(graph) -> tuple[Counter, int]:
     return names, edges
 
 
+_REAL_EMPTY = torch.empty
+
+
+def nan_empty(*args, **kwargs) -> torch.Tensor:
+    """``torch.empty`` whose floating memory is all NaN (the worst uninitialised memory can
+    hold), made where no torch function mode sees it, as the allocator hands it over; tests
+    put it in place with ``monkeypatch.setattr(torch, "empty", nan_empty)``."""
+    with torch._C.DisableTorchFunction():
+        t = _REAL_EMPTY(*args, **kwargs)
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+    return t
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)

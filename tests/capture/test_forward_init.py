@@ -8,21 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import nan_empty
 from torch import nn
 
 import gradscope as gs
-
-REAL_EMPTY = torch.empty
-
-
-def nan_empty(*args, **kwargs) -> torch.Tensor:
-    """``torch.empty`` whose floating memory is all NaN, made where no mode sees it (as the
-    allocator would hand it over)."""
-    with torch._C.DisableTorchFunction():
-        t = REAL_EMPTY(*args, **kwargs)
-        if t.is_floating_point():
-            t.fill_(float("nan"))
-    return t
 
 
 def two(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
