@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .gcpause import collector_paused
 from .nodes import GraphLike, Node, format_bytes, format_split, storage_sizes
 from .paths import levels
 
@@ -226,6 +227,11 @@ def graph_memory(graph: GraphLike) -> MemoryReport:
         >>> rep.by_module    # Linear keeps its input; relu, outside the model, its result
         {'': 48, None: 32}
     """
+    with collector_paused():  # a few objects per storage, none freed (model/gcpause.py)
+        return _graph_memory(graph)
+
+
+def _graph_memory(graph: GraphLike) -> MemoryReport:
     aliases = alias_kinds(graph)
     rank = _forward_rank(graph)
     sizes: dict[str, int] = {}
@@ -312,20 +318,25 @@ def _forward_rank(graph: GraphLike) -> dict[str, int]:
     rank: dict[str, int] = {}
     seen: set[str] = set()
     starts = list(graph.roots) + [n.id for n in graph.nodes]
+    no_kids: list[str] = []
     for start in starts:
         if start in seen:
             continue
         seen.add(start)
-        stack: list[tuple[str, Iterator[str]]] = [(start, iter(kids.get(start, ())))]
+        # (node, its inputs, the next one to look at): a node is ranked once all are
+        stack: list[tuple[str, list[str], int]] = [(start, kids.get(start, no_kids), 0)]
         while stack:
-            nid, it = stack[-1]
-            nxt = next((k for k in it if k not in seen), None)
-            if nxt is None:
-                stack.pop()
+            nid, ks, i = stack.pop()
+            n = len(ks)
+            while i < n and ks[i] in seen:
+                i += 1
+            if i == n:
                 rank[nid] = len(rank)
             else:
+                nxt = ks[i]
                 seen.add(nxt)
-                stack.append((nxt, iter(kids.get(nxt, ()))))
+                stack.append((nid, ks, i + 1))
+                stack.append((nxt, kids.get(nxt, no_kids), 0))
     return rank
 
 

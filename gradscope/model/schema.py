@@ -49,12 +49,11 @@ first problem (``nodes[3].saved[0].freed: expected true or false, got "false"``)
 
 from __future__ import annotations
 
-import gc
 import json
-import threading
 from typing import Any, Literal, overload
 
 from ..errors import SchemaError
+from .gcpause import collector_paused
 from .nodes import KINDS, Box, Edge, Node, Region, SavedTensor, TensorInfo
 from .schema_write import (
     ALIAS_KINDS,
@@ -88,18 +87,8 @@ def read_json(s: str | bytes) -> Parts:
             raise SchemaError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if not isinstance(s, str):
         raise SchemaError(f"expected JSON text (str or bytes), got {type(s).__name__}")
-    # Parsing and reading allocate millions of containers and free none: the collector's
-    # passes over that growing heap are most of the time (a 27 MiB file: 1.15 s, 0.65 s
-    # without them). It is paused only when no other Python thread runs (nobody can see or
-    # change the setting meanwhile), and put back as it was, as ``gs.trace`` does.
-    pause_gc = gc.isenabled() and threading.active_count() == 1
-    if pause_gc:
-        gc.disable()
-    try:
+    with collector_paused():  # millions of containers, none freed (model/gcpause.py)
         return _read_text(s)
-    finally:
-        if pause_gc:
-            gc.enable()
 
 
 def _read_text(s: str) -> Parts:

@@ -78,3 +78,26 @@ def test_left_alone_while_another_thread_runs() -> None:
         stop.set()
         worker.join()
     assert seen and all(seen)
+
+
+def test_graph_memory_pauses_the_collector_too_and_puts_it_back(monkeypatch) -> None:
+    """``Graph.memory()`` (model/memory.py) builds a few objects per storage, none freed:
+    it runs under the same pause (model/gcpause.py), and leaves the setting as it was."""
+    from gradscope.model import memory
+    from gradscope.model.nodes import SavedTensor
+
+    seen: list[bool] = []
+    real_add = memory.add_use
+    monkeypatch.setattr(memory, "add_use", lambda r, u: seen.append(gc.isenabled())
+                        or real_add(r, u))
+    g = Graph([Node("n0", "MulBackward0", "op",
+                    saved=[SavedTensor("self", [4], "float32", "cpu", 16, "s0")])], [], ["n0"])
+    alone = threading.active_count() == 1
+    assert g.memory().total == 16
+    assert seen == [not alone] and gc.isenabled()
+    gc.disable()
+    try:
+        assert g.memory().total == 16
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
