@@ -150,18 +150,13 @@ def _computing_op(func: Any, out: Any) -> str | None:
     return name if any(isinstance(t, torch.Tensor) for t in outs) else None
 
 
-#: ``made_by``'s label of an input whose first computing call wrote over it unread.
-_OVERWRITTEN = "an input written over before it was read"
-
-
 def _overwritten(t: torch.Tensor, op: str, args: Any, kwargs: Any) -> bool:
     """Whether the call ``op`` wrote over all of ``t`` without reading it: ``t`` is the
     tensor an overwriting in-place op was called on, or the ``out=`` of a call."""
-    if op in _OVERWRITING:
-        dest = args[0] if args else (kwargs or {}).get("tensor", (kwargs or {}).get("self"))
-        if dest is t:
-            return True
-    out = kwargs.get("out") if kwargs else None
+    kwargs = kwargs or {}
+    if op in _OVERWRITING and (args[0] if args else kwargs.get("tensor", kwargs.get("self"))) is t:
+        return True
+    out = kwargs.get("out")
     return out is t or (isinstance(out, (tuple, list)) and any(o is t for o in out))
 
 
@@ -243,8 +238,8 @@ class _ForwardMode(TorchFunctionMode):
         # or size was read): their entry of made_by, named by the first call that does
         self.unread: dict[int, tuple[weakref.ref[torch.Tensor], list[Any]]] = {}
         # whole views of those inputs (``p.view_as(q)``, as ``nn.init.orthogonal_`` makes to
-        # fill ``p``): the view's own entry, dropped if the view is written over unread
-        self.views: dict[int, tuple[weakref.ref[torch.Tensor], list[Any]]] = {}
+        # fill ``p``): the index of the view's own flags, cleared if it is written over unread
+        self.views: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
         self.paused: list[Any] = []  # torch.compile wrappers running with the mode off
         dynamo.eager_only(_ForwardMode.__torch_function__)
 
@@ -260,8 +255,9 @@ class _ForwardMode(TorchFunctionMode):
         if self.check_finite:
             before = len(self.made_by)
             self._flag(func, out)
-            if read:
-                self._attribute(func, out, read, args, kwargs, self.made_by[before:])
+            if read:  # the index of the flags of the call's one checked output, if one
+                made = before if len(self.made_by) == before + 1 else None
+                self._attribute(func, out, read, args, kwargs, made)
         return out
 
     def name(self, named: Iterator[tuple[str, torch.Tensor]]) -> None:
@@ -336,8 +332,21 @@ class _ForwardMode(TorchFunctionMode):
             found = self.views.get(id(t))
             if found is not None and found[0]() is t:
                 if _overwritten(t, op, args, kwargs):
-                    found[1][3] = _OVERWRITTEN
+                    self._clear(found[1])
                 del self.views[id(t)]  # read or written: settled either way
+
+    def _clear(self, index: int) -> None:
+        """No finding from the values flagged at ``index`` (written over before any read)."""
+        self.flags[index] = torch.zeros_like(self.flags[index])
+
+    def _leave_unread(self, read: list[tuple[list[Any], Any, torch.Tensor]]) -> None:
+        """Inputs the call did not compute from: the next call that does names them."""
+        for entry, _, t in read:
+            if id(t) not in self.unread:
+                try:
+                    self.unread[id(t)] = (weakref.ref(t), entry)
+                except TypeError:  # no weak reference: stays unnamed
+                    pass
 
     def _unread_entry(self, t: torch.Tensor) -> list[Any] | None:
         found = self.unread.get(id(t))
@@ -350,7 +359,7 @@ class _ForwardMode(TorchFunctionMode):
         read: list[tuple[list[Any], Any, torch.Tensor]],
         args: Any,
         kwargs: Any,
-        made: list[list[Any]] | None = None,
+        made: int | None = None,
     ) -> None:
         """After the call: name the inputs it read by it (op, grad_fn: the module, line) when
         it computed from them; a call that only read their metadata (``x.shape``,
@@ -360,27 +369,21 @@ class _ForwardMode(TorchFunctionMode):
         op = _computing_op(func, out)
         if op is None and args and getattr(func, "__name__", None) == "__setitem__":
             # ``y[i] = x`` computes y's new values from x: x is read, y only written in part
-            dest = [r for r in read if r[2] is args[0]]
+            self._leave_unread([r for r in read if r[2] is args[0]])
             read = [r for r in read if r[2] is not args[0]]
-            self._attribute(func, out, dest, (), None)  # y: still unread
             op = "__setitem__"
         if op is None:
-            for entry, _, t in read:
-                if id(t) not in self.unread:
-                    try:
-                        self.unread[id(t)] = (weakref.ref(t), entry)
-                    except TypeError:  # no weak reference: stays unnamed
-                        pass
+            self._leave_unread(read)
             return
         fn = self._first_grad_fn(out)  # the module of the reader: its output's node knows it
         for entry, loc, t in read:
             if not entry[0]:
                 entry[0], entry[1], entry[2] = op, fn, loc
-            if made is not None and len(made) == 1 and _whole_view(out, t):
+            if made is not None and _whole_view(out, t):
                 # a view reads no value: t stays unread (its flags follow its values), and the
                 # view, written over next, is no finding
                 try:
-                    self.views[id(out)] = (weakref.ref(out), made[0])
+                    self.views[id(out)] = (weakref.ref(out), made)
                     if id(t) not in self.unread:
                         self.unread[id(t)] = (weakref.ref(t), entry)
                     continue
@@ -388,7 +391,7 @@ class _ForwardMode(TorchFunctionMode):
                     pass
             self.unread.pop(id(t), None)
             if _overwritten(t, op, args, kwargs):
-                entry[3] = _OVERWRITTEN
+                self._clear(entry[4])
 
     @staticmethod
     def _first_grad_fn(out: Any) -> Any:
@@ -436,19 +439,17 @@ class _ForwardMode(TorchFunctionMode):
         # inputs no call computed from: NaN/Inf when first touched and still as the forward
         # leaves them (an alias, ``p.data[:] = 0``, may have written over them since), and
         # none of a tensor gone since (a temporary only written into: nothing read it)
-        gone: set[int] = set()
         for ref, entry in self.unread.values():
             t = ref()
-            d = _checkable(t) if t is not None else None
-            if d is not None:
+            if t is None:
+                self._clear(entry[4])
+            elif (d := _checkable(t)) is not None:
                 self.flags[entry[4]] = self.flags[entry[4]] & _flags(d)
-            elif t is None:
-                gone.add(entry[4])
         bad: dict[int, str] = {}
         for indices in by_device.values():
             values = torch.stack([self.flags[i] for i in indices]).tolist()
             for i, (nan, inf) in zip(indices, values):
-                if (nan or inf) and self.made_by[i][3] is not _OVERWRITTEN and i not in gone:
+                if nan or inf:
                     bad[i] = "nan" if nan else "inf"
         if not bad:
             return None
