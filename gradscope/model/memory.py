@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .gcpause import collector_paused
-from .nodes import GraphLike, Node, format_bytes, format_split, storage_sizes
+from .nodes import GraphLike, Node, format_bytes, format_split, plural, storage_sizes
 from .paths import levels
 
 ACTIVATION, LEAF, OUTPUT = "activation", "leaf", "output"
@@ -193,9 +193,9 @@ class MemoryReport:
         if aliases:
             aliases += " (alive without the graph too)"
         return (
-            f"saved tensors hold {format_bytes(self.activation_bytes)} of activations in {n_act} "
-            f"storages (held only by the graph){aliases}; {format_bytes(self.total)} in "
-            f"{len(self.storages)} storages in all{peak}"
+            f"saved tensors hold {format_bytes(self.activation_bytes)} of activations in "
+            f"{plural(n_act, 'storage')} (held only by the graph){aliases}; "
+            f"{format_bytes(self.total)} in {plural(len(self.storages), 'storage')} in all{peak}"
         )
 
     def render(self, *, depth: int | None = None, top: int = 20) -> Any:
