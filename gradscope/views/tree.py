@@ -240,9 +240,10 @@ def _backward_header(graph: Graph) -> Text | None:
 
 
 def render_tree(graph: Graph, *, max_lines: int | None = None) -> Group:
-    """A rich renderable: a summary line, then the tree (see module docstring). On a terminal a
-    line wider than it wraps at spaces onto lines that keep the tree's guides (numbers are
-    never cut); printed to a file or a pipe, lines stay whole.
+    """A rich renderable: the summary in two lines (the structure, then the memory), then the
+    tree (see module docstring). On a terminal a line wider than it wraps at spaces onto lines
+    that keep the tree's guides (numbers are never cut); printed to a file or a pipe, lines
+    stay whole.
 
     Example:
         >>> from rich.console import Console
@@ -257,15 +258,16 @@ def render_tree(graph: Graph, *, max_lines: int | None = None) -> Group:
         ...     [Edge("n0", "n1"), Edge("n1", "n2", 0), Edge("n1", "n2", 1), Edge("n2", "n3")],
         ...     roots=["n0"])
         >>> Console(width=90).print(render_tree(g))
-        4 nodes (2 op, 1 accumulate, 1 leaf), 4 edges, 2 saved tensors holding 8 B params/inputs
+        4 nodes (2 op, 1 accumulate, 1 leaf), 4 edges
+        2 saved tensors holding 8 B params/inputs
         SumBackward0  n0
         MulBackward0  n1  saved self (2), other (2)  16 B
         ├─ AccumulateGrad ← x (2) float32  n2
         └─ ↺ AccumulateGrad ← x (2) float32  n2 (shown above)
     """
-    header = cell(graph.summary(), "dim")
     extra = _backward_header(graph)
-    head = [(header, "")]
+    # the summary as two lines, structure then memory: one would pass 80 columns on most graphs
+    head = [(cell(part, "dim"), "") for part in graph.summary_parts()]
     if extra is not None:
         head += [(clean_rich(line), "") for line in extra.split("\n")]
     return Group(_Wrapped([*head, *_tree_lines(graph, max_lines=max_lines)]))

@@ -99,8 +99,9 @@ def test_tree_max_lines():
     graph = gs.trace(y)
     lines = tree_text(graph, max_lines=10).splitlines()
     assert lines[-1] == "… 42 more nodes not shown (raise --max-lines)"
-    # 10 lines of tree, after the summary (which may wrap at 100 columns)
-    assert "".join(lines[:-11]).rstrip() == graph.summary()
+    # 10 lines of tree, after the summary's two lines
+    assert lines[:-11] == list(graph.summary_parts())
+    assert ", ".join(lines[:-11]) == graph.summary()
     assert [line.split()[0] for line in lines[-11:-1]] == ["output"] + ["SinBackward0"] * 9
 
 
@@ -171,3 +172,14 @@ def test_a_forward_nan_node_is_drawn_red_with_its_forward_line():
         assert "nan first made here, in the forward" in line
         assert "m.py:11:" in line and "bad = h.log()" in line
         assert "m.py:12" not in dot  # a node with nothing non-finite gets no line
+
+
+def test_tree_header_is_two_lines_that_fit_80_columns():
+    """The summary's structure and memory on two lines: as one it passes 80 columns even for
+    ``x.sin()`` (97), and ``gradscope tree | head`` is read in 80."""
+    x = torch.randn(2, requires_grad=True)
+    graph = gs.trace(x.sin())
+    head = tree_text(graph).splitlines()[:2]
+    assert ", ".join(head) == graph.summary() and len(graph.summary()) > 80
+    assert head == ["4 nodes (1 op, 1 accumulate, 1 leaf, 1 output), 3 edges",
+                    "1 saved tensor holding 8 B params/inputs"]
