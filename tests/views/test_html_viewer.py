@@ -137,3 +137,23 @@ def _kept(p: Page, name: str, value: str) -> None:
     """Wait until the page has stored the choice: a reload straight after the click raced the
     click's handler in one CI run (the choice was not there after the reload)."""
     p.page.wait_for_function(f"() => localStorage.getItem('gradscope.{name}') === '{value}'")
+
+
+def test_edges_end_on_their_own_box_not_on_its_saved_tensors(browser, tmp_path: Path) -> None:
+    """An edge ends at the top middle of the box it leads to, coming straight down onto it, also
+    when saved-tensor boxes stand beside that box: before, it ended where the layout's route met
+    the outline of box and saved boxes together (the arrow pointed at a saved tensor: at
+    ``input`` of ConvolutionBackward0, at ``result2`` of NativeBatchNormBackward0)."""
+    graph = traced("cnn.py")[0]
+    p = Page(browser, graph.save(tmp_path / "cnn.html", full=True))
+    geo = p.js("gradscope.geometry()")
+    boxes = {b[0]: b for b in geo["boxes"]}
+    beside = 0
+    for e in geo["edges"]:
+        _, x, y, w, _, w_all = boxes[e["to"]]
+        pts = e["pts"]
+        assert abs(pts[-2] - (x + w / 2)) < 0.6 and abs(pts[-1] - y) < 0.6, e
+        assert abs(pts[-4] - pts[-2]) < 0.6, e  # the last bend straight above the end
+        beside += w_all > w + 1
+    assert beside > 20  # edges into ops with saved tensors beside them: most of the cnn's
+    p.close()

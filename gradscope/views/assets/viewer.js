@@ -696,11 +696,23 @@
         follow(pts, e.down[q], e.down[q + 1], false);
       }
       pts.push(b.x + (b.cw || b.w) / 2, b.y);
-      if (pts.length > 4) { // ends: the boxes' own, in place of the routes' outline points
-        const n = pts.length;
-        for (let q = 2; q < n - 4; q++) pts[q] = pts[q + 2];
-        pts[n - 4] = pts[n - 2]; pts[n - 3] = pts[n - 1];
+      // ends: the boxes' own, in place of the first and the last routes' outline points (the
+      // outline of a box with its saved tensors: the arrow would point at a saved tensor)
+      const n = pts.length;
+      if (n >= 8) { // [a, first outline, ..., last outline, b] -> [a, ..., b]
+        for (let q = 2; q < n - 6; q++) pts[q] = pts[q + 2];
+        pts[n - 6] = pts[n - 2]; pts[n - 5] = pts[n - 1];
         pts.length = n - 4;
+      } else if (n === 6) { // [a, one outline point, b] -> [a, b]
+        pts[2] = pts[4]; pts[3] = pts[5];
+        pts.length = 4;
+      }
+      { // the last bend straight above b's port: the arrow comes down onto its own box
+        const m = pts.length, bx = pts[m - 2], by = pts[m - 1], py = pts[m - 3];
+        if (m >= 4 && Math.abs(pts[m - 4] - bx) > 1 && by - py > 4) {
+          pts[m - 2] = bx; pts[m - 1] = by - Math.min(8, (by - py) / 2);
+          pts.push(bx, by);
+        }
       }
       if (pn + pts.length > P.length) { const bigger = new Float64Array(2 * P.length + pts.length); bigger.set(P.subarray(0, pn)); P = bigger; }
       e.po = pn; e.pn = pts.length;
@@ -1941,6 +1953,8 @@
     for (const c of C) if (c.label === path || (c.kind === "fold" && c.path + " x" + c.members.length === path)) return c.j;
     return -1;
   }
+  // the id the API gives a drawn item: a node's id, "box:path" for a module, "sum:path" for a fold
+  function itemId(key) { return key < N ? nodeId[key] : key < SUM ? "box:" + C[key - BOX].path : "sum:" + C[key - SUM].path; }
   const api = {
     version: 2,
     visible: () => (scene ? scene.nodes.length : 0),
@@ -1976,16 +1990,16 @@
     // the doctor's findings on this page (--doctor): title and [role, node id] of each node
     findings: () => (DOCTOR ? DOCTOR.findings.map((f) => ({ title: f.title, message: f.message, nodes: f.nodes.map(([r, i]) => [r, nodeId[i]]) })) : null),
     goToFinding: () => goFinding().then(() => api.selected()),
-    selected: () => (selected < 0 ? null : selected < N ? nodeId[selected] : selected < SUM ? "box:" + C[selected - BOX].path : "sum:" + C[selected - SUM].path),
+    selected: () => (selected < 0 ? null : itemId(selected)),
     toggle: (name) => (name in toggles ? toggle(name, name === "saved" || name === "shapes") : Promise.reject(new Error("no toggle " + name))),
     exportSvg: () => viewSvg(),
     stats: () => ({ readyMs, drawnMs, timings: T, phases, bounds: scene ? scene.bounds : null, layoutMs, jobs: lastLayoutJobs, drawMs: lastDrawMs, worker: !!worker, boxes: scene ? scene.nodes.length : 0, frames: scene ? scene.frames.length : 0, edges: scene ? scene.edges.length : 0, gridEntries: scene ? scene.gridEntries : 0, longEdges: scene ? scene.long.length : 0 }),
     view: () => ({ ...view, width: cssW, height: cssH }),
-    // What is drawn, in page coordinates: boxes [key, x, y, w, h, w with the saved boxes beside
-    // it], edges {pts, label}.
+    // What is drawn, in page coordinates: boxes [id, x, y, w, h, w with the saved boxes beside
+    // it], edges {a, b (item keys), from, to (their ids), pts, label}.
     geometry: () => (scene ? {
-      boxes: scene.nodes.map((it) => [it.key < N ? nodeId[it.key] : it.key < SUM ? "box:" + C[it.key - BOX].path : "sum:" + C[it.key - SUM].path, it.x, it.y, it.cw || it.w, it.h, it.w]),
-      edges: scene.edges.map((e) => ({ a: e.a, b: e.b, pts: Array.from(e.pts), label: edgeLabel(e) })),
+      boxes: scene.nodes.map((it) => [itemId(it.key), it.x, it.y, it.cw || it.w, it.h, it.w]),
+      edges: scene.edges.map((e) => ({ a: e.a, b: e.b, from: itemId(e.a), to: itemId(e.b), pts: Array.from(e.pts), label: edgeLabel(e) })),
     } : null),
     boxAt(id) { // where a node (or "box:path") is drawn now, in CSS pixels of the canvas
       let key = idIndex(id);
