@@ -157,3 +157,25 @@ def test_edges_end_on_their_own_box_not_on_its_saved_tensors(browser, tmp_path: 
         beside += w_all > w + 1
     assert beside > 20  # edges into ops with saved tensors beside them: most of the cnn's
     p.close()
+
+
+def test_an_edge_into_nested_frames_drops_straight_through_them(browser, tmp_path: Path) -> None:
+    """The edge from the embedding into the first attention of the transformer sample crosses
+    the frames of ``encoder``, the fold of its layers, ``layers.0`` and ``self_attn``: it goes
+    down through them at one x. Before, each frame's entry port sat wherever its own layout put
+    it (here about 250 px to the left of the frames' middle), and the edge swung left and right
+    at every frame."""
+    graph = traced("transformer.py")[0]
+    names = {n.id: n.name for n in graph.nodes}
+    p = Page(browser, graph.save(tmp_path / "transformer.html"))
+    geo = p.js("gradscope.geometry()")
+    boxes = {b[0]: b for b in geo["boxes"]}
+    (edge,) = [e for e in geo["edges"] if names.get(e["from"]) == "EmbeddingBackward0"
+               and names.get(e["to"]) == "TransposeBackward0"]
+    top = boxes[edge["from"]][2] + boxes[edge["from"]][4] + 30  # under the embedding's frame
+    bottom = boxes[edge["to"]][2] - 40  # above the last bend onto TransposeBackward0
+    pts = edge["pts"]
+    xs = [pts[q] for q in range(0, len(pts), 2) if top < pts[q + 1] < bottom]
+    assert len(xs) >= 8, pts  # the route through the four frames
+    assert max(xs) - min(xs) < 30, pts
+    p.close()

@@ -194,6 +194,7 @@
   // ------------------------------------------------------------------ labels and sizes
   let CW = 6.6; const LH = 13, FONT = "11px ui-monospace, SFMono-Regular, Menlo, monospace";
   const PAD = [8, 22, 8, 8]; // an open container's frame: left, top (title), right, bottom
+  const PORT_INSET = 12; // where an edge enters an open frame: at least this far inside its sides
   function fmtBytes(n) {
     if (n < 1024) return n + " B";
     const units = ["KiB", "MiB", "GiB", "TiB"];
@@ -684,16 +685,32 @@
       pts.push(a.x + (a.cw || a.w) / 2, a.y + a.h);
       let out = false; // the last point is an exit port: the next route's outline point is replaced
       for (let q = 0; q < e.up.length; q += 2) {
+        const m = pts.length;
         follow(pts, e.up[q], e.up[q + 1], out);
-        const f = at[BOX + e.up[q]];
+        const f = at[BOX + e.up[q]], n = pts.length;
+        if (n - m >= 2 && n >= 4) {
+          // the exit port moved under the route's last bend (alone in its container's bottom
+          // rank, it crosses nothing there): the route leaves straight down, where a port the
+          // layout put aside made it zigzag; under the box itself when it is the bend, not the
+          // outline point of the box and its saved tensors that the ends replace below
+          const bend = n === 6 && q === 0 ? 0 : n - 4;
+          pts[n - 2] = Math.min(Math.max(pts[bend], f.x + PORT_INSET), f.x + f.w - PORT_INSET);
+        }
         pts.push(pts[pts.length - 2], f.y + f.h);
         out = true;
       }
       follow(pts, e.lca, e.route, out);
       for (let q = e.down.length - 2; q >= 0; q -= 2) {
-        const f = at[BOX + e.down[q]], x = routeStart(e.down[q], e.down[q + 1]);
-        if (x !== null) { pts.length -= 2; pts.push(x, f.y); } // the outline point -> the top, above the port
-        follow(pts, e.down[q], e.down[q + 1], false);
+        const j = e.down[q], f = at[BOX + j], flat = byJob[j].p[e.down[q + 1]] || NONE;
+        if (flat.length) {
+          // the outline point -> the frame's top where the route came (inside the frame), and
+          // the entry port moved under it: the port is alone in its container's top rank, so
+          // the route drops straight in, where a port the layout put aside made it zigzag
+          const x = Math.min(Math.max(pts[pts.length - 2], f.x + PORT_INSET), f.x + f.w - PORT_INSET);
+          pts.length -= 2;
+          pts.push(x, f.y, x, originY[j] + flat[1]);
+          follow(pts, j, e.down[q + 1], true);
+        } else follow(pts, j, e.down[q + 1], false);
       }
       pts.push(b.x + (b.cw || b.w) / 2, b.y);
       // ends: the boxes' own, in place of the first and the last routes' outline points (the
