@@ -143,7 +143,8 @@ def test_edges_end_on_their_own_box_not_on_its_saved_tensors(browser, tmp_path: 
     """An edge ends at the top middle of the box it leads to, coming straight down onto it, also
     when saved-tensor boxes stand beside that box: before, it ended where the layout's route met
     the outline of box and saved boxes together (the arrow pointed at a saved tensor: at
-    ``input`` of ConvolutionBackward0, at ``result2`` of NativeBatchNormBackward0)."""
+    ``input`` of ConvolutionBackward0, at ``result2`` of NativeBatchNormBackward0). It leaves
+    the bottom middle of the box it comes from, straight down."""
     graph = traced("cnn.py")[0]
     p = Page(browser, graph.save(tmp_path / "cnn.html", full=True))
     geo = p.js("gradscope.geometry()")
@@ -154,6 +155,9 @@ def test_edges_end_on_their_own_box_not_on_its_saved_tensors(browser, tmp_path: 
         pts = e["pts"]
         assert abs(pts[-2] - (x + w / 2)) < 0.6 and abs(pts[-1] - y) < 0.6, e
         assert abs(pts[-4] - pts[-2]) < 0.6, e  # the last bend straight above the end
+        _, x, y, w, h, _ = boxes[e["from"]]
+        assert abs(pts[0] - (x + w / 2)) < 0.6 and abs(pts[1] - (y + h)) < 0.6, e
+        assert abs(pts[2] - pts[0]) < 0.6, e  # the first bend straight under the start
         beside += w_all > w + 1
     assert beside > 20  # edges into ops with saved tensors beside them: most of the cnn's
     p.close()

@@ -731,6 +731,12 @@
           pts.push(bx, by);
         }
       }
+      { // and the first straight under a's: the edge leaves its own box downwards
+        const ax = pts[0], ay = pts[1], ny = pts[3];
+        if (pts.length >= 4 && Math.abs(pts[2] - ax) > 1 && ny - ay > 4) {
+          pts.splice(2, 0, ax, ay + Math.min(8, (ny - ay) / 2));
+        }
+      }
       if (pn + pts.length > P.length) { const bigger = new Float64Array(2 * P.length + pts.length); bigger.set(P.subarray(0, pn)); P = bigger; }
       e.po = pn; e.pn = pts.length;
       for (let q = 0; q < pts.length; q++) P[pn++] = pts[q];
