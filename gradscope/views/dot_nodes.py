@@ -363,6 +363,10 @@ def _lines_into(out: list[str], nodes: Iterable[Node], opt: _Options, indent: st
         saved = node.saved
         if want_saved and saved and kind != "module":
             sids = []
+            # beside their node (compact), each saved box is linked to the one before it, the
+            # first to the node: a row of short lines, where links all from the node arched
+            # over the boxes between (five arcs over LayerNorm's saved tensors)
+            link = nid
             bare = nid is nid_raw or nid == nid_raw
             for i, s in enumerate(saved):
                 sid = f"{nid_raw}_s{i}"
@@ -389,6 +393,8 @@ def _lines_into(out: list[str], nodes: Iterable[Node], opt: _Options, indent: st
                 if box is None:
                     box = _saved_attrs(s, opt)
                 add(f"{indent}{sid} [{box}]")
-                add(f"{indent}{nid} -> {sid} [dir=none]")
+                add(f"{indent}{link} -> {sid} [dir=none]")
+                if compact:
+                    link = sid
             if compact:  # beside their node, not on a rank of their own
                 add(f"{indent}{{rank=same; {'; '.join([nid, *sids])}}}")
