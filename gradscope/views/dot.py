@@ -5,7 +5,8 @@ When nodes carry module paths (``gs.scopes``), each module is a nested ``subgrap
 labelled ``name: Class`` (a list item such as ``layers.3`` is one level, as in
 ``gradscope.model.paths.levels``); root-level ops and nodes with no module stay at the top
 level. Clustered pictures are kept compact: a node's saved tensors and a parameter's
-``leaf -> AccumulateGrad`` chain sit on the rank of the op that uses them (``rank=same``), so a
+``leaf -> AccumulateGrad`` chain sit on the rank of the op that uses them (``rank=same``; the
+saved boxes in a row, each linked to the one before it and the first to the op), so a
 module spans only its ops' ranks and consecutive modules stack instead of spreading sideways
 (torchviz's layout, with clusters, was 1.4-2.5x its area). A fold that keeps its first member
 (``fold(keep_first=True)``) is a cluster holding that member's clusters and one box for the
