@@ -365,7 +365,7 @@ def _lines_into(out: list[str], nodes: Iterable[Node], opt: _Options, indent: st
             sids = []
             # beside their node (compact), each saved box is linked to the one before it, the
             # first to the node: a row of short lines, where links all from the node arched
-            # over the boxes between (five arcs over LayerNorm's saved tensors)
+            # over the boxes between (four arcs over LayerNorm's five saved tensors)
             link = nid
             bare = nid is nid_raw or nid == nid_raw
             for i, s in enumerate(saved):
