@@ -163,18 +163,13 @@ def main() -> int:
     # CPU time, one run of each side per round, many rounds: each round's ratio, then the
     # median and quartiles of those ratios and of each side's times
     rounds = max(args.repeat, 5) * 3
-    c_viz, c_ours, c_bfs, c_fast = cpu_interleaved(
-        [
-            lambda: torchviz.make_dot(
-                out, params=params, show_attrs=True, show_saved=True
-            ).source,
-            lambda: gs.trace(out, params=params).to_dot(attrs=True),
-            lambda: bare_bfs(out),
-            lambda: gs.trace(out, params=params, saved=False),
-        ],
-        1,
-        rounds,
-    )
+    sides = [  # torchviz, trace + to_dot, the bare BFS, trace(saved=False)
+        lambda: torchviz.make_dot(out, params=params, show_attrs=True, show_saved=True).source,
+        lambda: gs.trace(out, params=params).to_dot(attrs=True),
+        lambda: bare_bfs(out),
+        lambda: gs.trace(out, params=params, saved=False),
+    ]
+    c_viz, c_ours, c_bfs, c_fast = cpu_interleaved(sides, 1, rounds)
     med = statistics.median
     r1s = [a / b for a, b in zip(c_ours, c_viz)]
     r2s = [a / b for a, b in zip(c_fast, c_bfs)]
@@ -188,19 +183,7 @@ def main() -> int:
           f"{min(c_fast) / min(c_bfs):.2f} (target <= 2: {verdict(med(r2s), 2)})")
 
     # the same, the collector on during each run, as a user calls them
-    g_viz, g_ours, g_bfs, g_fast = cpu_interleaved(
-        [
-            lambda: torchviz.make_dot(
-                out, params=params, show_attrs=True, show_saved=True
-            ).source,
-            lambda: gs.trace(out, params=params).to_dot(attrs=True),
-            lambda: bare_bfs(out),
-            lambda: gs.trace(out, params=params, saved=False),
-        ],
-        1,
-        rounds,
-        collector=True,
-    )
+    g_viz, g_ours, g_bfs, g_fast = cpu_interleaved(sides, 1, rounds, collector=True)
     g1s = [a / b for a, b in zip(g_ours, g_viz)]
     g2s = [a / b for a, b in zip(g_fast, g_bfs)]
     print("   with the garbage collector on, as a user calls them (its pass over what the walk "
