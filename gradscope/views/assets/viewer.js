@@ -673,7 +673,8 @@
       const flat = byJob[j].p[r] || NONE;
       for (let q = skip ? 2 : 0; q < flat.length; q += 2) pts.push(ox + flat[q], oy + flat[q + 1]);
     };
-    const routeStart = (j, r) => { const flat = byJob[j].p[r] || NONE; return flat.length ? originX[j] + flat[0] : null; };
+    // where an edge crosses the frame f at x: at least PORT_INSET inside its sides
+    const portX = (f, x) => Math.min(Math.max(x, f.x + PORT_INSET), f.x + f.w - PORT_INSET);
     // Where a route crosses an open container's frame, the layout outside it ends on the frame's
     // outline, wherever the line to its centre meets it (often a side): the edge would cut back
     // across the frame to its port. It leaves by the exit port straight down through the bottom,
@@ -694,7 +695,7 @@
           // layout put aside made it zigzag; under the box itself when it is the bend, not the
           // outline point of the box and its saved tensors that the ends replace below
           const bend = n === 6 && q === 0 ? 0 : n - 4;
-          pts[n - 2] = Math.min(Math.max(pts[bend], f.x + PORT_INSET), f.x + f.w - PORT_INSET);
+          pts[n - 2] = portX(f, pts[bend]);
         }
         pts.push(pts[pts.length - 2], f.y + f.h);
         out = true;
@@ -706,7 +707,7 @@
           // the outline point -> the frame's top where the route came (inside the frame), and
           // the entry port moved under it: the port is alone in its container's top rank, so
           // the route drops straight in, where a port the layout put aside made it zigzag
-          const x = Math.min(Math.max(pts[pts.length - 2], f.x + PORT_INSET), f.x + f.w - PORT_INSET);
+          const x = portX(f, pts[pts.length - 2]);
           pts.length -= 2;
           pts.push(x, f.y, x, originY[j] + flat[1]);
           follow(pts, j, e.down[q + 1], true);
