@@ -147,9 +147,13 @@ def doctor(
         Path | None, typer.Option("--json", help="Also write the findings as JSON.")
     ] = None,
 ) -> None:
-    """Explain autograd errors and silent failures: in-place changes of saved tensors, a second
-    backward through a freed graph, a loss without a graph, parameters left without gradients,
-    and training-loop slips (exit code 1 when anything is found)."""
+    """Explain autograd errors and silent failures (exit code 1 when anything is found).
+
+    Refused: a saved tensor changed in place, a second backward through a freed graph.
+
+    Skipped: a loss without a graph, a parameter whose .grad stays None.
+
+    Training-loop slips: a parameter missing from the optimizer, no zero_grad(), eval() mode."""
     # absolute, symlinks followed, non-files refused: before the model file runs (it may chdir)
     json_out = gs.output_target(json_path) if json_path is not None else None
     mf = gs.load_model_file(target)

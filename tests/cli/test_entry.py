@@ -219,3 +219,48 @@ def test_ctrl_c_early_in_start_up_exits_130_with_one_line(marker):
     out, err = proc.communicate(timeout=120)
     assert (proc.returncode, err) == (130, "gradscope: interrupted\n")
     assert out == ""
+
+
+def _unfilled_lines(text: str) -> list[str]:
+    """Lines of a help screen after which the next line's first word would still have fitted:
+    a line break from the source (a docstring paragraph written over several lines keeps its
+    breaks in typer's command list and in later paragraphs), not rich's wrapping. Consecutive
+    lines of one paragraph, or of one table cell (the next line starts further right than the
+    panel's first column), are compared against the right edge of the box they are in."""
+    bad = []
+    lines = text.splitlines()
+    for prev, line in zip(lines, lines[1:]):
+        panel = line.startswith("│") and prev.startswith("│")
+        if panel:
+            inner, before = line[1:].rstrip().removesuffix("│").rstrip(), prev[1:].rstrip()
+            before = before.removesuffix("│").rstrip()
+            right = len(line) - 3  # "│" at both ends, one space of padding inside each
+            if not inner.strip() or len(inner) - len(inner.lstrip()) <= 1 or not before.strip():
+                continue  # a blank row, or a new row of the table
+        else:
+            inner, before = line.rstrip(), prev.rstrip()
+            right = 79  # the body is padded one space each side of the 80 columns
+            if not inner.strip() or not before.strip() or before.lstrip().startswith("Usage:"):
+                continue
+            if line.startswith(("╭", "╰")) or prev.startswith(("╭", "╰", "│")):
+                continue
+        word = inner.split()[0]
+        if word.startswith("["):
+            continue  # typer starts "[default: ...]" on a line of its own
+        if len(before) + 1 + len(word) <= right:
+            bad.append(f"{before.strip()!r} then {word!r}")
+    return bad
+
+
+@pytest.mark.parametrize("command", ["", "render", "tree", "report", "check", "memory", "diff",
+                                     "doctor"])
+def test_help_is_wrapped_as_one_text_at_80_columns(command):
+    """``gradscope --help`` and each command's, 80 columns wide: no line is longer, and none
+    ends before the edge while the next line's first word would have fitted there (the
+    doctor's summary once broke after "a second" in the command list)."""
+    env = dict(ENV, COLUMNS="80")
+    proc = subprocess.run([str(EXE), *([command] if command else []), "--help"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 80
+    assert _unfilled_lines(proc.stdout) == []
