@@ -171,8 +171,9 @@ def _tree_lines(graph: Graph, *, max_lines: int | None = None) -> list[tuple[Tex
     shown: set[str] = set()
     merged_leaves = {leaf.id for leaf in leaf_of.values()}
     total = sum(1 for n in graph.nodes if n.id not in merged_leaves)
+    roots = set(graph.roots)
     starts = list(graph.roots) + [
-        n.id for n in graph.nodes if n.kind == "output" and n.id not in graph.roots
+        n.id for n in graph.nodes if n.kind == "output" and n.id not in roots
     ]
     # task: (node id, line prefix, connector, prefix of the node's own text column, edge in)
     stack: list[_Task] = [(r, "", "", "", None) for r in reversed(starts)]
@@ -186,6 +187,8 @@ def _tree_lines(graph: Graph, *, max_lines: int | None = None) -> list[tuple[Tex
         nid, prefix, conn, col, edge = stack.pop()
         node = graph.node(nid)
         ref = nid in shown
+        if ref and edge is None and nid not in roots:
+            continue  # a view base (not a root asked for) already drawn under its view
         line = Text(prefix + conn, "dim")
         line.append_text(_label(node, leaf_of.get(nid), ref, edge))
         lines.append((clean_rich(line), col + "  "))

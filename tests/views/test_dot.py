@@ -81,6 +81,22 @@ def test_tree_shows_each_node_once_with_references():
     assert text.count("AccumulateGrad ← x") == 1
 
 
+def test_tree_shows_a_view_base_once_and_a_repeated_root_as_a_reference():
+    """A view output's base is drawn under the view; it is not listed again as a root of its
+    own ("↺ view base ... (shown above)" once ended the tree). A root the caller asked for is
+    still listed, as a reference, when another root's tree already showed it."""
+    x = torch.randn(4, 4, requires_grad=True)
+    base = x * 2
+    view = base.view(16)
+    text = tree_text(gs.trace(view, params={"x": x}))
+    assert text.count("view base output._base") == 1, text
+    assert "↺ view base" not in text
+    y = x.exp()
+    z = y.sum()
+    both = tree_text(gs.trace([z, y], params={"x": x}))
+    assert both.count("(shown above)") == 1 and "↺ ExpBackward0" in both, both
+
+
 def test_tree_depth_grows_with_branching_not_length():
     x = torch.randn(2, requires_grad=True)
     y = x
