@@ -27,6 +27,7 @@ from ..model.doctor import (
     names,
     parse_inplace,
 )
+from ..model.nodes import plural
 from .doctor_record import DOCTOR_KEY, BackwardLines, CutEvent, NodeRecord, _DoctorMode, bits_of
 from .stamps import walk_nodes
 
@@ -403,8 +404,9 @@ def check_step(watched: Watched, optimizer: Any, line: str | None,
         listed = [watched.names[b] for b in outside]
         owner = watched.param_site(outside[0])
         found.append((Finding(
-            "not_in_optimizer", f"{len(listed)} parameter(s) got gradients but are in no param "
-            f"group of the optimizer, so step() never updates them: {names(listed)}.",
+            "not_in_optimizer", f"{plural(len(listed), 'parameter')} got gradients but "
+            f"{_are(listed)} in no param group of the optimizer, so step() never updates "
+            f"{_them(listed)}: {names(listed)}.",
             "optimizer.step", line, owner, "build the optimizer after adding every module "
             "(or optimizer.add_param_group({'params': new_module.parameters()}))",
             param=listed[0], sites=(step,)), ("not_in_optimizer", tuple(listed))))
@@ -415,10 +417,12 @@ def check_step(watched: Watched, optimizer: Any, line: str | None,
                   else f"a {list(p.shape)} tensor" for p in frozen]
         first = bit_of.get(id(frozen[0]))
         found.append((Finding(
-            "frozen_in_optimizer", f"{len(listed)} frozen parameter(s) (requires_grad=False) "
-            f"are in the optimizer's param groups: {names(listed)}. They never get a gradient; "
-            "weight decay and momentum state are kept for them, and unfreezing them later "
-            "trains them with that stale state.", "optimizer.step", line,
+            "frozen_in_optimizer", f"{plural(len(listed), 'frozen parameter')} "
+            f"(requires_grad=False) {_are(listed)} in the optimizer's param groups: "
+            f"{names(listed)}. {'It never gets' if len(listed) == 1 else 'They never get'} "
+            "a gradient; weight decay and momentum state "
+            f"are kept for {_them(listed)}, and unfreezing {_them(listed)} later trains "
+            f"{_them(listed)} with that stale state.", "optimizer.step", line,
             watched.param_site(first) if first is not None else None,
             "hand the optimizer only trainable parameters: "
             "(p for p in model.parameters() if p.requires_grad)", param=listed[0],
@@ -432,14 +436,24 @@ def check_step(watched: Watched, optimizer: Any, line: str | None,
         listed = [n or type(watched.model).__name__ for n, _ in evals]
         at = evals[0][1]
         found.append((Finding(
-            "eval_mode", f"{len(listed)} module(s) ran in eval mode in a step that updates the "
-            f"model: {names(listed)} (dropout off, normalisation using running statistics).",
+            "eval_mode", f"{plural(len(listed), 'module')} ran in eval mode in a step that "
+            f"updates the model: {names(listed)} (dropout off, normalisation using running "
+            "statistics).",
             type(modules[evals[0][0]]).__name__, at, evals[0][0] or None,
             "call model.train() before the training steps (and model.eval() only for "
             "evaluation)", sites=(Site("forward", type(modules[evals[0][0]]).__name__, at,
                                        evals[0][0] or None),)),
             ("eval_mode", tuple(listed))))
     return found
+
+
+def _are(listed: list) -> str:
+    return "is" if len(listed) == 1 else "are"
+
+
+def _them(listed: list) -> str:
+    """The pronoun for the listed parameters: "it" for one, "them" for more."""
+    return "it" if len(listed) == 1 else "them"
 
 
 def check_accumulate(watched: Watched, optimizer: Any, line: str | None) -> list[Keyed]:
@@ -458,8 +472,8 @@ def check_accumulate(watched: Watched, optimizer: Any, line: str | None) -> list
         return []
     return [(Finding(
             "grads_accumulate", f"This backward adds to gradients left from before the last "
-            f"optimizer step ({len(stale)} parameter(s): {names(stale)}): no zero_grad() ran "
-            "in between, so each step uses the sum of every step's gradients so far.",
+            f"optimizer step ({plural(len(stale), 'parameter')}: {names(stale)}): no zero_grad() "
+            "ran in between, so each step uses the sum of every step's gradients so far.",
             "backward", line, watched.param_site(watched.names.index(stale[0])),
             "call optimizer.zero_grad() once per step, before backward (or after step())",
             param=stale[0], sites=(Site("backward", "backward", line),)),
