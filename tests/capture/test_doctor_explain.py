@@ -57,3 +57,26 @@ def test_the_doctor_keeps_the_findings_the_checks_return():
             opt.step()
     kinds = [f.kind for f in doc.findings]
     assert kinds.count("not_in_optimizer") == 1 and kinds.count("grads_accumulate") == 1, kinds
+
+
+def test_the_messages_count_in_words_one_or_many():
+    """"1 parameter ... is ... updates it", "2 parameters ... are ... updates them": no
+    "parameter(s)"."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3, bias=False), torch.nn.Linear(3, 1))
+    net(torch.randn(2, 3)).sum().backward()
+    watched = Watched.of(net)
+    one = torch.optim.SGD([net[0].weight, net[1].bias], lr=0.1)  # 1.weight left out
+    (found, _), = check_step(watched, one, "train.py:9", {})
+    assert found.message.startswith("1 parameter got gradients but is in no param group of the "
+                                    "optimizer, so step() never updates it: "), found.message
+    two = torch.optim.SGD([net[0].weight], lr=0.1)
+    (found, _), = check_step(watched, two, "train.py:9", {})
+    assert found.message.startswith("2 parameters got gradients but are in no"), found.message
+    assert "updates them: " in found.message
+    net[0].weight.requires_grad_(False)
+    every = torch.optim.SGD(net.parameters(), lr=0.1)
+    (found, _), = check_step(watched, every, "train.py:9", {})
+    assert found.kind == "frozen_in_optimizer"
+    assert found.message.startswith("1 frozen parameter (requires_grad=False) is in the "), found
+    assert "It never gets a gradient" in found.message and "(s)" not in found.message
