@@ -182,7 +182,8 @@ def _inplace(mode: _DoctorMode, message: str, roots: list[torch.Tensor],
     # through a view), where it is in the failing graph
     modified = replace(w.site, node=node_id(made_by.get(w.index)))
     view = " through a view" if w.shape != parsed.shape else ""
-    more = (f"; {len(writes) - 1} more in-place change(s) followed" if len(writes) > 1 else "")
+    more = (f"; {plural(len(writes) - 1, 'more in-place change')} followed"
+            if len(writes) > 1 else "")
     text += (f"; then {w.site.op}{_where(w.site)} modified it in place{view} (version "
              f"{w.version}){more}, so its backward found version {parsed.found}.")
     return dict(kind="inplace", message=text, op=w.site.op, line=w.site.line,
@@ -266,7 +267,7 @@ def _no_grad_fn(watched: Watched, mode: _DoctorMode, roots: list[torch.Tensor],
     base = dict(kind="no_grad_fn", module=None)
     if cuts:
         event, count = _first_event(mode, cuts)
-        more = f" ({count - 1} more such op(s) on its path)" if count > 1 else ""
+        more = f" ({plural(count - 1, 'more such op')} on its path)" if count > 1 else ""
         return {**base, "message": (
             f"The loss has no graph: it depends on the model's parameters through "
             f"{event.site.op}{_where(event.site)}, which {_WHY[event.why]}{more}."),

@@ -517,10 +517,12 @@ def _trace_with_ids(
     with_grad = [(p, t) for p, t in found if t.requires_grad]
     if not with_grad:
         if found:
+            which = ("the output tensor does not require" if len(found) == 1
+                     else f"none of the {len(found)} output tensors requires")
             raise NoGradError(
-                f"none of the {len(found)} output tensor(s) requires grad, so there is no autograd "
-                "graph to walk; did the forward run under torch.no_grad() or inference_mode(), "
-                "or on parameters with requires_grad=False?"
+                f"{which} grad, so there is no autograd graph to walk; did the forward run "
+                "under torch.no_grad() or inference_mode(), or on parameters with "
+                "requires_grad=False?"
             )
         raise NoGradError(
             f"found no tensor in the outputs (got {type(outputs).__name__}); pass a tensor or a "
