@@ -23,7 +23,7 @@ from collections import deque
 
 from ..errors import MonitorError
 from .monitor import Alert, MonitorLog, ParamStats, StepStats, Thresholds
-from .spikes import SpikeRule, SpikeStart
+from .spikes import SpikeRule, SpikeStart, Tail, jumps
 
 #: a parameter is "vanishing" or "dead" after this many consecutive logged steps
 VANISH_PATIENCE = 3
@@ -59,7 +59,7 @@ def alerts(log: MonitorLog, thresholds: Thresholds | None = None) -> list[Alert]
 class _Track:
     """Alert state of one parameter across logged steps."""
 
-    __slots__ = ("low", "zero", "window", "median", "age", "exploding")
+    __slots__ = ("low", "zero", "window", "median", "age", "exploding", "tail")
 
     def __init__(self) -> None:
         self.low = 0  # consecutive logged steps vanishing
@@ -70,6 +70,7 @@ class _Track:
         self.median = 0.0
         self.age = _MEDIAN_EVERY
         self.exploding = False
+        self.tail = Tail()  # what the norm reached lately: a jump must pass it too
 
 
 class AlertRules:
@@ -181,8 +182,10 @@ class AlertRules:
                 track.age, track.median = 0, statistics.median(window)
             track.age += 1
             median = track.median
-        now = norm > explode or (median is not None and median > 0 and norm > SPIKE_FACTOR * median)
+        now = norm > explode or (median is not None
+                                 and jumps(norm, median, track.tail, SPIKE_FACTOR))
         window.append(norm)
+        track.tail.append(norm)
         started = now and not track.exploding
         track.exploding = now
         if not started:
