@@ -177,9 +177,6 @@ class IncidentWatch:
         found = self.samples
         if found is not None:
             note = found.note
-        elif spike.signal == "update" and self.no_replay is None:
-            note = ("no per-sample norms: the update ratio is known only after "
-                    "optimizer.step(), when the parameters have changed")
         else:
             note = (self.no_replay or "not replayed: the spike was not seen before "
                     "optimizer.step()").replace("not replayed", "no per-sample norms", 1)
