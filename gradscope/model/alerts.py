@@ -23,7 +23,7 @@ from collections import deque
 
 from ..errors import MonitorError
 from .monitor import Alert, MonitorLog, ParamStats, StepStats, Thresholds
-from .spikes import SpikeRule, SpikeStart, Tail, jumps
+from .spikes import SpikeRule, SpikeStart, Tail, UpdateSpikes, jumps
 
 #: a parameter is "vanishing" or "dead" after this many consecutive logged steps
 VANISH_PATIENCE = 3
@@ -53,6 +53,7 @@ def alerts(log: MonitorLog, thresholds: Thresholds | None = None) -> list[Alert]
     out: list[Alert] = []
     for st in log.steps:
         out.extend(rules.update(st))
+        out.extend(rules.late(st))  # what the live monitor judged when the ratios came
     return out
 
 
@@ -92,14 +93,40 @@ class AlertRules:
         self.spikes = (None if thresholds.spike is None else
                        SpikeRule(thresholds.spike, thresholds.spike_window,
                                  thresholds.spike_warmup))
+        #: the update signal's rule (its ratios come after the step: ``late``)
+        self.updates = (None if thresholds.spike is None else
+                        UpdateSpikes(thresholds.spike, thresholds.spike_window,
+                                     thresholds.spike_warmup))
         #: the spike event the last step started (``SpikeStart``), or None
         self.spike_started: SpikeStart | None = None
+        #: the update-ratio spike event the last ``late`` started, or None
+        self.update_started: SpikeStart | None = None
 
     @property
     def spike_ended(self) -> tuple[int, int] | None:
         """(first step, logged steps it lasted) of the spike event that ended at the last
         step, or None."""
         return None if self.spikes is None else self.spikes.ended
+
+    @property
+    def update_ended(self) -> tuple[int, int] | None:
+        """(first step, full steps it lasted) of the update-ratio spike event that ended at
+        the last ``late`` step, or None."""
+        return None if self.updates is None else self.updates.ended
+
+    def late(self, st: StepStats) -> list[Alert]:
+        """The alerts of ``st``'s update-to-weight ratios, once they are known (after its
+        ``update``, before the next step's): an update-ratio spike, unless a gradient-norm or
+        loss spike event already covers the step (one event, the first signal named)."""
+        self.update_started = None
+        if self.updates is None:
+            return []
+        covered = self.spikes is not None and self.spikes.open is not None
+        started = self.updates.update(st, self.numels)
+        if started is None or covered:
+            return []
+        self.update_started = started
+        return [Alert("spike", st.step, started.signal, started.message())]
 
     def recount(self, numels: dict[str, int]) -> None:
         """The element counts of the parameters watched from now on."""

@@ -211,6 +211,8 @@ class MonitorLog:
                           if i.kind == "spike" and i.step == ended[0]), None)
             if spike is not None:
                 spike.steps = ended[1]
+        if not hold:  # its update ratios, if it has any, are known now
+            incident = self._late(st, incident)
         if self._sink is not None:
             last = self.incidents[-1] if self.incidents and incident is None else None
             extra: dict[str, int] = {}
@@ -229,15 +231,49 @@ class MonitorLog:
         self.alerts.append(alert)
 
     def complete(self, step: int, ratios: dict[str, float]) -> None:
-        """Give the update ratios of logged step ``step`` (measured after its record)."""
+        """Give the update ratios of logged step ``step`` (measured after its record), and
+        judge them (``AlertRules.late``): their alerts and incident go in that step's line."""
+        done = None
         for k in range(len(self.steps) - 1, -1, -1):
             st = self.steps[k]
             if st.step == step:
-                self.steps[k] = _with_ratios(st, ratios)
+                done = self.steps[k] = _with_ratios(st, ratios)
                 break
-        self._held = [(_with_ratios(h, ratios) if h.step == step else h, n, inc, extra)
-                      for h, n, inc, extra in self._held]
+        held = []
+        for h, n, inc, extra in self._held:
+            if h.step == step:
+                h = _with_ratios(h, ratios)
+                done = done or h
+                inc = self._late(done, inc)
+                n = len(self.alerts)
+            held.append((h, n, inc, extra))
+        if done is not None and not any(h.step == step for h, *_ in self._held):
+            self._late(done, None)  # not streamed: judged all the same
+        self._held = held
         self._flush()
+
+    def _late(self, st: StepStats, incident: Incident | None) -> Incident | None:
+        """Run the rules on ``st``'s update ratios (``AlertRules.late``); returns the incident
+        of ``st``'s line: ``incident``, or the update-ratio spike's when it has none."""
+        rules = self.rules
+        if rules is None or not hasattr(rules, "late"):
+            return incident
+        self.alerts.extend(rules.late(st))
+        started = rules.update_started
+        if started is not None:
+            spike = Incident(
+                step=st.step, kind="spike", signal="update", ratio=started.ratio,
+                note="no per-sample norms: the update ratio is measured after "
+                "optimizer.step(), when the parameters have changed")
+            self.incidents.append(spike)
+            incident = incident or spike
+        ended = rules.update_ended
+        if ended is not None:
+            for i in reversed(self.incidents):
+                if i.kind == "spike" and i.signal == "update" and i.step == ended[0]:
+                    i.steps = ended[1]
+                    break
+        return incident
 
     def rewatch(self, names: list[str], numels: dict[str, int]) -> None:
         """The monitor watches other parameters from now on."""

@@ -1,4 +1,4 @@
-"""Spike detection: a logged step whose total gradient norm or loss jumps far
+"""Spike detection: a logged step whose total gradient norm, loss or update ratio jumps far
 above its recent level, as plain data (no torch; the monitor's ``AlertRules`` runs it).
 
 A value is a spike when it is above ``Thresholds.spike`` (default 10) times its baseline: the
@@ -14,11 +14,12 @@ its length (``steps``) known when it ends. Skipped and non-finite steps are not 
 NaN is another event) and neither start nor end one.
 
 Signals: ``grad_norm`` (``StepStats.total_norm``), ``loss`` (``StepStats.loss``, when the
-monitor was given the loss). The update-to-weight ratios are not one: with ``optimizer=`` they
-are measured after ``optimizer.step()`` and reach the log with the next logged step, after the
-rules ran, so the live monitor never judged them while a log read back did (the two disagreed),
-and their largest is a one-element bias near zero moving by a little (0.1 against a median of
-0.008 on a healthy regression). ``update`` stays a signal name logs written before may hold.
+monitor was given the loss), judged by ``SpikeRule`` as each step is logged; and ``update``
+(``update_level``: the update-to-weight ratios of a full-statistics step with ``optimizer=``,
+as one figure), judged by ``UpdateSpikes`` when the ratios arrive: they are measured after
+``optimizer.step()`` and reach the log with the next logged step, after that step's own rules
+ran. An update event is its own (full steps in a row that spike), with no per-sample replay
+(the parameters have changed by then).
 
 A spike's cause may be the optimizer's, not the data's: with ``optimizer=`` the monitor keeps
 the learning rate of every optimizer step (the largest of its param groups, Python numbers
@@ -35,7 +36,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-#: what a spike is measured on
+#: what a spike is measured on as a step is logged (``update`` comes later: ``UpdateSpikes``)
 SIGNALS = ("grad_norm", "loss")
 #: values a signal's window needs before it can tell a spike
 SPIKE_MIN_VALUES = 5
@@ -215,6 +216,65 @@ class SpikeRule:
             self.length = 1
             return self.open
         if hits:
+            self.length += 1
+        elif self.open is not None:
+            self.ended = (self.open.step, self.length)
+            self.open = None
+        return None
+
+
+def update_level(st: Any, numels: dict[str, int]) -> float | None:
+    """The step's update-to-weight ratios as one figure: their root mean square weighted by
+    element count, ``sqrt(sum(n_i r_i^2) / sum(n_i))`` (the whole model's ``||dw|| / ||w||``
+    when weights have the same size per element). The largest ratio would be a one-element
+    bias near zero moving a little (0.1 against a median of 0.008 on a healthy regression).
+    None when the step has none."""
+    num = den = 0.0
+    for name, ps in st.params.items():
+        r = ps.update_ratio
+        if r is not None and math.isfinite(r):
+            n = numels.get(name, 1)
+            num += n * r * r
+            den += n
+    return math.sqrt(num / den) if den > 0 else None
+
+
+class UpdateSpikes:
+    """The spike state of the update signal (see the module docstring), as ``SpikeRule``'s
+    for the others: ``update(st, numels)`` when the step's ratios are known returns the event
+    it starts (or None); ``ended`` is then ``(first step, full steps it lasted)`` of the event
+    that ended at ``st``, or None."""
+
+    def __init__(self, factor: float, window: int, warmup: int) -> None:
+        self.factor = factor
+        self.warmup = warmup
+        self.values: deque[float] = deque(maxlen=window)
+        self.tail = Tail()
+        self.seen = 0
+        self.open: SpikeStart | None = None
+        self.length = 0
+        self.ended: tuple[int, int] | None = None
+
+    def update(self, st: Any, numels: dict[str, int]) -> SpikeStart | None:
+        self.ended = None
+        value = None if st.skipped or not st.full else update_level(st, numels)
+        if value is None:
+            return None  # a step without ratios neither starts nor ends an event
+        if self.seen < self.warmup:
+            self.seen += 1
+            return None
+        window = self.values
+        hit = None
+        if len(window) >= SPIKE_MIN_VALUES:
+            base = statistics.median(window)
+            if jumps(value, base, self.tail, self.factor):
+                hit = SpikeStart(st.step, "update", value, base, value / base, len(window))
+        window.append(value)
+        self.tail.append(value)
+        if hit is not None and self.open is None:
+            self.open, self.length = hit, 1
+            return hit
+        if hit is not None:
             self.length += 1
         elif self.open is not None:
             self.ended = (self.open.step, self.length)

@@ -103,3 +103,40 @@ def test_the_tail_keeps_the_last_values_and_judges_with_the_median_until_it_fill
         tail.append(50.0 if k % 10 == 0 else 1.0)
     assert tail.level() == 50.0
     assert not jumps(60.0, 1.0, tail, 10.0) and jumps(101.0, 1.0, tail, 10.0)
+
+
+@pytest.mark.parametrize("replay", [True, False])
+def test_an_update_ratio_spike_is_judged_live_as_a_read_back_log_is(tmp_path, replay) -> None:
+    """The update ratios of a step reach the log with the next logged step (with
+    ``optimizer=`` and the replay on, the step's transfer is made before ``optimizer.step()``):
+    the live monitor judges them then, as ``alerts(log)`` and the JSON Lines file do. A x100
+    learning rate for one step is an update-ratio spike at that step (the gradient norm, which
+    the rate does not touch, stays steady there); a steady run has none."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(8, 1, generator=g)
+    path = tmp_path / "run.jsonl"
+    with gs.GradMonitor(model, optimizer=opt, full_every=1, history=None, replay=replay,
+                        jsonl=path) as mon:
+        for step in range(120):
+            x = torch.randn(16, 8, generator=g)
+            y = x @ w + 0.1 * torch.randn(16, 1, generator=g)
+            for group in opt.param_groups:
+                group["lr"] = 1e-1 if step == 100 else 1e-3
+            opt.zero_grad()
+            loss = (model(x) - y).square().mean()
+            mon.observe_loss(loss)
+            loss.backward()
+            opt.step()
+    spikes_seen = [(a.step, a.name) for a in mon.alerts if a.kind == "spike"]
+    assert (100, "update") in spikes_seen and spikes_seen[0] == (100, "update"), spikes_seen
+    (inc,) = [i for i in mon.incidents if i.kind == "spike" and i.signal == "update"]
+    assert inc.step == 100 and inc.ratio > 10 and inc.steps == 1 and not inc.samples
+    assert "measured after optimizer.step()" in inc.note
+    assert alerts(mon.log) == mon.alerts  # replayed over the log: the same
+    back = gs.read_jsonl(path)
+    assert alerts(back) == mon.alerts and back.alerts == mon.alerts
+    assert [(i.step, i.signal) for i in back.incidents] == [(i.step, i.signal)
+                                                           for i in mon.incidents]
