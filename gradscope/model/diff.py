@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .files import write_atomic
-from .nodes import Edge, GraphLike, Node, format_bytes, saved_bytes_of
+from .nodes import Edge, GraphLike, Node, format_bytes, plural, saved_bytes_of
 
 
 @dataclass
@@ -110,13 +110,14 @@ class GraphDiff:
     def summary(self) -> str:
         """One line: ``3 nodes added, 0 removed, 1 changed; 4 edges added, 0 removed``, and the
         largest norm ratio where there are any."""
-        line = (f"{len(self.added)} nodes added, {len(self.removed)} removed, "
-                f"{len(self.changed)} changed; {len(self.added_edges)} edges added, "
+        line = (f"{plural(len(self.added), 'node')} added, {len(self.removed)} removed, "
+                f"{len(self.changed)} changed; {plural(len(self.added_edges), 'edge')} added, "
                 f"{len(self.removed_edges)} removed")
         finite = [r for r in self.ratios if math.isfinite(r.ratio) and r.ratio > 0]
         if finite:
             worst = max(finite, key=lambda r: abs(math.log(r.ratio)))
-            line += (f"; gradient norm ratio b/a on {len(self.ratios)} edges, furthest from 1: "
+            line += (f"; gradient norm ratio b/a on {plural(len(self.ratios), 'edge')}, furthest "
+                     "from 1: "
                      f"{worst.ratio:.3g} ({self.keys.get('b:' + worst.src, worst.src)} -> "
                      f"{self.keys.get('b:' + worst.dst, worst.dst)})")
         return line

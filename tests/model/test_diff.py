@@ -190,3 +190,14 @@ def test_cli_diff_prints_names_from_the_files_as_data(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr
     assert "evil\\x1b]0;pwned\\x07\\x1b[2J\\u202e" in proc.stdout
     assert not any(c in proc.stdout for c in "\x1b\x07\u202e")
+
+
+def test_the_summary_counts_one_node_and_one_edge_in_the_singular():
+    """"1 node added", "1 edge added", "on 1 edge": no "1 nodes"."""
+    from gradscope.model.graph import Edge, Graph, Node
+    a = Graph([Node("n0", "SumBackward0", "op")], [], ["n0"])
+    b = Graph([Node("n0", "SumBackward0", "op"), Node("n1", "MulBackward0", "op")],
+              [Edge("n0", "n1")], ["n0"])
+    line = gs.diff(a, b).summary()
+    assert line.startswith("1 node added, 0 removed, 0 changed; 1 edge added, 0 removed"), line
+
