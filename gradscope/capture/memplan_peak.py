@@ -20,7 +20,7 @@ import torch
 
 from ..errors import BudgetError
 from ..model.memplan import ActivationReport, Plan, parse_size
-from ..model.nodes import format_bytes
+from ..model.nodes import format_bytes, plural
 from .step_memory import step_memory
 
 
@@ -60,7 +60,8 @@ def plan_for_peak(model: torch.nn.Module, inputs: tuple[Any, ...], budget: int |
     peak, plan, mem = best
     raise BudgetError(
         f"no checkpoint plan fits the step peak in {format_bytes(target)}: the smallest "
-        f"found is {format_bytes(peak)} (checkpointing {len(plan.modules)} entries; peak in "
+        f"found is {format_bytes(peak)} (checkpointing "
+        f"{plural(len(plan.modules), 'entry', 'entries')}; peak in "
         f"the {mem.peak_phase} at {mem.peak_at}); lower the batch size or give a budget of at "
         f"least {format_bytes(peak)}"
     )

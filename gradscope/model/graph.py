@@ -204,8 +204,8 @@ class Graph:
         """One line, whatever the size: ``Graph(4365 nodes, 4728 edges, 1 root, 2.0 MiB saved)``
         (``summary()`` says more; the dataclass repr of every node would be megabytes)."""
         roots = len(self.roots)
-        return (f"Graph({len(self.nodes)} nodes, {len(self.edges)} edges, {roots} "
-                f"root{'' if roots == 1 else 's'}, {format_bytes(self.saved_bytes())} saved)")
+        return (f"Graph({plural(len(self.nodes), 'node')}, {plural(len(self.edges), 'edge')}, "
+                f"{plural(roots, 'root')}, {format_bytes(self.saved_bytes())} saved)")
 
     def _repr_mimebundle_(
         self, include: Any = None, exclude: Any = None, **kwargs: Any

@@ -41,7 +41,7 @@ from .memplan_types import (
     format_flops,
     parse_size,
 )
-from .nodes import format_bytes
+from .nodes import format_bytes, plural
 
 LONGEST_SEGMENT = 16  # modules in a segment the search tries, at most
 
@@ -382,7 +382,7 @@ class ActivationReport:
 
     def summary(self) -> str:
         return (f"activations held at the end of the forward: {format_bytes(self.total)} "
-                f"({len(self.rows)} modules, device {self.device})")
+                f"({plural(len(self.rows), 'module')}, device {self.device})")
 
     def render(self, *, top: int = 20) -> Any:
         """A rich renderable: the per-module table ranked by what a checkpoint frees."""

@@ -12,6 +12,7 @@ from rich.text import Text
 from ..model.formats import register_renderer
 from ..model.graph import format_bytes
 from ..model.memory import Leak, LeakStep, MemoryReport, Split
+from ..model.nodes import plural
 from .style import cell
 
 
@@ -85,7 +86,7 @@ def _rows(report: MemoryReport, depth: int | None) -> list[tuple[str, Split]]:
 def render_leaks(history: list[LeakStep], leaks: list[Leak]) -> Text:
     """One line per step whose graph leaked, or a clean bill (``LeakCheck.report``)."""
     if not leaks:
-        return cell(f"no autograd graph outlived its step ({len(history)} steps checked)")
+        return cell(f"no autograd graph outlived its step ({plural(len(history), 'step')} checked)")
     text = Text()
     last = history[-1]
     text.append(

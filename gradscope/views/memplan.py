@@ -21,7 +21,7 @@ from ..model.memplan import (
     Verification,
     format_flops,
 )
-from ..model.nodes import format_bytes
+from ..model.nodes import format_bytes, plural
 from .style import cell
 
 
@@ -84,7 +84,7 @@ def render_plan(plan: Plan, verification: Verification | None = None,
         parts.append(cell(f"  {_label(m)}" + (f"  (segment: {n} modules as one)" if n > 1 else "")))
     if every_block is not None and every_block.modules:
         parts.append(cell(
-            f"checkpoint every block ({len(every_block.modules)} modules): "
+            f"checkpoint every block ({plural(len(every_block.modules), 'module')}): "
             f"{format_bytes(every_block.predicted)} predicted, recomputing "
             f"{format_flops(every_block.recompute_flops)}"
         ))

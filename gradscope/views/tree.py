@@ -220,7 +220,8 @@ def _backward_header(graph: Graph) -> Text | None:
     if not ran:
         return None
     text = Text(
-        f"backward: {len(ran)} nodes ran (#0 first); ‖∇‖ = norm of the gradient along each edge",
+        f"backward: {plural(len(ran), 'node')} ran (#0 first); ‖∇‖ = norm of the gradient "
+        "along each edge",
         "dim",
     )
     origin = next((n for n in graph.nodes if n.forward_nonfinite), None)
