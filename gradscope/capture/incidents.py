@@ -79,6 +79,7 @@ class IncidentWatch:
         # and the optimizer steps since the last logged one: a spike's likelier cause
         self.rates: deque[float] = deque(maxlen=RATE_WINDOW + 1)
         self.since = 0
+        self.rate_cause: tuple[int, str | None] = (-1, None)
 
     def read_spikes(self, rules: Any, preview: Callable[[], bool]) -> None:
         """Read the spike events from ``rules`` (the log's ``AlertRules``; never written);
@@ -204,6 +205,12 @@ class IncidentWatch:
         if self.replayer is not None:
             self.replayer.clear()
 
+    def update_cause(self, step: int) -> str | None:
+        """For an update-ratio spike at logged step ``step``: the learning-rate jump among the
+        optimizer steps it covers (its own included), as a note, or None."""
+        at, cause = self.rate_cause
+        return cause if at == step else None
+
     def record(self, st: Any, alerts: list[Any]) -> Incident | None:
         """This logged step's incident, if it starts an event (the views name the origin in
         the alert line: ``alert_line``)."""
@@ -248,6 +255,10 @@ class IncidentWatch:
         self.pending = None
         self.samples = None
         self.checked = False
+        # this step's own rate included: what an update-ratio spike of it, judged when its
+        # ratios arrive (after this), is told (``update_cause``)
+        jump = rate_jump(list(self.rates), self.since, RATE_FACTOR)
+        self.rate_cause = (st.step, jump.message(own=True) if jump is not None else None)
         self.since = 0
         # the event stays open until FLAP_WINDOW finite logged steps passed (one incident,
         # one replay for a gradient that flaps)

@@ -194,11 +194,13 @@ class MonitorLog:
     )
 
     # ------------------------------------------------------------ a live log
-    def append(self, st: StepStats, incident_for: Any = None, *, hold: bool = False) -> list[Alert]:
+    def append(self, st: StepStats, incident_for: Any = None, *, hold: bool = False,
+               explain: Any = None) -> list[Alert]:
         """Record one logged step: keep it (the oldest beyond ``cap`` folded into
         ``dropped``), run the alert rules, ask ``incident_for(st, alerts)`` for the event it
         starts (an ``Incident`` or None), and write its line to the JSON Lines sink (``hold``:
-        not before ``complete`` gives its update ratios). Returns the new alerts."""
+        not before ``complete`` gives its update ratios; ``explain(step)``: a cause to note on
+        an update-ratio spike, as for ``complete``). Returns the new alerts."""
         self.steps.append(st)
         new = self.rules.update(st) if self.rules is not None else []
         self.alerts.extend(new)
@@ -212,7 +214,7 @@ class MonitorLog:
             if spike is not None:
                 spike.steps = ended[1]
         if not hold:  # its update ratios, if it has any, are known now
-            incident = self._late(st, incident)
+            incident = self._late(st, incident, explain)
         if self._sink is not None:
             last = self.incidents[-1] if self.incidents and incident is None else None
             extra: dict[str, int] = {}
@@ -230,9 +232,11 @@ class MonitorLog:
         """An alert that comes from outside the statistics (a leak): in the next step's line."""
         self.alerts.append(alert)
 
-    def complete(self, step: int, ratios: dict[str, float]) -> None:
+    def complete(self, step: int, ratios: dict[str, float], explain: Any = None) -> None:
         """Give the update ratios of logged step ``step`` (measured after its record), and
-        judge them (``AlertRules.late``): their alerts and incident go in that step's line."""
+        judge them (``AlertRules.late``): their alerts and incident go in that step's line.
+        ``explain(step)``: a likelier cause to put first in an update-ratio spike's note (the
+        monitor's learning-rate jump), or None."""
         done = None
         for k in range(len(self.steps) - 1, -1, -1):
             st = self.steps[k]
@@ -244,15 +248,15 @@ class MonitorLog:
             if h.step == step:
                 h = _with_ratios(h, ratios)
                 done = done or h
-                inc = self._late(done, inc)
+                inc = self._late(done, inc, explain)
                 n = len(self.alerts)
             held.append((h, n, inc, extra))
         if done is not None and not any(h.step == step for h, *_ in self._held):
-            self._late(done, None)  # not streamed: judged all the same
+            self._late(done, None, explain)  # not streamed: judged all the same
         self._held = held
         self._flush()
 
-    def _late(self, st: StepStats, incident: Incident | None) -> Incident | None:
+    def _late(self, st: StepStats, incident: Incident | None, explain: Any) -> Incident | None:
         """Run the rules on ``st``'s update ratios (``AlertRules.late``); returns the incident
         of ``st``'s line: ``incident``, or the update-ratio spike's when it has none."""
         rules = self.rules
@@ -261,10 +265,11 @@ class MonitorLog:
         self.alerts.extend(rules.late(st))
         started = rules.update_started
         if started is not None:
-            spike = Incident(
-                step=st.step, kind="spike", signal="update", ratio=started.ratio,
-                note="no per-sample norms: the update ratio is measured after "
-                "optimizer.step(), when the parameters have changed")
+            note = ("no per-sample norms: the update ratio is measured after optimizer.step(), "
+                    "when the parameters have changed")
+            cause = explain(st.step) if explain is not None else None
+            spike = Incident(step=st.step, kind="spike", signal="update", ratio=started.ratio,
+                             note=f"{cause}; {note}" if cause else note)
             self.incidents.append(spike)
             incident = incident or spike
         ended = rules.update_ended

@@ -143,8 +143,12 @@ class RateJump:
     baseline: float
     ratio: float
 
-    def message(self) -> str:
-        when = "the step before" if self.ago == 1 else f"{self.ago} steps before"
+    def message(self, *, own: bool = False) -> str:
+        """``own``: the rates looked at ended with the spiking step's own (an update-ratio
+        spike, whose update that rate made), so ``ago`` 1 is that step."""
+        ago = self.ago - 1 if own else self.ago
+        when = ("this step" if ago == 0 else "the step before" if ago == 1
+                else f"{ago} steps before")
         return (f"the learning rate of {when} was x{self.ratio:.3g} its running median "
                 f"({self.rate:.3g} against {self.baseline:.3g}): that update moved every "
                 "weight, the likelier cause")

@@ -135,6 +135,7 @@ def test_an_update_ratio_spike_is_judged_live_as_a_read_back_log_is(tmp_path, re
     (inc,) = [i for i in mon.incidents if i.kind == "spike" and i.signal == "update"]
     assert inc.step == 100 and inc.ratio > 10 and inc.steps == 1 and not inc.samples
     assert "measured after optimizer.step()" in inc.note
+    assert inc.note.startswith("the learning rate of this step was x100 its running median")
     assert alerts(mon.log) == mon.alerts  # replayed over the log: the same
     back = gs.read_jsonl(path)
     assert alerts(back) == mon.alerts and back.alerts == mon.alerts

@@ -503,7 +503,7 @@ class GradMonitor:
     def _record(self, host: HostStep, skipped: bool, deferred: Deferred | None) -> None:
         log = self._log
         if host.previous is not None:
-            log.complete(*host.previous)
+            log.complete(*host.previous, explain=self._incidents.update_cause)
         st = finish(
             host, step=self.step, watched=self._watched, topology=self._topology,
             norm_type=self.norm_type, module_names=self._forward.module_names,
@@ -511,7 +511,8 @@ class GradMonitor:
             scaler_skips=self._scaler is not None and self.optimizer is None,
         )
         log.distributed = self._topology.description
-        log.append(st, self._incidents.record, hold=deferred is not None)
+        log.append(st, self._incidents.record, hold=deferred is not None,
+                   explain=self._incidents.update_cause)
         self._deferred = deferred
         self._topology.probed()  # only the first logged step is probed
         self._end_step()
@@ -521,7 +522,8 @@ class GradMonitor:
         deferred, self._deferred = self._deferred, None
         if deferred is not None:
             with _inference_mode(True):
-                self._log.complete(deferred.step, deferred.to_host())
+                self._log.complete(deferred.step, deferred.to_host(),
+                                   explain=self._incidents.update_cause)
 
     def _end_step(self) -> None:
         """The current step is over: count it, re-read the parameters when the model changed
