@@ -46,18 +46,24 @@ TAIL_WINDOW = 200
 TAIL_QUANTILE = 0.99
 TAIL_FACTOR = 2.0
 TAIL_MIN = 50
+TAIL_EVERY = 5
 
 
 class Tail:
     """The last ``TAIL_WINDOW`` values of a signal, in a fixed array (8 bytes a value: one per
-    parameter for the exploding rule), and whether a value is above what they usually reach."""
+    parameter for the exploding rule), and whether a value is above what they usually reach.
+    The level is recomputed at most every ``TAIL_EVERY`` values (a sort of 200 per parameter
+    per step would cost a noisy run more than the rest of the rules; a quantile of 200 values
+    moves little in 5)."""
 
-    __slots__ = ("values", "next", "full")
+    __slots__ = ("values", "next", "full", "age", "cached")
 
     def __init__(self) -> None:
         self.values = array("d", bytes(8 * TAIL_WINDOW))
         self.next = 0
         self.full = False
+        self.age = TAIL_EVERY
+        self.cached = 0.0
 
     def __len__(self) -> int:
         return TAIL_WINDOW if self.full else self.next
@@ -66,14 +72,18 @@ class Tail:
         self.values[self.next] = value
         self.next = (self.next + 1) % TAIL_WINDOW
         self.full = self.full or self.next == 0
+        self.age += 1
 
     def level(self) -> float:
-        """The ``TAIL_QUANTILE`` of the values held (0.0 while fewer than ``TAIL_MIN``)."""
+        """The ``TAIL_QUANTILE`` of the values held (0.0 while fewer than ``TAIL_MIN``), as of
+        at most ``TAIL_EVERY - 1`` values ago."""
         n = len(self)
         if n < TAIL_MIN:
             return 0.0
-        held = sorted(self.values if self.full else self.values[:n])
-        return held[int(TAIL_QUANTILE * (n - 1))]
+        if self.age >= TAIL_EVERY:
+            held = sorted(self.values if self.full else self.values[:n])
+            self.cached, self.age = held[int(TAIL_QUANTILE * (n - 1))], 0
+        return self.cached
 
 
 def jumps(value: float, median: float, tail: Tail, factor: float) -> bool:

@@ -102,6 +102,8 @@ def test_the_tail_keeps_the_last_values_and_judges_with_the_median_until_it_fill
     for k in range(spikes.TAIL_WINDOW):  # every tenth value 50x: q99 is 50
         tail.append(50.0 if k % 10 == 0 else 1.0)
     assert tail.level() == 50.0
+    tail.append(1e6)  # the level is kept for TAIL_EVERY values: no sort per parameter per step
+    assert tail.level() == 50.0
     assert not jumps(60.0, 1.0, tail, 10.0) and jumps(101.0, 1.0, tail, 10.0)
 
 
