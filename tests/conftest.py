@@ -162,3 +162,14 @@ def _no_global_hooks_left() -> None:
     if torch.nn.modules.module._has_any_global_hook():
         left["any global hook"] = 1
     assert not left, f"global module hooks left behind by this test: {left}"
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test (restored after): tiny ops on a shared 2-core machine,
+    where a thread pool only adds contention (``pytestmark = usefixtures("one_thread")``)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+

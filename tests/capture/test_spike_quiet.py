@@ -21,12 +21,7 @@ from gradscope.model.spikes import TAIL_MIN, Tail, jumps
 STEPS = 1200
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _classifier_run(steps: int) -> gs.GradMonitor:

@@ -15,7 +15,6 @@ import importlib.util
 import statistics
 
 import pytest
-import torch
 from conftest import SAMPLES
 
 _spec = importlib.util.spec_from_file_location("planted", SAMPLES / "spikes" / "planted.py")
@@ -26,13 +25,7 @@ _spec.loader.exec_module(planted)
 STEPS = 200
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny ops on a shared 2-core machine: threads only add contention (restored after)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _largest_ratio(values: list[float], warmup: int, window: int) -> float:

@@ -20,13 +20,7 @@ K = 40  # the spiking step
 B = 16
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one intra-op thread (a shared, loaded machine makes a pool spin)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model() -> nn.Module:
