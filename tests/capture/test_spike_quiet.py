@@ -138,3 +138,21 @@ def test_an_update_ratio_spike_is_judged_live_as_a_read_back_log_is(tmp_path, re
     assert alerts(back) == mon.alerts and back.alerts == mon.alerts
     assert [(i.step, i.signal) for i in back.incidents] == [(i.step, i.signal)
                                                            for i in mon.incidents]
+
+
+def test_a_bias_crossing_zero_does_not_decide_the_update_level() -> None:
+    """AdamW moves a one-element bias near zero by about the learning rate: its ratio is 30
+    where the weights' is 0.002. The level (element-weighted, each ratio capped at 1) stays
+    near the weights'; a x100 step of every tensor moves it x100."""
+    from gradscope.model.monitor import ParamStats, StepStats
+    from gradscope.model.spikes import update_level
+
+    def step(w: float, b: float) -> StepStats:
+        return StepStats(0, 1.0, {"w": ParamStats(1.0, None, None, 0, 0, None, w),
+                                  "b": ParamStats(1.0, None, None, 0, 0, None, b)}, full=True)
+
+    numels = {"w": 4096, "b": 1}
+    calm = update_level(step(0.002, 30.0), numels)
+    assert calm == pytest.approx((4096 * 0.002 + 1.0) / 4097)
+    assert calm < 0.0025
+    assert update_level(step(0.2, 0.2), numels) == pytest.approx(0.2)
