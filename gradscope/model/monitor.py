@@ -213,8 +213,9 @@ class MonitorLog:
                           if i.kind == "spike" and i.step == ended[0]), None)
             if spike is not None:
                 spike.steps = ended[1]
+        late_end = None
         if not hold:  # its update ratios, if it has any, are known now
-            incident = self._late(st, incident, explain)
+            incident, late_end = self._late(st, incident, explain)
         if self._sink is not None:
             last = self.incidents[-1] if self.incidents and incident is None else None
             extra: dict[str, int] = {}
@@ -222,6 +223,8 @@ class MonitorLog:
                 extra["repeat_of"] = last.step
             if ended is not None:  # streamed before the event's length was known
                 extra["spike_of"], extra["spike_steps"] = ended
+            if late_end is not None:  # an update-ratio event, the same way
+                extra["update_spike_of"], extra["update_spike_steps"] = late_end
             self._held.append((st, len(self.alerts), incident, extra))
             if not hold:
                 self._flush()
@@ -248,20 +251,25 @@ class MonitorLog:
             if h.step == step:
                 h = _with_ratios(h, ratios)
                 done = done or h
-                inc = self._late(done, inc, explain)
+                inc, late_end = self._late(done, inc, explain)
                 n = len(self.alerts)
+                if late_end is not None:
+                    extra = {**extra, "update_spike_of": late_end[0],
+                             "update_spike_steps": late_end[1]}
             held.append((h, n, inc, extra))
         if done is not None and not any(h.step == step for h, *_ in self._held):
             self._late(done, None, explain)  # not streamed: judged all the same
         self._held = held
         self._flush()
 
-    def _late(self, st: StepStats, incident: Incident | None, explain: Any) -> Incident | None:
+    def _late(self, st: StepStats, incident: Incident | None,
+              explain: Any) -> tuple[Incident | None, tuple[int, int] | None]:
         """Run the rules on ``st``'s update ratios (``AlertRules.late``); returns the incident
-        of ``st``'s line: ``incident``, or the update-ratio spike's when it has none."""
+        of ``st``'s line (``incident``, or the update-ratio spike's when it has none) and the
+        update-ratio event that ended at ``st`` (first step, steps), or None."""
         rules = self.rules
         if rules is None or not hasattr(rules, "late"):
-            return incident
+            return incident, None
         self.alerts.extend(rules.late(st))
         started = rules.update_started
         if started is not None:
@@ -278,7 +286,7 @@ class MonitorLog:
                 if i.kind == "spike" and i.signal == "update" and i.step == ended[0]:
                     i.steps = ended[1]
                     break
-        return incident
+        return incident, ended
 
     def rewatch(self, names: list[str], numels: dict[str, int]) -> None:
         """The monitor watches other parameters from now on."""
@@ -499,12 +507,16 @@ def read_jsonl(path: str | Path) -> MonitorLog:
                     if inc is not None:
                         inc.repeats += 1
                         inc.last_step = st.step
-                spike_of = obj.get("spike_of")
-                if spike_of is not None:  # a streamed spike event ended here
-                    inc = next((i for i in reversed(incidents)
-                                if i.kind == "spike" and i.step == int(spike_of)), None)
-                    if inc is not None:
-                        inc.steps = int(obj["spike_steps"])
+                for key, update in (("spike_of", False), ("update_spike_of", True)):
+                    of = obj.get(key)
+                    if of is None:
+                        continue  # a streamed spike event ended here: its length
+                    found = [i for i in incidents if i.kind == "spike" and i.step == int(of)]
+                    # an update-ratio event's own key; "spike_of" names the other signals'
+                    # (in a log of before update events had theirs, any spike of that step)
+                    mine = [i for i in found if (i.signal == "update") == update]
+                    for inc in (mine or ([] if update else found))[-1:]:
+                        inc.steps = int(obj[key.replace("_of", "_steps")])
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise MonitorError(
                     f"{path}: line {number} is not a gradscope monitor record ({exc}); give a "

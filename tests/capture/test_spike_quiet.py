@@ -136,8 +136,8 @@ def test_an_update_ratio_spike_is_judged_live_as_a_read_back_log_is(tmp_path, re
     assert alerts(mon.log) == mon.alerts  # replayed over the log: the same
     back = gs.read_jsonl(path)
     assert alerts(back) == mon.alerts and back.alerts == mon.alerts
-    assert [(i.step, i.signal) for i in back.incidents] == [(i.step, i.signal)
-                                                           for i in mon.incidents]
+    assert [(i.step, i.signal, i.steps) for i in back.incidents] == [
+        (i.step, i.signal, i.steps) for i in mon.incidents]  # the length streamed too
 
 
 def test_a_bias_crossing_zero_does_not_decide_the_update_level() -> None:
