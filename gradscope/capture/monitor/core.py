@@ -103,11 +103,13 @@ class GradMonitor:
             ``VANISH_PATIENCE`` logged steps is "vanishing" (exactly zero: "dead").
         vanish_ratio: ... or whose per-element size stays below this fraction of the median
             per-element size of the model's parameters at the same step.
-        explode: a norm above this (or ``SPIKE_FACTOR`` x its running median) alerts.
+        explode: a norm above this (or ``SPIKE_FACTOR`` x its running median, and twice what
+            it reached lately: ``gradscope.model.spikes.jumps``) alerts.
         spike, spike_window, spike_warmup: a total gradient norm, loss (``observe_loss``)
             or update ratio above ``spike`` x the median of its last ``spike_window`` logged
-            values (the first ``spike_warmup`` logged ones ignored) is a spike: one alert and
-            one ``Incident(kind="spike")`` per event (``gradscope.model.spikes``).
+            values (the first ``spike_warmup`` logged ones ignored), and above twice the 99th
+            percentile of its last 200, is a spike: one alert and one
+            ``Incident(kind="spike")`` per event (``gradscope.model.spikes``).
             ``spike=None`` turns detection off (no spike alerts, incidents or replays).
         leaks: also watch for autograd graphs of earlier steps still alive at the next step
             (a loss kept without ``.detach()``), with ``gs.leak_check``; each leak is an
