@@ -79,7 +79,8 @@ class IncidentWatch:
         # and the optimizer steps since the last logged one: a spike's likelier cause
         self.rates: deque[float] = deque(maxlen=RATE_WINDOW + 1)
         self.since = 0
-        self.rate_cause: tuple[int, str | None] = (-1, None)
+        # the last record's step with its rates (its own included) and how many it covered
+        self.rates_at: tuple[int, list[float], int] = (-1, [], 0)
 
     def read_spikes(self, rules: Any, preview: Callable[[], bool]) -> None:
         """Read the spike events from ``rules`` (the log's ``AlertRules``; never written);
@@ -208,8 +209,11 @@ class IncidentWatch:
     def update_cause(self, step: int) -> str | None:
         """For an update-ratio spike at logged step ``step``: the learning-rate jump among the
         optimizer steps it covers (its own included), as a note, or None."""
-        at, cause = self.rate_cause
-        return cause if at == step else None
+        at, rates, covered = self.rates_at
+        if at != step:
+            return None
+        jump = rate_jump(rates, covered, RATE_FACTOR)  # only asked on a spike: not per step
+        return jump.message(own=True) if jump is not None else None
 
     def record(self, st: Any, alerts: list[Any]) -> Incident | None:
         """This logged step's incident, if it starts an event (the views name the origin in
@@ -257,8 +261,7 @@ class IncidentWatch:
         self.checked = False
         # this step's own rate included: what an update-ratio spike of it, judged when its
         # ratios arrive (after this), is told (``update_cause``)
-        jump = rate_jump(list(self.rates), self.since, RATE_FACTOR)
-        self.rate_cause = (st.step, jump.message(own=True) if jump is not None else None)
+        self.rates_at = (st.step, list(self.rates), self.since)
         self.since = 0
         # the event stays open until FLAP_WINDOW finite logged steps passed (one incident,
         # one replay for a gradient that flaps)

@@ -213,9 +213,9 @@ class MonitorLog:
                           if i.kind == "spike" and i.step == ended[0]), None)
             if spike is not None:
                 spike.steps = ended[1]
-        late_end = None
+        late: dict[str, int] = {}
         if not hold:  # its update ratios, if it has any, are known now
-            incident, late_end = self._late(st, incident, explain)
+            incident, late = self._late(st, incident, explain)
         if self._sink is not None:
             last = self.incidents[-1] if self.incidents and incident is None else None
             extra: dict[str, int] = {}
@@ -223,9 +223,7 @@ class MonitorLog:
                 extra["repeat_of"] = last.step
             if ended is not None:  # streamed before the event's length was known
                 extra["spike_of"], extra["spike_steps"] = ended
-            if late_end is not None:  # an update-ratio event, the same way
-                extra["update_spike_of"], extra["update_spike_steps"] = late_end
-            self._held.append((st, len(self.alerts), incident, extra))
+            self._held.append((st, len(self.alerts), incident, extra | late))
             if not hold:
                 self._flush()
         self._trim()
@@ -246,30 +244,27 @@ class MonitorLog:
             if st.step == step:
                 done = self.steps[k] = _with_ratios(st, ratios)
                 break
-        held = []
-        for h, n, inc, extra in self._held:
-            if h.step == step:
-                h = _with_ratios(h, ratios)
-                done = done or h
-                inc, late_end = self._late(done, inc, explain)
-                n = len(self.alerts)
-                if late_end is not None:
-                    extra = {**extra, "update_spike_of": late_end[0],
-                             "update_spike_steps": late_end[1]}
-            held.append((h, n, inc, extra))
-        if done is not None and not any(h.step == step for h, *_ in self._held):
-            self._late(done, None, explain)  # not streamed: judged all the same
+        held = [(_with_ratios(h, ratios) if h.step == step else h, n, inc, extra)
+                for h, n, inc, extra in self._held]
+        mine = next((k for k, (h, *_) in enumerate(held) if h.step == step), None)
+        if done is None and mine is not None:
+            done = held[mine][0]
+        if done is not None:
+            incident, late = self._late(done, None if mine is None else held[mine][2], explain)
+            if mine is not None:  # the step's line, still held, carries what they gave
+                h, _, _, extra = held[mine]
+                held[mine] = (h, len(self.alerts), incident, extra | late)
         self._held = held
         self._flush()
 
     def _late(self, st: StepStats, incident: Incident | None,
-              explain: Any) -> tuple[Incident | None, tuple[int, int] | None]:
+              explain: Any) -> tuple[Incident | None, dict[str, int]]:
         """Run the rules on ``st``'s update ratios (``AlertRules.late``); returns the incident
-        of ``st``'s line (``incident``, or the update-ratio spike's when it has none) and the
-        update-ratio event that ended at ``st`` (first step, steps), or None."""
+        of ``st``'s line (``incident``, or the update-ratio spike's when it has none) and what
+        the line adds when an update-ratio event ended at ``st`` (``update_spike_of``)."""
         rules = self.rules
-        if rules is None or not hasattr(rules, "late"):
-            return incident, None
+        if rules is None:
+            return incident, {}
         self.alerts.extend(rules.late(st))
         started = rules.update_started
         if started is not None:
@@ -281,12 +276,13 @@ class MonitorLog:
             self.incidents.append(spike)
             incident = incident or spike
         ended = rules.update_ended
-        if ended is not None:
-            for i in reversed(self.incidents):
-                if i.kind == "spike" and i.signal == "update" and i.step == ended[0]:
-                    i.steps = ended[1]
-                    break
-        return incident, ended
+        if ended is None:
+            return incident, {}
+        for i in reversed(self.incidents):
+            if i.kind == "spike" and i.signal == "update" and i.step == ended[0]:
+                i.steps = ended[1]
+                break
+        return incident, {"update_spike_of": ended[0], "update_spike_steps": ended[1]}
 
     def rewatch(self, names: list[str], numels: dict[str, int]) -> None:
         """The monitor watches other parameters from now on."""

@@ -178,53 +178,52 @@ def rate_jump(rates: list[float], recent: int, factor: float) -> RateJump | None
     return None
 
 
-class SpikeRule:
-    """The spike state of one run across logged steps. ``update(st)`` returns the event
-    ``st`` starts (or None); after it, ``ended`` is ``(first step, logged steps it lasted)``
-    of the event that ended at ``st`` (or None) and ``open`` the event still running."""
+class _Signal:
+    """One signal's recent values: the median window and the tail, and the logged values
+    still to ignore (``warmup``)."""
 
-    def __init__(self, factor: float, window: int, warmup: int) -> None:
-        self.factor = factor
-        self.window = window
-        self.warmup = warmup
-        self.values: dict[str, deque[float]] = {s: deque(maxlen=window) for s in SIGNALS}
-        self.tails = {s: Tail() for s in SIGNALS}
-        self.seen = dict.fromkeys(SIGNALS, 0)
+    __slots__ = ("name", "values", "tail", "seen")
+
+    def __init__(self, name: str, window: int) -> None:
+        self.name = name
+        self.values: deque[float] = deque(maxlen=window)
+        self.tail = Tail()
+        self.seen = 0
+
+    def would_jump(self, value: float, factor: float, warmup: int) -> bool:
+        """Whether ``value`` would be a spike now (no state changed)."""
+        if self.seen < warmup or len(self.values) < SPIKE_MIN_VALUES:
+            return False
+        return jumps(value, statistics.median(self.values), self.tail, factor)
+
+    def judge(self, step: int, value: float, factor: float, warmup: int) -> SpikeStart | None:
+        """Take ``value`` in (a warm-up value only counts), and return the spike it is, or
+        None."""
+        if self.seen < warmup:
+            self.seen += 1
+            return None
+        hit = None
+        if len(self.values) >= SPIKE_MIN_VALUES:
+            base = statistics.median(self.values)
+            if jumps(value, base, self.tail, factor):
+                hit = SpikeStart(step, self.name, value, base, value / base, len(self.values))
+        self.values.append(value)
+        self.tail.append(value)
+        return hit
+
+
+class _Events:
+    """Spike events over judged steps: ``open`` (the running event's start), its ``length``,
+    and ``ended``: ``(first step, steps it lasted)`` of the event that ended at the last
+    step, or None."""
+
+    def __init__(self) -> None:
         self.open: SpikeStart | None = None
         self.length = 0
         self.ended: tuple[int, int] | None = None
 
-    def would_start(self, values: dict[str, float | None]) -> bool:
-        """Whether a step with these figures would start a spike event (no state changed:
-        the monitor asks before ``optimizer.step()``, to replay the micro-batch then)."""
-        if self.open is not None:
-            return False
-        for signal, value in values.items():
-            window = self.values[signal]
-            if (value is None or not math.isfinite(value) or self.seen[signal] < self.warmup
-                    or len(window) < SPIKE_MIN_VALUES):
-                continue
-            if jumps(value, statistics.median(window), self.tails[signal], self.factor):
-                return True
-        return False
-
-    def update(self, st: Any) -> SpikeStart | None:
-        self.ended = None
-        if st.skipped or not math.isfinite(st.total_norm):
-            return None
-        hits: list[SpikeStart] = []
-        for signal, value in signals(st).items():
-            window = self.values[signal]
-            if self.seen[signal] < self.warmup:
-                self.seen[signal] += 1
-                continue
-            if len(window) >= SPIKE_MIN_VALUES:
-                base = statistics.median(window)
-                if jumps(value, base, self.tails[signal], self.factor):
-                    hits.append(SpikeStart(st.step, signal, value, base, value / base,
-                                           len(window)))
-            window.append(value)
-            self.tails[signal].append(value)
+    def advance(self, hits: list[SpikeStart]) -> SpikeStart | None:
+        """One judged step with these spikes; returns the event it starts, or None."""
         if hits and self.open is None:
             self.open = max(hits, key=lambda h: h.ratio)
             self.length = 1
@@ -235,6 +234,36 @@ class SpikeRule:
             self.ended = (self.open.step, self.length)
             self.open = None
         return None
+
+
+class SpikeRule(_Events):
+    """The spike state of one run across logged steps. ``update(st)`` returns the event
+    ``st`` starts (or None); after it, ``ended`` is ``(first step, logged steps it lasted)``
+    of the event that ended at ``st`` (or None) and ``open`` the event still running."""
+
+    def __init__(self, factor: float, window: int, warmup: int) -> None:
+        super().__init__()
+        self.factor = factor
+        self.warmup = warmup
+        self.signals = {s: _Signal(s, window) for s in SIGNALS}
+
+    def would_start(self, values: dict[str, float | None]) -> bool:
+        """Whether a step with these figures would start a spike event (no state changed:
+        the monitor asks before ``optimizer.step()``, to replay the micro-batch then)."""
+        if self.open is not None:
+            return False
+        return any(value is not None and math.isfinite(value)
+                   and self.signals[signal].would_jump(value, self.factor, self.warmup)
+                   for signal, value in values.items())
+
+    def update(self, st: Any) -> SpikeStart | None:
+        self.ended = None
+        if st.skipped or not math.isfinite(st.total_norm):
+            return None
+        hits = [hit for signal, value in signals(st).items()
+                if (hit := self.signals[signal].judge(st.step, value, self.factor,
+                                                      self.warmup)) is not None]
+        return self.advance(hits)
 
 
 def update_level(st: Any, numels: dict[str, int]) -> float | None:
@@ -254,44 +283,22 @@ def update_level(st: Any, numels: dict[str, int]) -> float | None:
     return num / den if den > 0 else None
 
 
-class UpdateSpikes:
+class UpdateSpikes(_Events):
     """The spike state of the update signal (see the module docstring), as ``SpikeRule``'s
     for the others: ``update(st, numels)`` when the step's ratios are known returns the event
     it starts (or None); ``ended`` is then ``(first step, full steps it lasted)`` of the event
     that ended at ``st``, or None."""
 
     def __init__(self, factor: float, window: int, warmup: int) -> None:
+        super().__init__()
         self.factor = factor
         self.warmup = warmup
-        self.values: deque[float] = deque(maxlen=window)
-        self.tail = Tail()
-        self.seen = 0
-        self.open: SpikeStart | None = None
-        self.length = 0
-        self.ended: tuple[int, int] | None = None
+        self.signal = _Signal("update", window)
 
     def update(self, st: Any, numels: dict[str, int]) -> SpikeStart | None:
         self.ended = None
         value = None if st.skipped or not st.full else update_level(st, numels)
         if value is None:
             return None  # a step without ratios neither starts nor ends an event
-        if self.seen < self.warmup:
-            self.seen += 1
-            return None
-        window = self.values
-        hit = None
-        if len(window) >= SPIKE_MIN_VALUES:
-            base = statistics.median(window)
-            if jumps(value, base, self.tail, self.factor):
-                hit = SpikeStart(st.step, "update", value, base, value / base, len(window))
-        window.append(value)
-        self.tail.append(value)
-        if hit is not None and self.open is None:
-            self.open, self.length = hit, 1
-            return hit
-        if hit is not None:
-            self.length += 1
-        elif self.open is not None:
-            self.ended = (self.open.step, self.length)
-            self.open = None
-        return None
+        hit = self.signal.judge(st.step, value, self.factor, self.warmup)
+        return self.advance([] if hit is None else [hit])
