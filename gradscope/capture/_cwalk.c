@@ -39,6 +39,10 @@ typedef struct {
     Py_ssize_t n_fixed;
     PyObject *defaults; /* tuple of n - n_fixed values, or NULL when n == n_fixed */
     Py_ssize_t off[MAX_FIELDS];
+    /* the distinct default values and how many slots take each (None 7 times, False twice):
+     * a new instance takes their references in one step each */
+    PyObject *dobj[MAX_FIELDS];
+    Py_ssize_t dcount[MAX_FIELDS], n_dobj;
 } Layout;
 
 enum { N_ID, N_NAME, N_KIND, N_MODULE, N_ATTRS, N_SAVED, N_TENSOR, N_ORDER, N_FIELDS };
@@ -52,11 +56,16 @@ static int configured = 0;
 
 /* type -> (name, kind, is_accumulate, is_custom, reads, unpacked), from class_entry_fn */
 static PyObject *class_cache;
-static PyObject *last_cls, *last_entry; /* the last class looked up and its entry (borrowed:
-                                        * class_cache holds both until configure replaces it) */
+/* the classes looked up last and their entries (borrowed: class_cache holds both until
+ * configure replaces it): a graph repeats a few classes (a Linear + ReLU layer has four), and a
+ * scan of a few pointers is cheaper than a dict lookup */
+#define RECENT_CLASSES 8
+static PyObject *recent_cls[RECENT_CLASSES], *recent_entry[RECENT_CLASSES];
+static int recent_next;
 static PyObject *class_entry_fn; /* gradscope.capture.walk._class_entry */
 static PyObject *dtype_names;   /* dtype -> "float32" (shared with the Python walker) */
 static PyObject *dtype_name_fn; /* gradscope.capture.walk._dtype_name */
+static PyObject *last_dtype, *last_dtype_name; /* the last dtype named, and its name (owned) */
 static PyObject *tensor_type;   /* torch.Tensor */
 static PyObject *storage_key_fn; /* tensor -> its StorageImpl's address (_Storages' key) */
 
@@ -104,10 +113,38 @@ layout_init(Layout *L, PyObject *type, PyObject *names, Py_ssize_t expected, PyO
         Py_DECREF(d);
     }
     Py_DECREF(seq);
+    /* `new_instance` allocates without zeroing and fills the slots only: they must be all the
+     * object holds (no __dict__, no __weakref__, nothing else), each filled once */
+    PyTypeObject *tp = (PyTypeObject *)type;
+    int whole = tp->tp_basicsize == (Py_ssize_t)(sizeof(PyObject) + n * sizeof(PyObject *))
+                && tp->tp_itemsize == 0 && tp->tp_dictoffset == 0 && tp->tp_weaklistoffset == 0
+                && tp->tp_alloc == PyType_GenericAlloc && PyType_IS_GC(tp);
+    for (Py_ssize_t i = 0; whole && i < n; i++)
+        for (Py_ssize_t j = 0; j < i; j++)
+            whole = whole && L->off[i] != L->off[j];
+    if (!whole) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "gradscope.capture._cwalk: %s holds more than its fields' slots; update "
+                     "gradscope/capture/_cwalk.c", tp->tp_name);
+        return -1;
+    }
     L->type = (PyTypeObject *)Py_NewRef(type);
     L->n = n;
     L->n_fixed = expected;
     L->defaults = n_defaults ? Py_NewRef(defaults) : NULL;
+    L->n_dobj = 0;
+    for (Py_ssize_t i = 0; i < n_defaults; i++) {
+        PyObject *d = PyTuple_GET_ITEM(defaults, i);
+        Py_ssize_t k = 0;
+        while (k < L->n_dobj && L->dobj[k] != d)
+            k++;
+        if (k == L->n_dobj) {
+            L->dobj[k] = d; /* borrowed: L->defaults holds it */
+            L->dcount[k] = 0;
+            L->n_dobj++;
+        }
+        L->dcount[k]++;
+    }
     return 0;
 }
 
@@ -120,18 +157,24 @@ layout_clear(Layout *L)
     L->defaults = NULL;
 }
 
-/* A new instance with every slot set to vals[i] (borrowed references; new ones are taken). */
+/* A new instance with every slot set to vals[i] (borrowed references; new ones are taken).
+ * The object is allocated as `tp_alloc` would, without zeroing memory that every slot then
+ * overwrites (the classes are slots-only: `configure` checks that the slots are all there is),
+ * and tracked by the collector once it is whole. */
 static PyObject *
 new_instance(Layout *L, PyObject **vals)
 {
-    PyObject *obj = L->type->tp_alloc(L->type, 0);
+    PyObject *obj = PyObject_GC_New(PyObject, L->type);
     if (obj == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < L->n_fixed; i++)
         *(PyObject **)((char *)obj + L->off[i]) = Py_NewRef(vals[i]);
     for (Py_ssize_t i = L->n_fixed; i < L->n; i++)
-        *(PyObject **)((char *)obj + L->off[i]) =
-            Py_NewRef(PyTuple_GET_ITEM(L->defaults, i - L->n_fixed));
+        *(PyObject **)((char *)obj + L->off[i]) = PyTuple_GET_ITEM(L->defaults, i - L->n_fixed);
+    for (Py_ssize_t k = 0; k < L->n_dobj; k++) /* the references those slots hold */
+        for (Py_ssize_t j = 0; j < L->dcount[k]; j++)
+            Py_INCREF(L->dobj[k]);
+    PyObject_GC_Track(obj);
     return obj;
 }
 
@@ -220,6 +263,28 @@ plain_tensor_type(PyTypeObject *tp)
     return plain;
 }
 
+/* `getattr(fn, name)` for an autograd node (`next_functions`, `variable`): when its class takes
+ * the generic attribute lookup and `name` resolves to a getset descriptor (a data descriptor,
+ * which that lookup calls before anything else), its getter is called directly, as the lookup
+ * would call it; anything else takes `PyObject_GetAttr`. */
+static PyObject *
+node_attr(PyObject *fn, PyObject *name)
+{
+    PyTypeObject *tp = Py_TYPE(fn);
+    if (tp->tp_getattro == PyObject_GenericGetAttr) {
+        PyObject *d = _PyType_Lookup(tp, name); /* borrowed */
+        if (d != NULL && Py_IS_TYPE(d, &PyGetSetDescr_Type)
+            && ((PyGetSetDescrObject *)d)->d_getset->get != NULL) {
+            PyGetSetDef *gs = ((PyGetSetDescrObject *)d)->d_getset;
+            Py_INCREF(d); /* as the lookup holds it: the getter could change the class */
+            PyObject *out = gs->get(fn, gs->closure);
+            Py_DECREF(d);
+            return out;
+        }
+    }
+    return PyObject_GetAttr(fn, name);
+}
+
 static PyObject *
 tensor_attr(PyObject *t, int which)
 {
@@ -275,7 +340,10 @@ configure(PyObject *self, PyObject *args)
                                    ? Py_NewRef(d) : NULL);
     }
     Py_XSETREF(storage_key_fn, Py_NewRef(key_fn));
-    last_cls = last_entry = NULL; /* borrowed from the cache dropped here */
+    for (int i = 0; i < RECENT_CLASSES; i++) /* borrowed from the cache dropped here */
+        recent_cls[i] = recent_entry[i] = NULL;
+    Py_CLEAR(last_dtype);
+    Py_CLEAR(last_dtype_name);
     Py_XSETREF(class_cache, cache);
     configured = 1;
     Py_RETURN_NONE;
@@ -288,12 +356,14 @@ configure(PyObject *self, PyObject *args)
 static PyObject *
 class_entry(PyObject *cls)
 {
-    if (cls == last_cls) /* a graph repeats a few classes in runs: one compare, no dict */
-        return last_entry;
+    for (int i = 0; i < RECENT_CLASSES; i++)
+        if (recent_cls[i] == cls)
+            return recent_entry[i];
     PyObject *entry = PyDict_GetItemWithError(class_cache, cls);
     if (entry != NULL) {
-        last_cls = cls;
-        last_entry = entry;
+        recent_cls[recent_next] = cls;
+        recent_entry[recent_next] = entry;
+        recent_next = (recent_next + 1) % RECENT_CLASSES;
     }
     if (entry != NULL || PyErr_Occurred())
         return entry;
@@ -326,22 +396,37 @@ append_steal(PyObject *list, PyObject *item)
     return err;
 }
 
-/* "n<len(nodes)>", the next node id (PyUnicode_FromFormat's printf is a third of a walk). */
+/* "n<len(nodes)>", the next node id (PyUnicode_FromFormat's printf is a third of a walk). The
+ * first ID_CACHE ids are made once and shared by every graph (strings are immutable, and an id
+ * is only ever compared by value): a walk of a graph of that size makes no id string, and their
+ * hashes are already computed for the dicts the views build from them (ID_CACHE strings of 56
+ * bytes: under 1 MiB, held once a graph that big was walked). */
+#define ID_CACHE 16384
+static PyObject *id_cache[ID_CACHE];
+
 static PyObject *
 node_id(PyObject *nodes)
 {
+    size_t v = (size_t)PyList_GET_SIZE(nodes);
+    if (v < ID_CACHE && id_cache[v] != NULL)
+        return Py_NewRef(id_cache[v]);
     char buf[32];
     char *p = buf + sizeof(buf);
-    size_t v = (size_t)PyList_GET_SIZE(nodes);
+    size_t rest = v;
     do {
-        *--p = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
+        *--p = (char)('0' + rest % 10);
+        rest /= 10;
+    } while (rest);
     *--p = 'n';
     Py_ssize_t len = buf + sizeof(buf) - p;
     PyObject *s = PyUnicode_New(len, 127); /* ASCII: no UTF-8 decoding */
-    if (s != NULL)
-        memcpy(PyUnicode_1BYTE_DATA(s), p, len);
+    if (s == NULL)
+        return NULL;
+    memcpy(PyUnicode_1BYTE_DATA(s), p, len);
+    if (v < ID_CACHE) {
+        (void)PyObject_Hash(s); /* cached in the string */
+        id_cache[v] = Py_NewRef(s);
+    }
     return s;
 }
 
@@ -414,11 +499,19 @@ dtype_str(PyObject *t)
     PyObject *dtype = tensor_attr(t, A_DTYPE);
     if (dtype == NULL)
         return NULL;
+    if (dtype == last_dtype) { /* a model's tensors mostly share one dtype */
+        Py_DECREF(dtype);
+        return Py_NewRef(last_dtype_name);
+    }
     PyObject *name = PyDict_GetItemWithError(dtype_names, dtype);
     if (name != NULL)
         Py_INCREF(name);
     else if (!PyErr_Occurred())
         name = PyObject_CallOneArg(dtype_name_fn, dtype);
+    if (name != NULL && PyUnicode_CheckExact(name)) {
+        Py_XSETREF(last_dtype_name, Py_NewRef(name));
+        Py_XSETREF(last_dtype, Py_NewRef(dtype));
+    }
     Py_DECREF(dtype);
     return name;
 }
@@ -628,7 +721,7 @@ add_leaf(Ctx *c, PyObject *acc_id, PyObject *fn)
     PyObject *var = NULL, *lid = NULL, *key = NULL, *shape = NULL, *dname = NULL;
     PyObject *device = NULL, *sid = NULL, *tinfo = NULL;
 
-    if ((var = PyObject_GetAttr(fn, s_variable)) == NULL || (lid = node_id(c->nodes)) == NULL)
+    if ((var = node_attr(fn, s_variable)) == NULL || (lid = node_id(c->nodes)) == NULL)
         goto done;
     PyObject *name = NULL; /* borrowed */
     if (PyDict_GET_SIZE(c->names) > 0) {
@@ -740,7 +833,7 @@ visit_node(Ctx *c, PyObject *fn, PyObject *nid, Stack *stack)
     }
     if (PyTuple_GET_ITEM(entry, 2) == Py_True && add_leaf(c, nid, fn) < 0)
         goto done;
-    if ((nf = PyObject_GetAttr(fn, s_next_functions)) == NULL)
+    if ((nf = node_attr(fn, s_next_functions)) == NULL)
         goto done;
     if (!PyTuple_Check(nf)) {
         PyErr_Format(PyExc_TypeError, "next_functions of %R is not a tuple", fn);

@@ -214,6 +214,12 @@ def test_layout_check_rejects_a_changed_dataclass():
             cfg(Short, gs.TensorInfo)
         with pytest.raises(RuntimeError, match="not a __slots__ member"):
             cfg(gs.Node, NoSlots)
+        # the slots, and a __weakref__ the C code would leave unset
+        Weak = dataclass(slots=True, weakref_slot=True)(
+            type("Weak", (), {"__annotations__": {k: int for k in "abcde"}})
+        )
+        with pytest.raises(RuntimeError, match="holds more than its fields' slots"):
+            cfg(gs.Node, Weak)
     finally:
         cfg(gs.Node, gs.TensorInfo)  # restore the real layout
     out, params = ALL["mlp"]()
@@ -225,3 +231,15 @@ def test_long_chain_same_as_python(pure_python):
     y, x = chain(3000)
     g_c, g_py = _both(pure_python, lambda: gs.trace(y, params={"x": x}))
     assert g_c == g_py and len(g_c.nodes) == 3003
+
+
+@needs_c
+def test_ids_past_the_shared_ones():
+    """The first 16,384 ids are strings made once and shared by every graph; the ids after
+    them are made per walk: both in walk order, each once, and equal in two walks."""
+    y, x = chain(16_500)
+    first, again = gs.trace(y, saved=False), gs.trace(y, saved=False)
+    ids = [n.id for n in first.nodes]
+    assert ids == [f"n{i}" for i in range(len(ids))] and len(ids) > 16_384
+    assert [n.id for n in again.nodes] == ids
+    assert {(e.src, e.dst) for e in first.edges} == {(e.src, e.dst) for e in again.edges}
