@@ -20,6 +20,10 @@ from conftest import nan_empty  # noqa: E402
 import gradscope as gs  # noqa: E402
 
 MODELS = Path(__file__).resolve().parent / "models"
+#: one intra-op thread: ViT-B/16's 86 M parameters are filled by parallel ops, and beside a
+#: second test worker torch's spinning pool made this 1.5 s test take 10-11 s
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 #: model file -> the import it needs beyond torchvision
 FILES = {"resnet50": None, "vit_b_16": None, "hf_llama": "transformers", "timm_convnext": "timm"}
 
