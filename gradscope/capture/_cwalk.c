@@ -396,20 +396,20 @@ append_steal(PyObject *list, PyObject *item)
     return err;
 }
 
-/* "n<len(nodes)>", the next node id (PyUnicode_FromFormat's printf is a third of a walk). The
- * first ID_CACHE ids are made once and shared by every graph (strings are immutable, and an id
- * is only ever compared by value): a walk of a graph of that size makes no id string, and their
- * hashes are already computed for the dicts the views build from them (ID_CACHE strings of 56
- * bytes: under 1 MiB, held once a graph that big was walked). */
+/* "n<len(nodes)>", the next node id, and "s<k>", a storage id (PyUnicode_FromFormat's printf
+ * was a third of a walk). The first ID_CACHE ids of each kind are made once and shared by
+ * every graph (strings are immutable, and an id is only ever compared by value): a walk of a
+ * graph of that size makes no id string, and their hashes are already computed for the dicts
+ * the views build from them (ID_CACHE strings of 56 bytes: under 1 MiB a kind, held once a
+ * graph that big was walked). */
 #define ID_CACHE 16384
-static PyObject *id_cache[ID_CACHE];
+static PyObject *node_id_texts[ID_CACHE], *storage_id_texts[ID_CACHE];
 
 static PyObject *
-node_id(PyObject *nodes)
+small_id(char prefix, size_t v, PyObject **cache)
 {
-    size_t v = (size_t)PyList_GET_SIZE(nodes);
-    if (v < ID_CACHE && id_cache[v] != NULL)
-        return Py_NewRef(id_cache[v]);
+    if (v < ID_CACHE && cache[v] != NULL)
+        return Py_NewRef(cache[v]);
     char buf[32];
     char *p = buf + sizeof(buf);
     size_t rest = v;
@@ -417,7 +417,7 @@ node_id(PyObject *nodes)
         *--p = (char)('0' + rest % 10);
         rest /= 10;
     } while (rest);
-    *--p = 'n';
+    *--p = prefix;
     Py_ssize_t len = buf + sizeof(buf) - p;
     PyObject *s = PyUnicode_New(len, 127); /* ASCII: no UTF-8 decoding */
     if (s == NULL)
@@ -425,9 +425,15 @@ node_id(PyObject *nodes)
     memcpy(PyUnicode_1BYTE_DATA(s), p, len);
     if (v < ID_CACHE) {
         (void)PyObject_Hash(s); /* cached in the string */
-        id_cache[v] = Py_NewRef(s);
+        cache[v] = Py_NewRef(s);
     }
     return s;
+}
+
+static PyObject *
+node_id(PyObject *nodes)
+{
+    return small_id('n', (size_t)PyList_GET_SIZE(nodes), node_id_texts);
 }
 
 /* What one walk works on: the `_Walker`'s containers and the methods it falls back to, all
@@ -483,7 +489,7 @@ storage_record(Ctx *c, PyObject *t)
         Py_DECREF(st);
     }
     if (size != NULL
-        && (sid = PyUnicode_FromFormat("s%zd", PyDict_GET_SIZE(c->storage_ids))) != NULL
+        && (sid = small_id('s', (size_t)PyDict_GET_SIZE(c->storage_ids), storage_id_texts)) != NULL
         && (rec = PyTuple_Pack(2, sid, size)) != NULL
         && PyDict_SetItem(c->storage_ids, key, rec) < 0)
         Py_CLEAR(rec);
@@ -643,7 +649,7 @@ static int
 not_saved(Ctx *c, PyObject *fn, PyObject *name, PyObject *unpacked_attr, PyObject *raw,
           PyObject *node, PyObject *attrs)
 {
-    PyObject *val = PyObject_GetAttr(fn, unpacked_attr);
+    PyObject *val = node_attr(fn, unpacked_attr);
     if (val == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_RuntimeError))
             return -1;
@@ -670,7 +676,7 @@ builtin_saved(Ctx *c, PyObject *fn, PyObject *node, PyObject *reads, PyObject *u
             return -1;
         }
         PyObject *name = PyTuple_GET_ITEM(r, 0), *attr = PyTuple_GET_ITEM(r, 1);
-        PyObject *raw = PyObject_GetAttr(fn, attr);
+        PyObject *raw = node_attr(fn, attr);
         if (raw == NULL) {
             /* a saved list (`indices` of x[idx], index_put...) that backward freed: torch
              * raises instead of handing out its entries; `read_saved_seq(..., None, ...)`

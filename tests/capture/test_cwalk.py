@@ -234,12 +234,19 @@ def test_long_chain_same_as_python(pure_python):
 
 
 @needs_c
-def test_ids_past_the_shared_ones():
-    """The first 16,384 ids are strings made once and shared by every graph; the ids after
-    them are made per walk: both in walk order, each once, and equal in two walks."""
-    y, x = chain(16_500)
-    first, again = gs.trace(y, saved=False), gs.trace(y, saved=False)
-    ids = [n.id for n in first.nodes]
+def test_ids_past_the_shared_ones(pure_python):
+    """The first 16,384 node ids and storage ids are strings made once and shared by every
+    graph; the ids after them are made per walk: both in walk order, each once, equal in two
+    walks and to the Python walker's."""
+    x = torch.randn(2, requires_grad=True)
+    y = x
+    for _ in range(16_500):
+        y = y.sin()  # saves its input: one storage per op
+    g_c, g_py = _both(pure_python, lambda: gs.trace(y, params={"x": x}))
+    assert g_c == g_py
+    ids = [n.id for n in g_c.nodes]
     assert ids == [f"n{i}" for i in range(len(ids))] and len(ids) > 16_384
-    assert [n.id for n in again.nodes] == ids
-    assert {(e.src, e.dst) for e in first.edges} == {(e.src, e.dst) for e in again.edges}
+    sids = [sv.storage for n in g_c.nodes for sv in n.saved]
+    assert len(set(sids)) == len(sids) > 16_384
+    assert sorted(sids, key=lambda s: int(s[1:])) == [f"s{i}" for i in range(1, len(sids) + 1)]
+    assert gs.trace(y, params={"x": x}) == g_c
