@@ -263,10 +263,10 @@ plain_tensor_type(PyTypeObject *tp)
     return plain;
 }
 
-/* `getattr(fn, name)` for an autograd node (`next_functions`, `variable`): when its class takes
- * the generic attribute lookup and `name` resolves to a getset descriptor (a data descriptor,
- * which that lookup calls before anything else), its getter is called directly, as the lookup
- * would call it; anything else takes `PyObject_GetAttr`. */
+/* `getattr(fn, name)` for an autograd node (`next_functions`, `variable`, `_saved_*`): when
+ * its class takes the generic attribute lookup and `name` resolves to a getset descriptor (a
+ * data descriptor, which that lookup calls before anything else), its getter is called
+ * directly, as the lookup would call it; anything else takes `PyObject_GetAttr`. */
 static PyObject *
 node_attr(PyObject *fn, PyObject *name)
 {
