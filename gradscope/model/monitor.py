@@ -209,10 +209,7 @@ class MonitorLog:
             self.incidents.append(incident)
         ended = getattr(self.rules, "spike_ended", None)
         if ended is not None:  # a spike event ended here: its length
-            spike = next((i for i in reversed(self.incidents)
-                          if i.kind == "spike" and i.step == ended[0]), None)
-            if spike is not None:
-                spike.steps = ended[1]
+            _end_event(self.incidents, *ended, update=False)
         late: dict[str, int] = {}
         if not hold:  # its update ratios, if it has any, are known now
             incident, late = self._late(st, incident, explain)
@@ -278,10 +275,7 @@ class MonitorLog:
         ended = rules.update_ended
         if ended is None:
             return incident, {}
-        for i in reversed(self.incidents):
-            if i.kind == "spike" and i.signal == "update" and i.step == ended[0]:
-                i.steps = ended[1]
-                break
+        _end_event(self.incidents, *ended, update=True)
         return incident, {"update_spike_of": ended[0], "update_spike_steps": ended[1]}
 
     def rewatch(self, names: list[str], numels: dict[str, int]) -> None:
@@ -335,6 +329,19 @@ class MonitorLog:
     def to_csv(self, path: str | Path) -> Path:
         """Write one CSV row per (logged step, parameter)."""
         return renderer("monitor_csv")(self, Path(path))
+
+
+def _end_event(incidents: list[Incident], first: int, steps: int, *, update: bool,
+               any_signal: bool = False) -> bool:
+    """A spike event that started at logged step ``first`` lasted ``steps``: set its
+    incident's ``steps`` (the update-ratio signal's event if ``update``, else the other
+    signals'; ``any_signal``: either). Returns whether one was found."""
+    for i in reversed(incidents):
+        if i.kind == "spike" and i.step == first and (any_signal
+                                                      or (i.signal == "update") == update):
+            i.steps = steps
+            return True
+    return False
 
 
 def _with_ratios(st: StepStats, ratios: dict[str, float]) -> StepStats:
@@ -507,12 +514,11 @@ def read_jsonl(path: str | Path) -> MonitorLog:
                     of = obj.get(key)
                     if of is None:
                         continue  # a streamed spike event ended here: its length
-                    found = [i for i in incidents if i.kind == "spike" and i.step == int(of)]
+                    first, length = int(of), int(obj[key.replace("_of", "_steps")])
                     # an update-ratio event's own key; "spike_of" names the other signals'
                     # (in a log of before update events had theirs, any spike of that step)
-                    mine = [i for i in found if (i.signal == "update") == update]
-                    for inc in (mine or ([] if update else found))[-1:]:
-                        inc.steps = int(obj[key.replace("_of", "_steps")])
+                    if not _end_event(incidents, first, length, update=update) and not update:
+                        _end_event(incidents, first, length, update=False, any_signal=True)
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise MonitorError(
                     f"{path}: line {number} is not a gradscope monitor record ({exc}); give a "

@@ -190,11 +190,14 @@ class _Signal:
         self.tail = Tail()
         self.seen = 0
 
-    def would_jump(self, value: float, factor: float, warmup: int) -> bool:
-        """Whether ``value`` would be a spike now (no state changed)."""
+    def spike(self, step: int, value: float, factor: float, warmup: int) -> SpikeStart | None:
+        """The spike ``value`` would be at ``step`` now, or None (no state changed)."""
         if self.seen < warmup or len(self.values) < SPIKE_MIN_VALUES:
-            return False
-        return jumps(value, statistics.median(self.values), self.tail, factor)
+            return None
+        base = statistics.median(self.values)
+        if not jumps(value, base, self.tail, factor):
+            return None
+        return SpikeStart(step, self.name, value, base, value / base, len(self.values))
 
     def judge(self, step: int, value: float, factor: float, warmup: int) -> SpikeStart | None:
         """Take ``value`` in (a warm-up value only counts), and return the spike it is, or
@@ -202,11 +205,7 @@ class _Signal:
         if self.seen < warmup:
             self.seen += 1
             return None
-        hit = None
-        if len(self.values) >= SPIKE_MIN_VALUES:
-            base = statistics.median(self.values)
-            if jumps(value, base, self.tail, factor):
-                hit = SpikeStart(step, self.name, value, base, value / base, len(self.values))
+        hit = self.spike(step, value, factor, warmup)
         self.values.append(value)
         self.tail.append(value)
         return hit
@@ -253,7 +252,8 @@ class SpikeRule(_Events):
         if self.open is not None:
             return False
         return any(value is not None and math.isfinite(value)
-                   and self.signals[signal].would_jump(value, self.factor, self.warmup)
+                   and self.signals[signal].spike(0, value, self.factor, self.warmup)
+                   is not None
                    for signal, value in values.items())
 
     def update(self, st: Any) -> SpikeStart | None:
