@@ -156,6 +156,7 @@ class AlertRules:
         }
         positive = [v for v in per_elem.values() if v > 0]
         median = statistics.median(positive) if positive else 0.0
+        floor = vanish_floor(vanish, st.loss)
         dead, vanishing, exploding = [], [], []
         tracks = self.tracks
         for name, ps in st.params.items():
@@ -168,7 +169,7 @@ class AlertRules:
             # dead: exactly zero (every element zero, when the zero fraction was measured)
             zero = size == 0 and (ps.zero_frac is None or ps.zero_frac == 1.0)
             track.zero = track.zero + 1 if zero else 0
-            low = size > 0 and (size < vanish or size < vanish_ratio * median)
+            low = size > 0 and (size < floor or size < vanish_ratio * median)
             track.low = track.low + 1 if low else 0
             if track.zero == VANISH_PATIENCE:
                 dead.append(name)
@@ -180,7 +181,7 @@ class AlertRules:
         if dead:
             out.append(_dead_alert(st.step, dead))
         if vanishing:
-            out.append(_vanish_alert(st.step, vanishing, vanish, vanish_ratio, median))
+            out.append(_vanish_alert(st.step, vanishing, floor, vanish, vanish_ratio, median))
         if exploding:
             out.append(_explode_alert(st.step, exploding, explode))
         return out
@@ -222,6 +223,16 @@ class AlertRules:
 
 def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def vanish_floor(vanish: float, loss: float | None) -> float:
+    """The absolute "vanishing" level of a step: ``vanish``, scaled down by the step's loss
+    when it is known and below 1 (never up). Gradients are proportional to the loss, so a
+    batch the model already fits (loss 1e-5) has tiny gradients that are not vanishing; with
+    no loss observed (or a non-finite one) the level is ``vanish``."""
+    if loss is None or not math.isfinite(loss):
+        return vanish
+    return vanish * min(1.0, abs(loss))
 
 
 def _per_element(norm: float, numel: int, norm_type: float) -> float:
@@ -278,16 +289,17 @@ def _dead_alert(step: int, dead: list[str]) -> Alert:
 def _vanish_alert(
     step: int,
     hit: list[tuple[str, float, float]],
+    floor: float,
     vanish: float,
     ratio: float,
     median: float,
 ) -> Alert:
     name, norm, size = hit[0]
-    why = (
-        f"below {vanish:g} per element"
-        if size < vanish
-        else f"below {ratio:g} x the model's median {median:.3g} per element"
-    )
+    if size < floor:
+        why = (f"below {vanish:g} per element" if floor == vanish else
+               f"below {vanish:g} x the loss {floor / vanish:.3g} per element")
+    else:
+        why = f"below {ratio:g} x the model's median {median:.3g} per element"
     if len(hit) == 1:
         msg = (
             f"step {step}: gradient norm of {name} is {norm:.3g} ({size:.3g} per element), "

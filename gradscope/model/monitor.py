@@ -96,7 +96,8 @@ class Thresholds:
     ``gradscope.model.alerts``).
 
     ``vanish``: a per-element size (norm / numel^(1/p)) below this for ``VANISH_PATIENCE``
-    logged steps is "vanishing"; ``vanish_ratio``: ... or below this fraction of the model's
+    logged steps is "vanishing" (times the step's loss when it is known and below 1:
+    ``alerts.vanish_floor``); ``vanish_ratio``: ... or below this fraction of the model's
     median per-element size at the same step; ``explode``: a norm above this (or
     ``SPIKE_FACTOR`` x its running median) is "exploding". ``spike``: a total gradient norm,
     loss or update ratio above this times the median of its last ``spike_window`` logged

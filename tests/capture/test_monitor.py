@@ -1103,6 +1103,74 @@ def test_vanishing_relative_to_the_model_as_well_as_absolute() -> None:
     assert "median" in alert.message
 
 
+def _fitted_run(observe: bool) -> tuple[list[gs.Alert], list[float], list[float]]:
+    """A float64 linear model 1e-9 from the exact fit of its data: the loss is ~1e-17 and
+    every gradient below 1e-7 per element, because the batch is already fitted."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 6, generator=g, dtype=torch.float64)
+    w = torch.randn(1, 6, generator=g, dtype=torch.float64)
+    y = x @ w.T + 0.5
+    model = nn.Linear(6, 1).double()
+    with torch.no_grad():
+        model.weight.copy_(w + 1e-9)
+        model.bias.fill_(0.5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    losses, sizes = [], []
+    with gs.GradMonitor(model, optimizer=opt) as mon:
+        for _ in range(4):
+            opt.zero_grad()
+            loss = (model(x) - y).square().mean()
+            if observe:
+                mon.observe_loss(loss)
+            loss.backward()
+            losses.append(loss.item())
+            sizes.append(float(model.weight.grad.norm()) / 6**0.5)
+            opt.step()
+    return mon.alerts, losses, sizes
+
+
+def test_a_fitted_batch_is_not_vanishing_when_the_loss_is_known() -> None:
+    """Gradients scale with the loss: with the loss observed the absolute level is
+    ``vanish x loss`` (loss below 1), so a model that fits its batch raises nothing; without
+    it the same gradients are "vanishing" as before."""
+    quiet, losses, sizes = _fitted_run(observe=True)
+    assert max(losses) < 1e-15 and max(sizes) < 1e-7  # tiny because fitted (ground truth)
+    assert quiet == []
+    loud, _, _ = _fitted_run(observe=False)
+    assert [(a.kind, a.step) for a in loud] == [("vanishing", 2)]
+    assert "below 1e-07 per element" in loud[0].message
+
+
+def test_tiny_gradients_under_a_large_loss_are_still_vanishing() -> None:
+    """The loss only lowers the level below ``vanish``: a loss of 5 with 5e-9 gradients alerts,
+    and a loss of 0.01 with them names the scaled level (1e-7 x 0.01 = 1e-9 < 5e-9: none)."""
+    for loss, expect in ((5.0, "below 1e-07 per element"), (0.01, None)):
+        model = nn.Linear(1000, 1)
+        opt = NoStep(model.parameters())
+        with gs.GradMonitor(model, optimizer=opt) as mon:
+            for _ in range(3):
+                mon.observe_loss(torch.tensor(loss))
+                model.weight.grad = torch.full((1, 1000), 5e-9)
+                model.bias.grad = torch.full((1,), 5e-9)
+                opt.step()
+        if expect is None:
+            assert mon.alerts == []
+        else:
+            (alert,) = mon.alerts
+            assert alert.kind == "vanishing" and expect in alert.message
+    model = nn.Linear(1000, 1)
+    opt = NoStep(model.parameters())
+    with gs.GradMonitor(model, optimizer=opt) as mon:
+        for _ in range(3):
+            mon.observe_loss(torch.tensor(0.01))
+            model.weight.grad = torch.full((1, 1000), 5e-10)
+            model.bias.grad = torch.full((1,), 5e-10)
+            opt.step()
+    (alert,) = mon.alerts
+    assert "below 1e-07 x the loss 0.01 per element" in alert.message
+    assert gs.model.alerts.alerts(mon.log) == mon.alerts  # the replay judges alike
+
+
 def test_weight_and_bias_of_one_layer_are_judged_alike() -> None:
     """Per-element size, not the norm: a 1000-element weight and its 1-element bias with the
     same tiny values are both vanishing (the norm alone would flag only the bias)."""

@@ -100,7 +100,9 @@ class GradMonitor:
             steps it skips are recorded as skipped.
         replicated: declare whether every rank holds the same gradients (None: detect).
         vanish: a gradient whose per-element size (norm / numel^(1/p)) stays below this for
-            ``VANISH_PATIENCE`` logged steps is "vanishing" (exactly zero: "dead").
+            ``VANISH_PATIENCE`` logged steps is "vanishing" (exactly zero: "dead"); with the
+            loss observed (``observe_loss``) and below 1, the level is ``vanish`` x the loss
+            (gradients scale with it: a fitted batch is not vanishing).
         vanish_ratio: ... or whose per-element size stays below this fraction of the median
             per-element size of the model's parameters at the same step.
         explode: a norm above this (or ``SPIKE_FACTOR`` x its running median, and twice what
