@@ -18,6 +18,7 @@ import gradscope as gs
 
 from .common import note, show
 from .main import EXIT_FOUND, EXIT_OK
+from .outputs import settle
 
 #: Training steps run when the file defines optimizer() or batches().
 STEPS = 2
@@ -146,6 +147,9 @@ def doctor(
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the findings as JSON.")
     ] = None,
+    mkdir: Annotated[
+        bool, typer.Option("--mkdir", help="Create the folder of --json if missing.")
+    ] = False,
 ) -> None:
     """Explain autograd errors and silent failures (exit code 1 when anything is found).
 
@@ -154,8 +158,9 @@ def doctor(
     Skipped: a loss without a graph, a parameter whose .grad stays None.
 
     Training-loop slips: a parameter missing from the optimizer, no zero_grad(), eval() mode."""
-    # absolute, symlinks followed, non-files refused: before the model file runs (it may chdir)
-    json_out = gs.output_target(json_path) if json_path is not None else None
+    # absolute, symlinks followed, non-files and inputs refused: before the model file runs
+    (json_out,) = settle([("--json", json_path)],
+                         inputs=[("the model file", gs.model_file_path(target))], mkdir=mkdir)
     mf = gs.load_model_file(target)
     loop = callable(mf.get("loss_fn")) and (mf.has("optimizer") or mf.has("batches"))
     held: list[Any] = []  # the doctor, kept when the step raises
@@ -168,7 +173,7 @@ def doctor(
     console = Console(highlight=False, soft_wrap=False, width=min(Console().width, 80))
     show(report.render(), console=console)
     if json_out is not None:
-        report.write_json(json_out)
+        report.write_json(json_out.path)
         note(f"wrote {json_path}")
     raise typer.Exit(EXIT_FOUND if report.findings else EXIT_OK)
 

@@ -136,7 +136,8 @@ def memory(
     json_out, plot_out = (
         None if o is None else o.path
         for o in settle([("--json", json_path), ("--plot", plot_path)],
-                        inputs=[("the model file", gs.model_file_path(target))], mkdir=mkdir)
+                        inputs=[("the model file", gs.model_file_path(target))], mkdir=mkdir,
+                        suffixes={"--plot": (".png",)})
     )
     out = stdout(wrap=True)
     with model_code():
@@ -165,7 +166,7 @@ def _measure(mf: Any, model: Any, args: tuple[Any, ...], budget: str | None,
     """The report (and plan) printed and written; the exit code."""
     import gradscope as gs
 
-    loss_fn = (lambda output: mf.loss(output)) if callable(mf.get("loss_fn")) else None
+    loss_fn = mf.batch_loss()  # --scale-batch runs half the batch: its target is cut alike
     report = mf.call("running the forward", gs.activation_report, model, *args,
                      loss_fn=loss_fn, autocast=autocast, batch_scale=scale_batch)
     show(report.render(top=top), console=out)

@@ -11,7 +11,10 @@ to ``settle``, which, before the model file is even imported:
   same device and inode), or the same file as another output (``--json X --csv X``);
 - refuses an output whose folder does not exist, unless the command's ``--mkdir`` asks for it
   (then the write creates it);
-- refuses a suffix the option cannot write (``diff -o d.svg``: the diff is a page, ``.html``).
+- refuses a suffix the option cannot write (``diff -o d.svg``: the diff is a page, ``.html``;
+  ``--plot q.svg``: the plots are PNG);
+- refuses ``-`` (standard output) for an option that writes only files (``report --csv -``);
+  ``render -o -`` takes it.
 
 Each refusal is a ``gs.OutputError``: one line, exit code 2, nothing run and nothing written.
 """
@@ -73,15 +76,18 @@ def settle(
     inputs: Sequence[tuple[str, Path | str]] = (),
     mkdir: bool = False,
     suffixes: dict[str, tuple[str, ...]] | None = None,
+    stdout: Sequence[str] = (),
 ) -> list[Output | None]:
     """The outputs ``(option, path or None)`` settled against the ``inputs`` ``(what, path)``
-    and each other; one entry per output, None where none was given (or ``-``).
+    and each other; one entry per output, None where none was given (or ``-``, for an option
+    in ``stdout``).
 
     Args:
         outputs: the outputs in the order the command takes them.
         inputs: the files the command reads (``("the model file", "m.py")``).
         mkdir: create missing folders (``--mkdir``) instead of refusing them.
         suffixes: option -> the suffixes it can write (``{"-o": (".html",)}``).
+        stdout: the options that can write to standard output (``-``).
 
     Raises:
         gs.OutputError: an output cannot be used (see the module docstring); nothing ran.
@@ -89,9 +95,14 @@ def settle(
     read = [(what, Path(os.path.abspath(p)), Path(os.path.realpath(p))) for what, p in inputs]
     settled: list[Output | None] = []
     for option, given in outputs:
-        if given is None or str(given) == STDOUT:
+        if given is None or (str(given) == STDOUT and option in stdout):
             settled.append(None)
             continue
+        if str(given) == STDOUT:
+            raise gs.OutputError(
+                f"{option} -: this output is written to a file, not to standard output; give "
+                "a file name"
+            )
         given = Path(given)
         path = gs.output_target(given)
         for what, plain, real in read:

@@ -77,7 +77,7 @@ def _where_to(target: str, output: Path | None, fmt: str, mkdir: bool) -> Path |
     if output is None:
         output = Path(f"{gs.model_file_path(target).stem}.{fmt}")
     (out,) = settle([("-o", output)], inputs=[("the model file", gs.model_file_path(target))],
-                    mkdir=mkdir)
+                    mkdir=mkdir, stdout=("-o",))
     return None if out is None else out.path
 
 

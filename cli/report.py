@@ -97,7 +97,8 @@ def report(
         require_plot()
     # absolute, symlinks followed, non-files and inputs refused: before the model file runs
     settled = settle([("--json", json_path), ("--csv", csv_path), ("--plot", plot_path)],
-                     inputs=[("the model file", gs.model_file_path(target))], mkdir=mkdir)
+                     inputs=[("the model file", gs.model_file_path(target))], mkdir=mkdir,
+                     suffixes={"--plot": (".png",)})
     outputs = [(o.given, o.path, method) for o, method in
                zip(settled, ("to_jsonl", "to_csv", "plot"), strict=True) if o is not None]
     err = stderr()

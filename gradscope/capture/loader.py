@@ -413,6 +413,38 @@ class ModelFile:
             return fn(output)
 
 
+    def batch_loss(self) -> Callable[[Any], Any] | None:
+        """The file's ``loss_fn`` as a function of the output alone, for forwards run on the
+        first rows of the batch (``activation_report(batch_scale=)`` runs half of it): an
+        ``example_target`` with more rows (dim 0) than the output is cut to the output's rows,
+        as the inputs were. None when the file has no ``loss_fn``."""
+        if not callable(self.get("loss_fn")):
+            return None
+        from .nest import iter_tensors
+
+        def rows(value: Any) -> int | None:
+            return next((t.shape[0] for _, t in iter_tensors(value) if t.dim() > 0), None)
+
+        def cut(value: Any, full: int, n: int) -> Any:
+            if isinstance(value, torch.Tensor):
+                # its own storage: a view would hold (and count) the whole target's
+                return (value[:n].clone() if value.dim() > 0 and value.shape[0] == full
+                        else value)
+            if isinstance(value, (tuple, list)):
+                return type(value)(cut(v, full, n) for v in value)
+            if isinstance(value, dict):
+                return {k: cut(v, full, n) for k, v in value.items()}
+            return value
+
+        def loss(output: Any) -> Any:
+            target = self.get("example_target")
+            full, n = rows(target), rows(output)
+            if full is not None and n is not None and n < full:
+                target = cut(target, full, n)
+            return self.loss(output, target)
+
+        return loss
+
     # ------------------------------------------------------------------ backward
     def backward(self, *, saved: bool = True) -> BackwardRun:
         """Forward (and ``loss_fn`` when the file has one) with forward lines and the first

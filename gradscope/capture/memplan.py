@@ -65,7 +65,9 @@ def activation_report(
         autocast: ``"bf16"`` or ``"fp16"``: also run the forward under ``torch.autocast`` and
             fill ``autocast_bytes`` (what the activations would hold in mixed precision).
         batch_scale: k: fill ``scaled_bytes`` with the figures of a batch k times larger,
-            extrapolated linearly from this batch and half of it (dimension 0 of the inputs).
+            extrapolated linearly from this batch and half of it (dimension 0 of the inputs;
+            ``loss_fn`` is also called on the half batch's output, so a target it closes over
+            must follow the output's rows: ``ModelFile.batch_loss`` does for a model file).
 
     Returns:
         ``ActivationReport``: ``.total`` and ``.rows`` (``path``, ``activation_bytes``,
@@ -147,8 +149,11 @@ def _scaled_column(rep: ActivationReport, model: torch.nn.Module, inputs: tuple[
 
 
 def _slice_batch(x: Any, batch: int, n: int) -> Any:
+    """The first ``n`` rows of every batch-shaped tensor in ``x``, each in storage of its own:
+    a view would keep the whole batch's storage alive, and a saved input would count it."""
     if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == batch:
-        return x[:n]
+        rows = x[:n].detach().clone()
+        return rows.requires_grad_() if x.requires_grad else rows
     if isinstance(x, (tuple, list)):
         return type(x)(_slice_batch(v, batch, n) for v in x)
     if isinstance(x, dict):

@@ -62,7 +62,7 @@ def output_target(path: str | Path) -> Path:
     via = f" (through the link {given})" if target != Path(os.path.abspath(given)) else ""
     raise OutputError(
         f"refusing to write {target}{via}: it is {kind}, not a regular file, and writing would "
-        "replace it; give the path of a file (or - for standard output on the command line)"
+        "replace it; give the path of a file"
     )
 
 

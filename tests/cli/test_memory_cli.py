@@ -85,3 +85,32 @@ def test_render_memory_still_works(tmp_path, capsys, monkeypatch):
     code, out, err = cli(capsys, monkeypatch, "render", str(SAMPLE), "--memory", "-o", str(dot))
     assert code == 0, err
     assert "holds" in dot.read_text()
+
+
+@pytest.mark.parametrize("sample", ["cnn", "mlp"])
+def test_scale_batch_cuts_the_target_with_the_inputs(capsys, monkeypatch, sample):
+    """The bundled cnn and mlp samples define example_target: the half-batch forward of
+    --scale-batch must get half the target too (it raised "Expected input batch_size (2) to
+    match target batch_size (4)"). The CLI prints the library's figure; at a batch where no
+    tensor is under the allocator's 512-byte block, the extrapolation is what the doubled batch
+    measures (the half batch holds its own storage: a view of the whole one counted it all)."""
+    import torch
+
+    path = SAMPLES / f"{sample}.py"
+    code, out, err = cli(capsys, monkeypatch, "memory", str(path), "--scale-batch", "2")
+    assert code == 0, err
+    spec = importlib.util.spec_from_file_location(f"truth_{sample}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def half(o):  # the target's first rows in storage of their own, as the CLI cuts it
+        return mod.loss_fn(o, mod.example_target[:o.shape[0]].clone())
+
+    small = gs.activation_report(mod.model, mod.example_input, loss_fn=half, batch_scale=2)
+    assert f"at batch x2: {gs.format_bytes(small.scaled_total)}" in " ".join(out.split())
+    x, y = (torch.cat([t] * 64) for t in (mod.example_input, mod.example_target))
+    doubled = gs.activation_report(mod.model, torch.cat([x, x]),
+                                   loss_fn=lambda o: mod.loss_fn(o, torch.cat([y, y])))
+    scaled = gs.activation_report(
+        mod.model, x, loss_fn=lambda o: mod.loss_fn(o, y[:o.shape[0]].clone()), batch_scale=2)
+    assert scaled.scaled_total == doubled.total

@@ -71,7 +71,10 @@ def unchanged(model: Path) -> None:
     ["memory", "{m}", "--json", "{link}"],
     ["report", "{m}", "--csv", "{hard}", "--steps", "1"],
     ["render", "{m}", "-o", "{m}", "-f", "dot"],
-], ids=["report-json", "memory-json", "memory-json-symlink", "report-csv-hardlink", "render"])
+    ["doctor", "{m}", "--json", "{m}"],
+    ["doctor", "{m}", "--json", "{link}"],
+], ids=["report-json", "memory-json", "memory-json-symlink", "report-csv-hardlink", "render",
+        "doctor-json", "doctor-json-symlink"])
 def test_an_output_aimed_at_the_model_file_is_refused_before_it_runs(model, tmp_path, args,
                                                                     run_cli):
     (tmp_path / "link.py").symlink_to(model)
@@ -107,7 +110,8 @@ def test_diff_refuses_an_output_over_an_input_and_a_wrong_suffix(tmp_path, run_c
 @pytest.mark.parametrize("command", [
     ["render", "{m}", "-o", "{out}.json"],
     ["memory", "{m}", "--json", "{out}.json"],
-], ids=["render", "memory"])
+    ["doctor", "{m}", "--json", "{out}.json"],
+], ids=["render", "memory", "doctor"])
 def test_a_missing_folder_is_refused_unless_mkdir(model, tmp_path, command, run_cli):
     out = tmp_path / "missing" / "deeper" / "x"
     args = [a.format(m=model, out=out) for a in command]
@@ -154,8 +158,44 @@ def test_every_way_of_naming_an_input_is_caught_in_process(tmp_path, monkeypatch
         with pytest.raises(gs.OutputError, match="name the same file"):
             settle([("--json", Path(a)), ("--csv", Path(b))], inputs=inputs)
     done = settle([("--json", Path("a.json")), ("--csv", None), ("-o", Path("-"))],
-                  inputs=inputs)
+                  inputs=inputs, stdout=("-o",))
     assert done[0] is not None and done[0].path == tmp_path / "a.json"
     assert done[1:] == [None, None]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h.py", "l1.py", "l2.py", "m.py",
                                                          "sub"]
+
+
+@pytest.mark.parametrize("args", [
+    ["report", "{m}", "--csv", "-", "--steps", "1"],
+    ["report", "{m}", "--json", "-", "--steps", "1"],
+    ["memory", "{m}", "--json", "-"],
+    ["doctor", "{m}", "--json", "-"],
+], ids=["report-csv", "report-json", "memory-json", "doctor-json"])
+def test_dash_is_refused_where_only_a_file_is_written(model, tmp_path, args, run_cli):
+    """Only ``render -o -`` writes to standard output; elsewhere ``-`` was taken as "not
+    asked for" (nothing written, nothing said) or as a file named ``-``."""
+    proc = run_cli(*(a.format(m=model) for a in args), cwd=tmp_path)
+    refused(proc, " -: ", "not to standard output", "give a file name")
+    unchanged(model)
+    assert not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["report", "{m}", "--plot", "p.svg", "--steps", "1"],
+    ["memory", "{m}", "--plot", "q.jpg"],
+    ["memory", "{m}", "--step", "--plot", "q.pdf"],
+], ids=["report", "memory", "memory-step"])
+def test_a_plot_not_named_png_is_refused(model, tmp_path, args, run_cli):
+    """The plots are PNG: a .svg/.jpg/.pdf name would hold PNG bytes under the wrong suffix."""
+    pytest.importorskip("matplotlib")
+    proc = run_cli(*(a.format(m=model) for a in args), cwd=tmp_path)
+    refused(proc, "--plot", ".png")
+    unchanged(model)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.py"]
+
+
+def test_doctor_json_is_written_where_asked(model, tmp_path, run_cli):
+    proc = run_cli("doctor", str(model), "--json", "out/d.json", "--mkdir", cwd=tmp_path)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert (tmp_path / "out" / "d.json").read_text().startswith("{")
+    assert model.read_text(encoding="utf-8") == MODEL
