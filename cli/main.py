@@ -42,7 +42,7 @@ EXIT_OK, EXIT_FOUND, EXIT_UNUSABLE, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_PIPE_CLOSED = 130, 141
 
 #: Seconds after the first signal before the watchdog ends a process that did not stop.
-GRACE = 1.5
+GRACE = 1.3  # then ending the children and the exit: gone within 1.5 s
 #: Seconds the end of a command waits for the reader of a pipe to take what was written.
 DRAIN = 1.0
 
@@ -256,7 +256,7 @@ def _restore_streams() -> None:
     sys.stdout, sys.stderr = _EDGE.stdout, _EDGE.stderr
 
 
-def _reader_left() -> bool:
+def reader_left() -> bool:
     """After the output went into a pipe: wait (at most ``DRAIN`` seconds) until its reader
     has taken it all, and say whether the reader went away without it (``| head -c 10``)
     -- a write that fits the pipe's buffer never sees the closed pipe itself."""
@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
             _silence_stdout()
             code = EXIT_PIPE_CLOSED
         else:
-            if _reader_left():
+            if reader_left():
                 _silence_stdout()
                 code = EXIT_PIPE_CLOSED
     except KeyboardInterrupt as exc:

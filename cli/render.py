@@ -34,7 +34,7 @@ from .common import (
     stdout,
 )
 from .doctor import DoctorOpt, doctor_graph, doctor_notes, doctor_said
-from .main import real_stdout
+from .main import reader_left, real_stdout
 from .outputs import STDOUT, settle
 
 #: The longest ``--timeout`` (seconds): Graphviz never runs unbounded.
@@ -189,6 +189,10 @@ def render(
         out.flush()
         out.buffer.write(data)
         out.buffer.flush()
+        if reader_left():  # | head -c 10: the bytes fit the pipe, the reader left without them
+            import errno
+
+            raise BrokenPipeError(errno.EPIPE, "the reader of standard output went away")
         shown = "standard output"
     else:
         view.save(path, format=spec.name, **options)

@@ -1,9 +1,9 @@
 """A NaN that only the backward pass sees: the "safe" square root behind torch.where.
 
-`torch.where(h > 0, h.sqrt(), 0)` keeps the forward finite, but `h.sqrt()` is still computed for
-the negative entries (as NaN) and its backward still runs for them: `SqrtBackward0` returns
-0 / (2 * NaN) = NaN, and every weight of `fc` gets a NaN gradient. `detect_anomaly` names the node
-(after a 2-5x slower run); gradscope names it and the line that made it:
+`torch.where(h > 0, h.sqrt(), 0)` keeps the output finite, but `h.sqrt()` is still computed for
+the negative entries (NaN, made in the forward) and its backward runs for them: `SqrtBackward0`
+returns 0 / (2 * NaN) = NaN, and every weight of `fc` gets a NaN gradient. `detect_anomaly`
+names the node (after a 2-5x slower run); gradscope names it and the line that made it:
 
     gradscope tree samples/nan_backward.py --backward      # exit code 1: NaN found
     gradscope render samples/nan_backward.py --backward -o nan.svg

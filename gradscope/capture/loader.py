@@ -39,12 +39,9 @@ from ..errors import ModelFileError, ReportError
 from ..model.backward import BackwardTrace, ForwardNonFinite
 from ..model.doctor import torch_error_kind
 
-TEMPLATE = """\
-    import torch
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    example_input = torch.randn(16, 4)
-    def loss_fn(output): return output.pow(2).mean()   # optional: used by --loss
-    # or instead: def build(): return model, example_input"""
+#: what every "nothing found" error ends with (one line: the CLI prints it as it is)
+TEMPLATE = ("a model file defines model (an nn.Module) and example_input, optionally "
+            "loss_fn(output), or a build() returning (model, example_input)")
 
 
 _LOSS_HINT = (
@@ -302,7 +299,7 @@ class ModelFile:
     # ------------------------------------------------------------------ errors
     def _nothing_found(self, found: str, expected: str) -> ModelFileError:
         return ModelFileError(
-            f"{self.path}: {found}; expected {expected}. A valid model file looks like:\n{TEMPLATE}"
+            f"{self.path}: {found}; expected {expected}; {TEMPLATE}"
         )
 
     def _found_names(self) -> str:

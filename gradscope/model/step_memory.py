@@ -202,11 +202,16 @@ class MaxBatch:
             first = self.tried[0][1] if self.tried else None
             needs = f" (batch 1 needs {format_bytes(first)})" if first is not None else ""
             return f"no batch fits in {cap}{needs}"
-        head = (f"batch {self.batch} fits in {cap} (peak {format_bytes(self.peak)} in the "
+        sizes = [self.peak, self.capacity] + ([] if self.next_peak is None else [self.next_peak])
+        shown = [format_bytes(b) for b in sizes]
+        if len(set(shown)) < len(shown):  # 64.0 MiB fits, 64.0 MiB does not: say the bytes
+            shown = [f"{b:,} B" for b in sizes]
+        peak = shown[0] if shown[1] == cap else f"{shown[0]} of {shown[1]}"
+        head = (f"batch {self.batch} fits in {cap} (peak {peak} in the "
                 f"{self.at.peak_phase} at {self.at.peak_at})")
         if self.next_peak is None:
             return head + "; the search stopped at its limit"
-        return head + f"; {self.batch + 1} needs {format_bytes(self.next_peak)}"
+        return head + f"; {self.batch + 1} needs {shown[2]}"
 
 
 def _capacity(capacity: int | str) -> int:

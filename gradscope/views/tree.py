@@ -234,7 +234,8 @@ def _backward_header(graph: Graph) -> Text | None:
             text.append(f", created at {_c(origin.created_at)}", BAD)
     first = next((n for n in graph.nodes if n.first_nonfinite), None)
     if first is not None:
-        downstream = ", downstream of it" if origin is not None else ""
+        downstream = ("" if origin is None else ", at that node" if origin.id == first.id
+                      else ", downstream of it")
         text.append(f"\nfirst non-finite gradient{downstream}: ", BAD)
         text.append(f"{first.nonfinite or 'nan'} from {_c(first.name)} ({_c(first.id)})", BAD)
         where = _c(first.created_at or "")

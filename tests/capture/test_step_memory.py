@@ -354,3 +354,15 @@ def test_the_peak_equals_torch_memtracker_on_the_same_step(opt):
             tracker.reset_mod_stats()
     peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
     assert mem.peak == peak
+
+
+def test_max_batch_summary_tells_apart_what_fits_and_what_does_not():
+    """At batch N the peak and batch N+1's peak round to the capacity's own "4.0 MiB": the
+    summary gives them in bytes, so what fits and what does not can be told apart."""
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+    found = gs.max_batch(lambda b: torch.randn(b, 64), net, "4MiB",
+                         optimizer=torch.optim.AdamW(net.parameters()))
+    text = found.summary()
+    assert found.peak <= found.capacity < found.next_peak
+    assert f"peak {found.peak:,} B of {found.capacity:,} B" in text
+    assert text.endswith(f"; {found.batch + 1} needs {found.next_peak:,} B")

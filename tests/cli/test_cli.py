@@ -17,9 +17,10 @@ FOUNDATION_SAMPLES = ["mlp", "cnn", "transformer", "custom_function"]
 def one_error_line(proc) -> str:
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr
-    first = proc.stderr.splitlines()[0]
-    assert first.startswith("gradscope: error: ")
-    return first
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr  # one line: what happened, how to fix it
+    assert lines[0].startswith("gradscope: error: ")
+    return lines[0]
 
 
 @pytest.mark.parametrize("sample", FOUNDATION_SAMPLES)
@@ -104,13 +105,15 @@ def test_bad_model_files(tmp_path, case):
 
     assert re.search(pattern, one_error_line(proc)), proc.stderr
     if case == "nothing":
-        assert "example_input = torch.randn" in proc.stderr  # the template follows
+        assert "a model file defines model (an nn.Module) and example_input" in proc.stderr
 
 
 def test_missing_file_and_missing_name(tmp_path):
     assert "no such file" in one_error_line(run_cli("tree", str(tmp_path / "nope.py")))
     line = one_error_line(run_cli("tree", f"{SAMPLES / 'mlp.py'}:nothere"))
     assert "no name 'nothere'" in line
+    line = one_error_line(run_cli("tree", f"{SAMPLES / 'mlp.py'}:example_input"))
+    assert "example_input is Tensor" in line and "build()" in line
 
 
 def test_unknown_format(tmp_path):

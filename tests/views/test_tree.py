@@ -111,3 +111,14 @@ def test_deferred_statistics_match_immediate_ones(monkeypatch):
                     assert dx.pop(key) == pytest.approx(dy.pop(key), rel=1e-6, nan_ok=True)
                 assert dx == dy
     assert torch.is_tensor(_backward._stat_later(torch.ones(2))[1])
+
+
+def test_a_nan_the_forward_made_where_the_backward_first_sees_it_is_said_as_one_node():
+    """nan_backward: h.sqrt() made the NaN in the forward (masked by where) and its backward is
+    the first non-finite gradient, the same node: not "downstream of it"."""
+    run = gs.load_model_file(str(SAMPLES / "nan_backward.py")).backward()
+    graph = run.trace.graph
+    text = " ".join(tree_text(graph).split())
+    assert "the forward already produced nan at SqrtBackward0" in text
+    assert "first non-finite gradient, at that node: nan from SqrtBackward0" in text
+    assert "downstream of it" not in text
