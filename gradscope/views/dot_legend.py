@@ -61,7 +61,7 @@ def legend_line(graph: Graph, *, saved: bool = True, clustered: bool = False) ->
     rows = []
     if cells:
         swatches = "".join(
-            f'<TD BGCOLOR="{c}" BORDER="1" WIDTH="12" HEIGHT="9" FIXEDSIZE="TRUE"> </TD>'
+            f'<TD BGCOLOR="{c}" BORDER="1" WIDTH="12" HEIGHT="9" FIXEDSIZE="TRUE"></TD>'
             f'<TD ALIGN="LEFT">{_html(t)}  </TD>'
             for c, t in cells
         )

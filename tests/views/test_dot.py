@@ -199,3 +199,19 @@ def test_tree_header_is_two_lines_that_fit_80_columns():
     assert ", ".join(head) == graph.summary() and len(graph.summary()) > 80
     assert head == ["4 nodes (1 op, 1 accumulate, 1 leaf, 1 output), 3 edges",
                     "1 saved tensor holding 8 B params/inputs"]
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="needs Graphviz")
+def test_graphviz_lays_out_every_golden_picture_without_a_warning(monkeypatch):
+    """What a user's own ``dot`` says about gradscope's DOT: nothing (the legend's colour
+    swatches held a space taller than their 9-point cells: four warnings a picture)."""
+    import subprocess
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    graph, loss, net = scoped_net()
+    view, _ = gs.readable_view(graph, fold_repeats=True)
+    for name, source in (("legend", view.to_dot(legend=True)), ("clusters", graph.to_dot()),
+                         ("folded", graph.fold().to_dot())):
+        proc = subprocess.run(["dot", "-Tsvg"], input=source, capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0 and proc.stderr == "", (name, proc.stderr)
