@@ -34,6 +34,8 @@ SPIKE_FACTOR = 10.0
 FLAP_WINDOW = 10
 #: the running median needs at least this many earlier logged norms
 SPIKE_MIN_HISTORY = 5
+#: ... and this many times the largest of them (a jump, not a climb)
+SPIKE_GROWTH = 2.0
 _SPIKE_WINDOW = 25
 _MEDIAN_EVERY = 5
 
@@ -200,7 +202,8 @@ class AlertRules:
 
     @staticmethod
     def _spike(track: _Track, norm: float, explode: float) -> float | None:
-        """Exploding: above ``explode``, or SPIKE_FACTOR x the running median of the window.
+        """Exploding: above ``explode``, or SPIKE_FACTOR x the running median of the window
+        (and SPIKE_GROWTH x its largest value).
         Returns the median (or math.nan when only the absolute level was crossed) when the
         condition starts at this step."""
         window = track.window
@@ -210,8 +213,11 @@ class AlertRules:
                 track.age, track.median = 0, statistics.median(window)
             track.age += 1
             median = track.median
+        # a jump must also be GROWTH x everything in the window: a norm that climbs steadily
+        # (a weight growing under a warm-up, a branch leaving its zero init) is no explosion
         now = norm > explode or (median is not None
-                                 and jumps(norm, median, track.tail, SPIKE_FACTOR))
+                                 and jumps(norm, median, track.tail, SPIKE_FACTOR)
+                                 and norm > SPIKE_GROWTH * max(window))
         window.append(norm)
         track.tail.append(norm)
         started = now and not track.exploding

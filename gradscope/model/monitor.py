@@ -99,7 +99,8 @@ class Thresholds:
     logged steps is "vanishing" (times the step's loss when it is known and below 1:
     ``alerts.vanish_floor``); ``vanish_ratio``: ... or below this fraction of the model's
     median per-element size at the same step; ``explode``: a norm above this (or
-    ``SPIKE_FACTOR`` x its running median) is "exploding". ``spike``: a total gradient norm,
+    ``SPIKE_FACTOR`` x its running median and ``SPIKE_GROWTH`` x the largest of its window)
+    is "exploding". ``spike``: a total gradient norm,
     loss or update ratio above this times the median of its last ``spike_window`` logged
     values (the first ``spike_warmup`` ignored) is a "spike" (``gradscope.model.spikes``);
     None: no spike detection (no spike alerts, incidents or per-sample replays)."""

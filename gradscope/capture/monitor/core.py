@@ -105,8 +105,9 @@ class GradMonitor:
             (gradients scale with it: a fitted batch is not vanishing).
         vanish_ratio: ... or whose per-element size stays below this fraction of the median
             per-element size of the model's parameters at the same step.
-        explode: a norm above this (or ``SPIKE_FACTOR`` x its running median, and twice what
-            it reached lately: ``gradscope.model.spikes.jumps``) alerts.
+        explode: a norm above this (or ``SPIKE_FACTOR`` x its running median, twice what
+            it reached lately: ``gradscope.model.spikes.jumps``, and ``SPIKE_GROWTH`` x the
+            largest of its window: a jump, not a climb) alerts.
         spike, spike_window, spike_warmup: a total gradient norm, loss (``observe_loss``)
             or update ratio above ``spike`` x the median of its last ``spike_window`` logged
             values (the first ``spike_warmup`` logged ones ignored), and above twice the 99th
