@@ -22,7 +22,12 @@ Spikes: the loss of each micro-batch is the model's ``loss`` output, the tensor 
 ``compute_loss`` returns and backpropagates (without ``label_smoothing_factor`` or
 ``compute_loss_func``, which compute the loss outside the model: then only the gradient norm
 is watched); the callback hands it to the monitor as a tensor (``observe_loss``: read in the
-step's one transfer, never with ``.item()``). When the batch the model is called with has an
+step's one transfer, never with ``.item()``). Under gradient accumulation the step's loss is
+the Trainer's logged ``loss``: a model that takes ``num_items_in_batch`` (GPT-2 and most
+Hugging Face models) returns each micro-batch's share of the step's loss (its summed loss over
+the step's item count), which the callback sums and hands over before the optimizer step; a
+forward without ``**kwargs`` returns its own mean, and the monitor averages the micro-batches.
+When the batch the model is called with has an
 ``"id"`` or ``"idx"`` entry (a model whose ``forward`` takes it: the Trainer drops columns the
 forward does not take), a spike's ``Incident.samples`` name the examples by those ids
 (``observe_batch_ids``).
@@ -63,6 +68,10 @@ class GradscopeCallback(TrainerCallback):
         self.monitor: GradMonitor | None = None
         self._alerts = AlertRelay(logger)
         self._hooks: list[Any] = []
+        # whether the Trainer called the forward running now with ``num_items_in_batch``
+        self._share = False
+        # this step's micro-batch losses so far, when each is a share (``_share``)
+        self._shares: list[torch.Tensor] = []
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is not None:  # a second train() call: start a fresh history
@@ -73,13 +82,24 @@ class GradscopeCallback(TrainerCallback):
         model = kwargs["model"]
         self.monitor = GradMonitor(model, optimizer=optimizer, scaler=scaler, **self.options)
         self._alerts.reset()
+        self._shares = []
         # after the monitor's own hooks: its replay has recorded the micro-batch by then
         self._hooks = [
             model.register_forward_pre_hook(self._ids_of, with_kwargs=True),
             model.register_forward_hook(self._loss_of),
         ]
 
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._shares and self.monitor is not None:
+            loss = torch.stack([x.reshape(()) for x in self._shares]).sum()
+            if getattr(args, "average_tokens_across_devices", False) and args.world_size > 1:
+                # the item count was every rank's: compute_loss scales the share by the ranks
+                loss = loss * args.world_size
+            self.monitor.observe_loss(loss)
+        self._shares = []
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._shares = []
         self._tell()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -101,6 +121,7 @@ class GradscopeCallback(TrainerCallback):
         mon = self._training(module)
         if mon is None:
             return
+        self._share = kwargs.get("num_items_in_batch") is not None
         for key in ID_KEYS:
             ids = kwargs.get(key)
             if isinstance(ids, torch.Tensor) and ids.dim() == 1 and not is_functorch_wrapped(ids):
@@ -114,7 +135,10 @@ class GradscopeCallback(TrainerCallback):
         loss = output.get("loss")
         if (isinstance(loss, torch.Tensor) and loss.numel() == 1
                 and not is_functorch_wrapped(loss)):
-            mon.observe_loss(loss)  # the tensor: read in the step's one transfer
+            if self._share:  # summed before the optimizer step (on_pre_optimizer_step)
+                self._shares.append(loss.detach())
+            else:
+                mon.observe_loss(loss)  # the tensor: read in the step's one transfer
 
     def _tell(self) -> None:
         self._alerts.tell(self.monitor)

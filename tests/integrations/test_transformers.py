@@ -111,3 +111,37 @@ def test_options_the_trainer_supplies_are_refused() -> None:
         GradscopeCallback(optimizer=None)
     with pytest.raises(gs.MonitorError, match="unknown option 'evry'"):
         GradscopeCallback(evry=2)
+
+
+class _MeanLoss(torch.nn.Module):
+    """A model whose ``forward`` takes no ``**kwargs``: the Trainer gives it no
+    ``num_items_in_batch`` and divides its mean loss by the accumulation steps itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gpt = _tiny_gpt2()
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": self.gpt(input_ids=input_ids, labels=labels).loss}
+
+
+@pytest.mark.parametrize("model", ["shares", "means"])
+def test_the_loss_is_the_trainers_logged_loss_under_accumulation(tmp_path, model) -> None:
+    """GPT-2 takes ``num_items_in_batch``: each micro-batch's loss is its share of the whole
+    step's (summed by the Trainer); a forward without ``**kwargs`` gives each its own mean
+    (averaged). Either way the monitor's step loss is the Trainer's logged ``loss``, also on
+    the epoch's last step, which has one micro-batch of the two (6 examples, batches of 2)."""
+    callback = GradscopeCallback()
+    module = _tiny_gpt2() if model == "shares" else _MeanLoss()
+    training = TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, gradient_accumulation_steps=2,
+        num_train_epochs=2, logging_steps=1, learning_rate=1e-3, report_to="none",
+        save_strategy="no", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0,
+    )
+    trainer = Trainer(model=module, args=training, train_dataset=Tokens(n=6),
+                      callbacks=[callback])
+    assert trainer.model_accepts_loss_kwargs == (model == "shares")
+    trainer.train()
+    logged = [e["loss"] for e in trainer.state.log_history if "loss" in e and "grad_norm" in e]
+    assert len(logged) == 4  # 2 epochs of 2 steps: 2 micro-batches, then 1
+    assert [st.loss for st in callback.monitor.history] == pytest.approx(logged, rel=1e-4)
