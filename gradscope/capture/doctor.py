@@ -25,6 +25,7 @@ import sys
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._pytree import tree_map
 
 from ..errors import AutogradError, GradscopeError
@@ -78,8 +79,16 @@ class Doctor:
         self.stack: list[str | None] = []
         #: per module run since the last step: (its training flag, the line that called it)
         self.ran: dict[str, tuple[bool, str | None]] = {}
+        #: of those that ran in eval mode: the ones whose output carried a gradient (a trained
+        #: parameter before them, or their own): a frozen probe's backbone or teacher does not
+        self.graded: set[str] = set()
         self.backward_lines = BackwardLines()
         self.steps_since_backward = 0
+        #: by bit: the gradients a backward after a step added to stale ones (judged at the
+        #: next step: ``explain.check_accumulate``)
+        self.carried: dict[int, explain.Carried] = {}
+        #: the parameters (ids) of the other optimizers that stepped in the block
+        self.others: set[int] = set()
         #: over the block's backward() calls: how many, the parameters that got a gradient
         #: (bits), and the roots' lineage (dep, live, cuts) OR-ed together
         self.plain_backwards = 0
@@ -111,6 +120,9 @@ class Doctor:
             if self.optimizer is not None:
                 self.handle.add(self.optimizer.register_step_pre_hook(self._pre_step))
                 self.handle.add(self.optimizer.register_step_post_hook(self._post_step))
+                # every other optimizer's step: the parameters it holds are not "outside"
+                self.handle.add(register_optimizer_step_post_hook(
+                    self._other_step))
             mode.__enter__()
         except BaseException:
             self.handle.remove()
@@ -206,7 +218,10 @@ class Doctor:
             self.mode.region(args, output, own, at)  # the region as one call: lineage goes on
             self.regions[at] = inner
         if self.stack:
-            self.stack.pop()
+            name = self.stack.pop()
+            if (name is not None and not module.training and isinstance(output, torch.Tensor)
+                    and output.requires_grad):
+                self.graded.add(name)
 
     def _look_inside(self) -> dict[Site, int]:
         """For each compiled region on the path of a parameter left without a gradient: its
@@ -244,9 +259,10 @@ class Doctor:
         line = _line(sys._getframe(2))  # 2: the mode's frame, then the user's call
         plain = func is not torch.autograd.grad and kwargs.get("inputs") is None
         roots = explain.roots_of(func, args, kwargs)
-        if self.optimizer is not None and self.steps_since_backward:
-            for finding, key in explain.check_accumulate(self.watched, self.optimizer, line):
-                self.add(finding, key)
+        if self.carried:
+            self.carried = explain.still_carried(self.watched, self.carried)
+        stale = (explain.stale_grads(self.watched, self.optimizer)
+                 if self.optimizer is not None and self.steps_since_backward else {})
         try:
             result = func(*args, **kwargs)
         except RuntimeError as exc:
@@ -259,6 +275,8 @@ class Doctor:
         self.backwards += 1
         self.backward_lines.add(line)
         self.steps_since_backward = 0
+        if stale:
+            self.carried.update(explain.added_to(self.watched, stale, line))
         if plain and self.params:
             self._note_backward(roots)
         return result
@@ -292,9 +310,18 @@ class Doctor:
         line = _here()
         if self.mode is not None:
             self.mode.paused = True  # neither the update nor the doctor's checks are the model's
-        for finding, key in explain.check_step(self.watched, optimizer, line, self.ran):
+        for finding, key in explain.check_step(self.watched, optimizer, line, self.ran,
+                                               self.others, self.graded):
             self.add(finding, key)
+        for finding, key in explain.check_accumulate(self.watched, optimizer, self.carried):
+            self.add(finding, key)
+        self.carried.clear()
         self.ran.clear()
+        self.graded.clear()
+
+    def _other_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if optimizer is not self.optimizer:
+            self.others.update(id(p) for g in optimizer.param_groups for p in g["params"])
 
     def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.steps += 1

@@ -8,12 +8,15 @@ one's state. ``doctor.Doctor`` owns every piece and keeps the findings.
   against the failing graph's own nodes (their ``NodeRecord`` stamps) and the lineage.
 - ``check_grad_none``: after the block's ``backward()`` calls, every watched parameter that
   requires grad and got no ``.grad``, with the reason.
-- ``check_step`` / ``check_accumulate``: the training loop, at ``optimizer.step()`` and before
-  the next backward (each finding with the key it is said once under).
+- ``check_step`` / ``check_accumulate``: the training loop, at ``optimizer.step()`` (each
+  finding with the key it is said once under); ``stale_grads`` / ``added_to`` /
+  ``still_carried`` follow, around each backward after a step, the gradients that backward
+  added to ones left from before the step, which ``check_accumulate`` finds at the next step.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -392,12 +395,19 @@ def _unused(mode: _DoctorMode, bit: int, name: str, owner: str | None,
 
 # ---------------------------------------------------------------------------- the loop
 def check_step(watched: Watched, optimizer: Any, line: str | None,
-               ran: dict[str, tuple[bool, str | None]]) -> list[Keyed]:
-    """At ``optimizer.step()``: parameters outside every group, frozen ones inside one, and
-    mode-dependent modules left in eval mode (``ran``: the modules that ran since the last
-    step, with their training flag and the line that called them)."""
+               ran: dict[str, tuple[bool, str | None]],
+               others: set[int] | frozenset[int] = frozenset(),
+               graded: set[str] | None = None) -> list[Keyed]:
+    """At ``optimizer.step()``: parameters outside every group (of it, and of the ``others``:
+    the parameter ids of the other optimizers seen stepping, a GAN's second one), frozen ones
+    inside one, and mode-dependent modules left in eval mode (``ran``: the modules that ran
+    since the last step, with their training flag and the line that called them; ``graded``:
+    those whose output carried a gradient, None: all). A module in eval mode is a slip only
+    where the step trains through it: not in a frozen backbone or teacher (no gradient came
+    out of it), nor a normalisation layer whose own parameters are frozen (statistics frozen
+    on purpose, as in fine-tuning a detector)."""
     found: list[Keyed] = []
-    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]} | others
     outside = [b for b, p in enumerate(watched.params)
                if p.grad is not None and id(p) not in held]
     step = Site("step", "optimizer.step", line)
@@ -420,26 +430,27 @@ def check_step(watched: Watched, optimizer: Any, line: str | None,
         found.append((Finding(
             "frozen_in_optimizer", f"{plural(len(listed), 'frozen parameter')} "
             f"(requires_grad=False) {_are(listed)} in the optimizer's param groups: "
-            f"{names(listed)}. {'It never gets' if len(listed) == 1 else 'They never get'} "
-            "a gradient; weight decay and momentum state "
-            f"are kept for {_them(listed)}, and unfreezing {_them(listed)} later trains "
-            f"{_them(listed)} with that stale state.", "optimizer.step", line,
+            f"{names(listed)}. step() skips {_them(listed)} only while {_their(listed)} .grad "
+            "is None: a gradient left from before the freeze (or set by hand) still moves "
+            f"{_them(listed)}, weight decay included, and unfreezing {_them(listed)} later "
+            f"trains {_them(listed)} at this optimizer's settings.", "optimizer.step", line,
             watched.param_site(first) if first is not None else None,
             "hand the optimizer only trainable parameters: "
-            "(p for p in model.parameters() if p.requires_grad)", param=listed[0],
+            "(p for p in model.parameters() if p.requires_grad), unless unfreezing them later "
+            "is the plan", param=listed[0],
             sites=(step,)), ("frozen_in_optimizer", tuple(listed))))
     if watched.model is None:
         return found
     modules = dict(watched.model.named_modules())
     evals = [(n, at) for n, (training, at) in ran.items()
-             if not training and isinstance(modules.get(n), _MODE_MODULES)]
+             if not training and isinstance(modules.get(n), _MODE_MODULES)
+             and (graded is None or n in graded) and not _frozen_norm(modules[n])]
     if evals:
         listed = [n or type(watched.model).__name__ for n, _ in evals]
         at = evals[0][1]
         found.append((Finding(
             "eval_mode", f"{plural(len(listed), 'module')} ran in eval mode in a step that "
-            f"updates the model: {names(listed)} (dropout off, normalisation using running "
-            "statistics).",
+            f"trains through {_them(listed)}: {names(listed)} ({_eval_effect(modules, evals)}).",
             type(modules[evals[0][0]]).__name__, at, evals[0][0] or None,
             "call model.train() before the training steps (and model.eval() only for "
             "evaluation)", sites=(Site("forward", type(modules[evals[0][0]]).__name__, at,
@@ -448,8 +459,25 @@ def check_step(watched: Watched, optimizer: Any, line: str | None,
     return found
 
 
+def _eval_effect(modules: dict[str, torch.nn.Module], evals: list[tuple[str, Any]]) -> str:
+    kinds = {isinstance(modules[n], torch.nn.modules.dropout._DropoutNd) for n, _ in evals}
+    said = [("dropout off" if dropout else "normalisation using running statistics")
+            for dropout in sorted(kinds, reverse=True)]
+    return ", ".join(said)
+
+
+def _frozen_norm(module: torch.nn.Module) -> bool:
+    own = list(module.parameters(recurse=False))
+    return (not isinstance(module, torch.nn.modules.dropout._DropoutNd) and bool(own)
+            and not any(p.requires_grad for p in own))
+
+
 def _are(listed: list) -> str:
     return "is" if len(listed) == 1 else "are"
+
+
+def _their(listed: list) -> str:
+    return "its" if len(listed) == 1 else "their"
 
 
 def _them(listed: list) -> str:
@@ -457,25 +485,79 @@ def _them(listed: list) -> str:
     return "it" if len(listed) == 1 else "them"
 
 
-def check_accumulate(watched: Watched, optimizer: Any, line: str | None) -> list[Keyed]:
-    """Before a backward that follows an ``optimizer`` step: gradients still held from before
-    the step mean no ``zero_grad`` ran, and this backward adds to them."""
-    opt = optimizer
-    stepped = {id(p) for g in opt.param_groups for p in g["params"]} if opt is not None else set()
-    held = [(b, p.grad) for b, p in enumerate(watched.params)
-            if p.grad is not None and id(p) in stepped]
-    if not held:
+@dataclass(frozen=True)
+class Carried:
+    """A parameter's ``.grad`` as a backward after a step left it or found it: the tensor
+    (weakly: a gradient reset to None is not kept alive), its version, and the backward's
+    line."""
+
+    grad: weakref.ref[torch.Tensor]
+    version: int
+    line: str | None = None
+
+    @classmethod
+    def of(cls, grad: torch.Tensor, line: str | None = None) -> Carried:
+        return cls(weakref.ref(grad), grad._version, line)
+
+    def holds(self, grad: torch.Tensor | None) -> bool:
+        """Whether ``grad`` is still that tensor (no ``zero_grad()`` set it to None)."""
+        return grad is not None and self.grad() is grad
+
+
+def _nonzero(grads: list[torch.Tensor]) -> list[bool]:
+    if not grads:
         return []
     with torch.no_grad():
-        flags = torch.stack([g.ne(0).any() for _, g in held]).tolist()
-    stale = [watched.names[b] for (b, _), nonzero in zip(held, flags) if nonzero]
-    if not stale:
+        return torch.stack([g.ne(0).any() for g in grads]).tolist()
+
+
+def stale_grads(watched: Watched, optimizer: Any) -> dict[int, Carried]:
+    """Before the first backward after ``optimizer``'s step: its parameters whose ``.grad`` is
+    still non-zero (no ``zero_grad()`` since the step), by bit."""
+    stepped = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    held = [(b, p.grad) for b, p in enumerate(watched.params)
+            if p.grad is not None and id(p) in stepped]
+    flags = _nonzero([g for _, g in held])
+    return {b: Carried.of(g) for (b, g), nonzero in zip(held, flags) if nonzero}
+
+
+def added_to(watched: Watched, stale: dict[int, Carried], line: str | None
+             ) -> dict[int, Carried]:
+    """After that backward: the stale gradients it added to (the ``.grad`` replaced or
+    modified in place), as it left them. A backward that reaches none of them (through
+    ``fake.detach()``, frozen layers, ``inputs=``) adds to nothing."""
+    out = {}
+    for b, was in stale.items():
+        grad = watched.params[b].grad
+        if grad is not None and (not was.holds(grad) or grad._version != was.version):
+            out[b] = Carried.of(grad, line)
+    return out
+
+
+def still_carried(watched: Watched, carried: dict[int, Carried]) -> dict[int, Carried]:
+    """Before a later backward: the carried gradients no ``zero_grad()`` has cleared since
+    (set to None, or zeroed in place)."""
+    kept = [(b, c) for b, c in carried.items() if c.holds(watched.params[b].grad)]
+    flags = _nonzero([watched.params[b].grad for b, _ in kept])  # type: ignore[misc]
+    return {b: c for (b, c), nonzero in zip(kept, flags) if nonzero}
+
+
+def check_accumulate(watched: Watched, optimizer: Any, carried: dict[int, Carried]
+                     ) -> list[Keyed]:
+    """At ``optimizer.step()``: its parameters whose ``.grad`` still holds what a backward
+    added to gradients left from before the last step (``carried``) step on the sum."""
+    stepped = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    hit = [(b, c) for b, c in carried.items() if id(watched.params[b]) in stepped
+           and c.holds(watched.params[b].grad)]
+    if not hit:
         return []
+    stale = [watched.names[b] for b, _ in hit]
+    line = hit[0][1].line
     return [(Finding(
             "grads_accumulate", f"This backward adds to gradients left from before the last "
             f"optimizer step ({plural(len(stale), 'parameter')}: {names(stale)}): no zero_grad() "
             "ran in between, so each step uses the sum of every step's gradients so far.",
-            "backward", line, watched.param_site(watched.names.index(stale[0])),
+            "backward", line, watched.param_site(hit[0][0]),
             "call optimizer.zero_grad() once per step, before backward (or after step())",
             param=stale[0], sites=(Site("backward", "backward", line),)),
         ("grads_accumulate",))]

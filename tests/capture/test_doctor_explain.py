@@ -12,7 +12,14 @@ import torch
 
 import gradscope as gs
 from gradscope.capture import doctor_explain
-from gradscope.capture.doctor_explain import Watched, check_accumulate, check_step
+from gradscope.capture.doctor_explain import (
+    Watched,
+    added_to,
+    check_accumulate,
+    check_step,
+    stale_grads,
+    still_carried,
+)
 
 
 def test_no_function_takes_the_doctor_or_writes_what_it_is_given():
@@ -41,10 +48,22 @@ def test_the_checks_return_findings_and_leave_their_inputs_alone():
     assert [(f.kind, key) for f, key in found] == [
         ("not_in_optimizer", ("not_in_optimizer", ("1.weight", "1.bias")))]
     assert check_step(watched, opt, "train.py:9", {}) == found  # no state: the same again
+    stale = stale_grads(watched, opt)  # .grad left non-zero after the step: net[0]'s
+    assert sorted(stale) == [0, 1]
+    net[1](torch.randn(2, 3)).sum().backward()  # reaches no stale gradient
+    assert added_to(watched, stale, "train.py:7") == {}
+    net(torch.randn(2, 3)).sum().backward()
+    carried = added_to(watched, stale, "train.py:7")
+    assert sorted(carried) == [0, 1] and still_carried(watched, carried) == carried
     grads = [p.grad.clone() for p in net.parameters()]
-    (acc, key), = check_accumulate(watched, opt, "train.py:7")  # .grad left non-zero
+    (acc, key), = check_accumulate(watched, opt, carried)
     assert acc.kind == "grads_accumulate" and key == ("grads_accumulate",)
+    assert acc.line == "train.py:7"
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, net.parameters()))
+    net[0].weight.grad = None  # zero_grad(): nothing carried into the step
+    assert sorted(still_carried(watched, carried)) == [1]
+    net[0].bias.grad.zero_()
+    assert still_carried(watched, carried) == {}
 
 
 def test_the_doctor_keeps_the_findings_the_checks_return():
@@ -79,4 +98,5 @@ def test_the_messages_count_in_words_one_or_many():
     (found, _), = check_step(watched, every, "train.py:9", {})
     assert found.kind == "frozen_in_optimizer"
     assert found.message.startswith("1 frozen parameter (requires_grad=False) is in the "), found
-    assert "It never gets a gradient" in found.message and "(s)" not in found.message
+    assert "skips it only while its .grad is None" in found.message
+    assert "(s)" not in found.message
