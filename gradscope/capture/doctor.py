@@ -75,7 +75,7 @@ class Doctor:
         self.params = self.watched.params
         self.bits = self.watched.bits
         self.module_names: dict[int, str] = (
-            {id(m): n for n, m in model.named_modules()} if model is not None else {})
+            dynamo.module_names(model) if model is not None else {})
         self.stack: list[str | None] = []
         #: per module run since the last step: (its training flag, the line that called it)
         self.ran: dict[str, tuple[bool, str | None]] = {}

@@ -31,6 +31,7 @@ from ..model.doctor import (
     parse_inplace,
 )
 from ..model.nodes import plural
+from . import dynamo
 from .doctor_record import DOCTOR_KEY, BackwardLines, CutEvent, NodeRecord, _DoctorMode, bits_of
 from .stamps import walk_nodes
 
@@ -53,7 +54,7 @@ class Watched:
         if model is not None:
             for name, p in model.named_parameters():
                 bits[id(p)] = len(params)
-                names.append(name)
+                names.append(dynamo.plain_name(name))  # as the user names it
                 params.append(p)
         return cls(model, names, params, bits)
 
@@ -441,7 +442,7 @@ def check_step(watched: Watched, optimizer: Any, line: str | None,
             sites=(step,)), ("frozen_in_optimizer", tuple(listed))))
     if watched.model is None:
         return found
-    modules = dict(watched.model.named_modules())
+    modules = dict(dynamo.named_modules(watched.model))
     evals = [(n, at) for n, (training, at) in ran.items()
              if not training and isinstance(modules.get(n), _MODE_MODULES)
              and (graded is None or n in graded) and not _frozen_norm(modules[n])]

@@ -20,7 +20,8 @@ here is also importable from ``gradscope.capture.compiled``, where the recorders
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from . import torchcompat
@@ -86,6 +87,27 @@ def plain_name(name: str) -> str:
     return ".".join(p for p in name.split(".") if p != "_orig_mod")
 
 
+def named_modules(model: Any) -> list[tuple[str, Any]]:
+    """``model.named_modules()`` as the user names them: a ``torch.compile`` wrapper
+    (``OptimizedModule``) is left out and the module it wraps takes its name, so no name has
+    an ``_orig_mod`` level (``layer1.0``, not ``_orig_mod.layer1.0``) and nothing is listed
+    twice. Every path gradscope prints or writes comes from here or ``plain_name``.
+
+    Example:
+        >>> import torch
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        >>> [name for name, _ in named_modules(net)]
+        ['', '0']
+    """
+    return [(plain_name(name), mod) for name, mod in model.named_modules()
+            if unwrap(mod) is None]
+
+
+def module_names(model: Any) -> dict[int, str]:
+    """``id(module) -> name`` for ``named_modules(model)``; a compile wrapper is not in it."""
+    return {id(mod): name for name, mod in named_modules(model)}
+
+
 # -------------------------------------------------------------------- the OptimizedModule warning
 _WARNING = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
 _quiet_users = 0
@@ -115,6 +137,18 @@ def _quiet(on: bool) -> None:
         if mutated is not None:
             mutated()
         _quiet_item = None
+
+
+@contextmanager
+def wrapper_warning_quiet() -> Iterator[None]:
+    """For global module hooks gradscope installs itself (``register_module_forward_*``) that
+    expect the wrapper's extra call: OptimizedModule's warning about them is not shown (it
+    would be about gradscope's hooks, not the user's)."""
+    _quiet(True)
+    try:
+        yield
+    finally:
+        _quiet(False)
 
 
 class ModuleHooks:

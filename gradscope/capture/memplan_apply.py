@@ -37,6 +37,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..errors import GradscopeError
 from ..model.memplan import SEGMENT, BudgetError, segment_paths
+from . import dynamo
 
 
 @contextlib.contextmanager
@@ -173,10 +174,14 @@ class _Segment:
 _RECONSTRUCT: Any = vars(copyreg)["_reconstructor"]  # what pickle protocols 0-1 use
 
 
+def _segment_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The ``__call__`` of a segment member's class (``_segment_class``)."""
+    cls: Any = type(self)
+    return cls._gradscope_run.call(cls._gradscope_k, self, args, kwargs)
+
+
 def _segment_class(cls: type, segment: _Segment, k: int) -> type:
     plain: Any = cls
-    def __call__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        return segment.call(k, self, args, kwargs)
 
     def __reduce_ex__(self: torch.nn.Module, protocol: Any) -> Any:
         # a copy (copy.deepcopy, pickle) is of the plain class: it has no segment to run
@@ -187,8 +192,9 @@ def _segment_class(cls: type, segment: _Segment, k: int) -> type:
         return reduced
 
     return type(cls.__name__, (cls,), {
-        "__call__": __call__, "__reduce_ex__": __reduce_ex__, "__module__": cls.__module__,
+        "__call__": _segment_call, "__reduce_ex__": __reduce_ex__, "__module__": cls.__module__,
         "__qualname__": cls.__qualname__, "_gradscope_segment": segment.name,
+        "_gradscope_run": segment, "_gradscope_k": k,
     })
 
 
@@ -214,6 +220,12 @@ class CheckpointHandle:
 
 
 def _module(model: torch.nn.Module, path: str) -> torch.nn.Module:
+    """The module a plan's path names: plans name modules without a compile wrapper's
+    ``_orig_mod`` level (``dynamo.named_modules``), so a compiled model's is looked up in the
+    module it wraps; a path that still has the level is found too."""
+    inner = dynamo.unwrap(model)
+    if inner is not None and path.split(".")[0] != "_orig_mod":
+        model = inner
     try:
         return model.get_submodule(path)
     except AttributeError:
@@ -334,6 +346,9 @@ def apply_checkpoints(model: torch.nn.Module, modules: tuple[str, ...] | list[st
     """Wrap each named submodule (or segment ``a..b..c`` of sibling modules) in a
     non-reentrant checkpoint; the handle's ``.remove()`` restores the model."""
     handle = CheckpointHandle()
+    # under torch.compile the checkpointed calls run as plain Python between compiled pieces
+    # (Dynamo cannot trace checkpoint with a context_fn, nor the segments' frame walk)
+    dynamo.eager_only(_Checkpointed.__call__, _Segment.call, _segment_call)
     try:
         for entry in modules:
             if SEGMENT in entry:

@@ -32,7 +32,7 @@ from ..model.memplan import (
     ModuleRow,
     Storage,
 )
-from . import torchcompat
+from . import dynamo, torchcompat
 from .memory import _HooksGuard, _leaf_base, _Listener
 from .nest import iter_tensors
 
@@ -57,7 +57,7 @@ class _Recorder(_Listener):
         self.parent: dict[str, str | None] = {}
         self.in_container: set[str] = set()
         self.builtin: set[str] = set()
-        for name, mod in model.named_modules():
+        for name, mod in dynamo.named_modules(model):  # no compile wrapper level
             self.names[id(mod)] = name
             if type(mod).__module__.startswith("torch.nn."):
                 self.builtin.add(name)
@@ -159,7 +159,8 @@ class _Recorder(_Listener):
         guard = _HooksGuard(self)
         try:
             guard.push()
-            yield
+            with dynamo.wrapper_warning_quiet():
+                yield
         finally:
             guard.pop()
             post.remove()
@@ -277,17 +278,18 @@ def _all_inside(users: list[Any], start: Any, stop: Any) -> bool:
 
 
 def _flops_by_module(counts: dict[str, dict[Any, int]], model: torch.nn.Module) -> dict[str, int]:
-    """``FlopCounterMode.get_flop_counts()`` keyed by ``named_modules()`` names."""
+    """``FlopCounterMode.get_flop_counts()`` keyed by ``dynamo.named_modules()`` names (a
+    compile wrapper and the module it wraps count the same FLOPs: one entry)."""
     root = type(model).__name__
     out: dict[str, int] = {}
     for name, per_op in counts.items():
         if name == root:
             path = ""
         elif name.startswith(root + "."):
-            path = name[len(root) + 1:]
+            path = dynamo.plain_name(name[len(root) + 1:])
         else:
             continue
-        out[path] = sum(per_op.values())
+        out.setdefault(path, sum(per_op.values()))
     return out
 
 

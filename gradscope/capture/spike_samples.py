@@ -33,6 +33,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..model.incident import SampleModule, SampleNorm, module_of
+from . import dynamo
 from .nest import iter_tensors
 from .replay import MicroBatch, ReplayResult, _preserved, _restored_rng
 
@@ -60,7 +61,7 @@ class SampleResult(ReplayResult):
 
 def coupling(model: torch.nn.Module) -> str | None:
     """One line when the examples of a batch are coupled in ``model``'s forward, else None."""
-    for name, m in model.named_modules():
+    for name, m in dynamo.named_modules(model):
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training:
             return (
                 f"the examples of the batch are coupled (BatchNorm {name or '(model)'} in train "

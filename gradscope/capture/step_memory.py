@@ -24,6 +24,7 @@ import torch
 
 from ..errors import GradscopeError
 from ..model.step_memory import MaxBatch, StepMemory
+from . import dynamo
 from .memplan_measure import _quiet_stderr, cpu_allocations
 from .memplan_record import new_objects_collected
 from .nest import iter_tensors
@@ -316,7 +317,7 @@ def step_memory(
     device = _device_of(model, inputs)
     step = _Step(model, inputs, loss_fn, optimizer, dtype)
     rec = Lifetimes()
-    rec.names = {id(m): n for n, m in model.named_modules()}
+    rec.names = dynamo.module_names(model)  # no compile wrapper level
     if modules:
         from ..model.memplan import segment_paths
         from .memplan_record import _rng_bytes

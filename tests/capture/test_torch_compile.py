@@ -164,3 +164,69 @@ def test_check_finite_reports_a_nan_made_inside_a_compiled_module():
     assert bad is not None and bad.kind == "nan"
     assert bad.op == "torch.compile region" and bad.node == "CompiledFunctionBackward"
     assert bad.where.endswith("out = opt(torch.randn(8, 6))  # the compiled call")
+
+
+# ------------------------------------------------------------------ memory on a compiled model
+class Deep(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.Tanh())
+                                      for _ in range(4)])
+        self.head = nn.Linear(32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(x))
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    return out.square().mean()
+
+
+def test_memory_of_a_compiled_model_is_that_of_its_module_under_the_same_names():
+    """activation_report and plan_checkpoints on torch.compile(model): the figures of the
+    plain model, under its own module names (no ``_orig_mod`` level, no row for the wrapper),
+    and no OptimizedModule warning about gradscope's hooks."""
+    torch.manual_seed(0)
+    model, x = Deep(), torch.randn(16, 32)
+    plain = gs.activation_report(model, x, loss_fn=_loss)
+    compiled = torch.compile(model, backend="aot_eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = gs.activation_report(compiled, x, loss_fn=_loss)
+        plan = gs.plan_checkpoints(compiled, x, budget=plain.total * 7 // 10, loss_fn=_loss)
+
+    def rows(r):
+        return [(w.path, w.activation_bytes, w.checkpoint_saves, w.recompute_flops)
+                for w in r.rows]
+
+    assert rows(report) == rows(plain) and report.total == plain.total
+    assert not any("_orig_mod" in w.path for w in report.rows)
+    assert plan.modules == gs.plan_checkpoints(model, x, budget=plain.total * 7 // 10,
+                                               loss_fn=_loss).modules
+    assert plan.modules and not any("_orig_mod" in m for m in plan.modules)
+
+
+@pytest.mark.parametrize("order", ["compile-then-apply", "apply-then-compile"])
+def test_a_plan_applied_to_a_compiled_model_keeps_its_gradients(order):
+    """The checkpointed calls run as plain Python between compiled pieces (Dynamo cannot trace
+    a checkpoint with a context_fn): the gradients are torch's own, bitwise, and removing the
+    plan restores the model."""
+    torch.manual_seed(0)
+    model, x = Deep(), torch.randn(16, 32)
+    plan = gs.plan_checkpoints(model, x, budget=gs.activation_report(
+        model, x, loss_fn=_loss).total * 7 // 10, loss_fn=_loss)
+    assert plan.modules
+    compiled = torch.compile(model, backend="aot_eager")
+    _loss(compiled(x)).backward()
+    want = grads(model)
+    model.zero_grad()
+    if order == "compile-then-apply":
+        handle = plan.apply(compiled)
+    else:
+        handle = plan.apply(model)
+        compiled = torch.compile(model, backend="aot_eager")
+    with handle:
+        _loss(compiled(x)).backward()
+    got = grads(model)
+    assert all(torch.equal(want[n], got[n]) for n in want)
+    assert type(model.blocks[0]) is nn.Sequential and "forward" not in vars(model.head)
