@@ -36,6 +36,10 @@ FLAP_WINDOW = 10
 SPIKE_MIN_HISTORY = 5
 #: ... and this many times the largest of them (a jump, not a climb)
 SPIKE_GROWTH = 2.0
+#: ... by a gradient at least this share of the step's per-element size over all parameters
+#: (the model's RMS gradient for p = 2): a gradient far below the rest that grows (a branch
+#: behind a layer scale of 1e-6 waking up, as in ConvNeXt) is no explosion
+SPIKE_SIGNIFICANT = 0.1
 _SPIKE_WINDOW = 25
 _MEDIAN_EVERY = 5
 
@@ -159,6 +163,10 @@ class AlertRules:
         positive = [v for v in per_elem.values() if v > 0]
         median = statistics.median(positive) if positive else 0.0
         floor = vanish_floor(vanish, st.loss)
+        # the model's per-element size this step (NaN when some norm is not finite: no gate)
+        overall = _per_element(st.total_norm, sum(numels.get(n, 1) for n in st.params),
+                               norm_type)
+        significant = SPIKE_SIGNIFICANT * overall if math.isfinite(overall) else 0.0
         dead, vanishing, exploding = [], [], []
         tracks = self.tracks
         for name, ps in st.params.items():
@@ -177,7 +185,7 @@ class AlertRules:
                 dead.append(name)
             if track.low == VANISH_PATIENCE:
                 vanishing.append((name, ps.norm, size))
-            spike = self._spike(track, ps.norm, explode)
+            spike = self._spike(track, ps.norm, explode, size >= significant)
             if spike is not None:
                 exploding.append((name, ps.norm, spike))
         if dead:
@@ -201,9 +209,11 @@ class AlertRules:
         return out
 
     @staticmethod
-    def _spike(track: _Track, norm: float, explode: float) -> float | None:
+    def _spike(track: _Track, norm: float, explode: float, significant: bool = True
+               ) -> float | None:
         """Exploding: above ``explode``, or SPIKE_FACTOR x the running median of the window
-        (and SPIKE_GROWTH x its largest value).
+        (and SPIKE_GROWTH x its largest value) for a ``significant`` gradient (its per-element
+        size at least SPIKE_SIGNIFICANT x the model's).
         Returns the median (or math.nan when only the absolute level was crossed) when the
         condition starts at this step."""
         window = track.window
@@ -215,7 +225,7 @@ class AlertRules:
             median = track.median
         # a jump must also be GROWTH x everything in the window: a norm that climbs steadily
         # (a weight growing under a warm-up, a branch leaving its zero init) is no explosion
-        now = norm > explode or (median is not None
+        now = norm > explode or (significant and median is not None
                                  and jumps(norm, median, track.tail, SPIKE_FACTOR)
                                  and norm > SPIKE_GROWTH * max(window))
         window.append(norm)

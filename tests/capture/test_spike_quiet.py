@@ -156,3 +156,46 @@ def test_a_bias_crossing_zero_does_not_decide_the_update_level() -> None:
     assert calm == pytest.approx((4096 * 0.002 + 1.0) / 4097)
     assert calm < 0.0025
     assert update_level(step(0.2, 0.2), numels) == pytest.approx(0.2)
+
+
+class _LayerScaleBlock(nn.Module):
+    """A ConvNeXt/CaiT-style residual block: its branch is scaled by a per-channel gamma that
+    starts at 1e-6, so the branch's gradients start 1e6 x smaller than the rest and grow
+    with gamma."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+        self.gamma = nn.Parameter(torch.full((d,), 1e-6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.gamma * self.fc2(nn.functional.gelu(self.fc1(self.norm(x))))
+
+
+def _layer_scale_run(steps: int, planted: int | None = None) -> gs.GradMonitor:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), *[_LayerScaleBlock(32) for _ in range(4)],
+                          nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with gs.GradMonitor(model, optimizer=opt, history=None) as mon:
+        for step in range(steps):
+            x, y = torch.randn(32, 16), torch.randint(0, 4, (32,))
+            if step == planted:
+                x[3] *= 1000
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            mon.observe_loss(loss)
+            loss.backward()
+            opt.step()
+    return mon
+
+
+def test_an_explosion_in_a_layer_scale_model_is_still_found() -> None:
+    """Exploding needs a gradient of some weight in the model (at least SPIKE_SIGNIFICANT x
+    its per-element RMS; tests/outside/test_outside_alerts.py: a timm ConvNeXt's branches
+    waking up are not): an example x1000 at step 60 still is, at its step, and the healthy
+    steps before it give nothing."""
+    planted = _layer_scale_run(70, planted=60)
+    assert [a.step for a in planted.alerts if a.kind == "exploding"] == [60]
