@@ -31,7 +31,7 @@ from ..model.doctor import (
     parse_inplace,
 )
 from ..model.nodes import plural
-from . import dynamo
+from . import dynamo, torchcompat
 from .doctor_record import DOCTOR_KEY, BackwardLines, CutEvent, NodeRecord, _DoctorMode, bits_of
 from .stamps import walk_nodes
 
@@ -493,12 +493,12 @@ class Carried:
     line."""
 
     grad: weakref.ref[torch.Tensor]
-    version: int
+    version: int | None  # None where this torch has no version counters
     line: str | None = None
 
     @classmethod
     def of(cls, grad: torch.Tensor, line: str | None = None) -> Carried:
-        return cls(weakref.ref(grad), grad._version, line)
+        return cls(weakref.ref(grad), torchcompat.tensor_version(grad), line)
 
     def holds(self, grad: torch.Tensor | None) -> bool:
         """Whether ``grad`` is still that tensor (no ``zero_grad()`` set it to None)."""
@@ -530,7 +530,8 @@ def added_to(watched: Watched, stale: dict[int, Carried], line: str | None
     out = {}
     for b, was in stale.items():
         grad = watched.params[b].grad
-        if grad is not None and (not was.holds(grad) or grad._version != was.version):
+        if grad is not None and (not was.holds(grad)
+                                 or torchcompat.tensor_version(grad) != was.version):
             out[b] = Carried.of(grad, line)
     return out
 
