@@ -606,6 +606,7 @@ def test_exploding_sample_and_spikes_over_the_running_median() -> None:
     assert "running median" in alert.message
 
 
+@pytest.mark.usefixtures("one_thread")  # 1.7 s alone, 12.6 s beside a second worker
 def test_a_gradient_that_climbs_while_the_model_learns_is_not_exploding() -> None:
     """An LSTM learning to copy its previous token under a linear warm-up: as it finds the task,
     the recurrent weights' gradient norms climb 25x over 15 steps (at most 1.6x a step): more
