@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections import deque
@@ -168,6 +169,8 @@ class AlertRules:
                                norm_type)
         significant = SPIKE_SIGNIFICANT * overall if math.isfinite(overall) else 0.0
         dead, vanishing, exploding = [], [], []
+        low_now = {n: 0 < size and (size < floor or size < vanish_ratio * median)
+                   for n, size in per_elem.items()}
         tracks = self.tracks
         for name, ps in st.params.items():
             track = tracks.get(name)
@@ -179,7 +182,8 @@ class AlertRules:
             # dead: exactly zero (every element zero, when the zero fraction was measured)
             zero = size == 0 and (ps.zero_frac is None or ps.zero_frac == 1.0)
             track.zero = track.zero + 1 if zero else 0
-            low = size > 0 and (size < floor or size < vanish_ratio * median)
+            # a bias vanishes with its weight: alone it is a sum over the batch that cancels
+            low = low_now[name] and low_now.get(_weight_of(name), True)
             track.low = track.low + 1 if low else 0
             if track.zero == VANISH_PATIENCE:
                 dead.append(name)
@@ -219,7 +223,9 @@ class AlertRules:
         window = track.window
         median: float | None = None
         if len(window) >= SPIKE_MIN_HISTORY:
-            if track.age >= _MEDIAN_EVERY:
+            # fresh while the window fills (the first logged steps, when gradients climb
+            # fastest: a median five steps old made a climb plus a noisy batch look 15x)
+            if track.age >= _MEDIAN_EVERY or len(window) < _SPIKE_WINDOW:
                 track.age, track.median = 0, statistics.median(window)
             track.age += 1
             median = track.median
@@ -239,6 +245,21 @@ class AlertRules:
 
 def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+@functools.lru_cache(maxsize=65536)
+def _weight_of(name: str) -> str:
+    """The weight a bias goes with, by PyTorch's names: ``fc.bias`` -> ``fc.weight``,
+    ``lstm.bias_ih_l0`` -> ``lstm.weight_ih_l0``, ``attn.in_proj_bias`` -> ``attn.in_proj_weight``;
+    any other name -> itself. A bias's gradient is the sum of its output's gradient over the
+    batch and positions, which cancels where what follows ignores a shift (a softmax: BERT's
+    key bias; a normalisation: a BatchNorm's shift before a convolution and another
+    BatchNorm), while its weight's, the same gradient times the inputs, does not: so a bias
+    is vanishing only when its weight is too (or when it has none watched)."""
+    head, dot, last = name.rpartition(".")
+    if "bias" not in last:
+        return name
+    return head + dot + last.replace("bias", "weight")
 
 
 def vanish_floor(vanish: float, loss: float | None) -> float:

@@ -568,8 +568,9 @@ def test_nan_sample_names_gain_at_step_3() -> None:
 
 
 def _vanishing_truth(grads: dict[str, torch.Tensor]) -> set[str]:
-    """The documented criterion, from .grad: per-element size (RMS) below 1e-7, or below
-    1e-4 x the median per-element size of the model's parameters."""
+    """The documented per-element criterion, from .grad: size (RMS) below 1e-7, or below
+    1e-4 x the median per-element size of the model's parameters (the monitor also wants a
+    bias's weight low: test_a_key_bias_the_softmax_ignores_is_not_vanishing)."""
     rms = {n: (g.norm() / g.numel() ** 0.5).item() for n, g in grads.items()}
     median = statistics.median(v for v in rms.values() if v > 0)
     return {n for n, v in rms.items() if 0 < v and (v < 1e-7 or v < 1e-4 * median)}
@@ -1406,3 +1407,41 @@ def test_report_at_80_columns_keeps_names_and_numbers_whole(golden) -> None:
     for ps in last.values():
         assert f"{ps.norm:.3g}" in text
     golden("monitor_report_80.txt", text)
+
+
+class _Attention(nn.Module):
+    """Self-attention with a bias on the keys, as BERT has: a softmax over keys ignores a
+    shift of every key's logit, so the key bias's gradient is zero up to rounding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.query, self.key, self.value = (nn.Linear(16, 16) for _ in range(3))
+        self.out = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        att = (self.query(x) @ self.key(x).transpose(1, 2) / 4).softmax(-1)
+        return self.out(att @ self.value(x))
+
+
+def test_a_key_bias_the_softmax_ignores_is_not_vanishing(monkeypatch) -> None:
+    torch.manual_seed(0)
+    model = _Attention()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    grads = []
+    with gs.GradMonitor(model, optimizer=opt) as mon:
+        for _ in range(4):
+            opt.zero_grad()
+            loss = model(torch.randn(8, 10, 16)).square().mean()
+            mon.observe_loss(loss)
+            loss.backward()
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+            opt.step()
+    # torch's own gradients: the key bias's at rounding level, its weight's not
+    assert all(g["key.bias"].norm() < 1e-6 * g["key.weight"].norm() for g in grads)
+    assert all(_vanishing_truth(g) == {"key.bias"} for g in grads)
+    assert [a for a in mon.alerts if a.kind == "vanishing"] == []
+    monkeypatch.setattr("gradscope.model.alerts._weight_of", lambda name: name)  # before
+    from gradscope.model.alerts import alerts
+
+    (old,) = [a for a in alerts(mon.log) if a.kind == "vanishing"]
+    assert old.names == ("key.bias",)
