@@ -8,15 +8,17 @@ seed 0 on random batches (8 images of 64x64 and 10 random labels, or 8 sequences
 tokens as their own labels) under a linear warm-up over 10 steps: AdamW (lr 3e-4, weight decay
 0.05) or SGD (lr 0.05, momentum 0.9), every step logged with its loss and with module and
 activation statistics on. Nothing in such a run is pathological: every alert is a false one.
-"Before" replays the same log (``alerts(mon.log)``) with the three guards taken out: no
-significance gate on exploding (``SPIKE_SIGNIFICANT = 0``), each bias judged alone, and a window
-whose median is kept five steps as soon as it holds five values.
+"Before" replays the same log (``alerts(mon.log)``) with the four guards taken out: no
+significance gate on exploding (``SPIKE_SIGNIFICANT = 0``), each bias judged alone, a window
+whose median is kept five steps as soon as it holds five values, and the vanishing level 1e-7
+under every optimizer (now AdamW's eps, 1e-8).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -80,8 +82,8 @@ MODELS = ["resnet18-zero-init", "mobilenet-v3", "efficientnet-b0", "convnext", "
 def before(log: Any) -> list[gs.Alert]:
     saved = rules.SPIKE_SIGNIFICANT, rules._weight_of, rules._SPIKE_WINDOW
     rules.SPIKE_SIGNIFICANT, rules._weight_of, rules._SPIKE_WINDOW = 0.0, lambda n: n, 5
-    try:
-        return rules.alerts(log)
+    try:  # and the vanishing level 1e-7 whatever the optimizer
+        return rules.alerts(log, dataclasses.replace(log.thresholds, vanish=1e-7))
     finally:
         rules.SPIKE_SIGNIFICANT, rules._weight_of, rules._SPIKE_WINDOW = saved
 

@@ -1445,3 +1445,36 @@ def test_a_key_bias_the_softmax_ignores_is_not_vanishing(monkeypatch) -> None:
 
     (old,) = [a for a in alerts(mon.log) if a.kind == "vanishing"]
     assert old.names == ("key.bias",)
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_vanishing_is_what_the_optimizer_cannot_act_on(kind) -> None:
+    """Gradients of 2-5e-8 per element everywhere (the loss scaled down, not observed): AdamW
+    divides each by its running size plus eps (1e-8), so torch's own update still moves every
+    weight by a third of the learning rate or more (RMS per element), and the default level
+    is eps: no alert. SGD's
+    update is the gradient itself: "vanishing", at the default 1e-7."""
+    torch.manual_seed(0)
+    model = nn.Linear(6, 3)
+    opt = (torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0) if kind == "adamw"
+           else torch.optim.SGD(model.parameters(), lr=1e-3))
+    moved = []
+    with gs.GradMonitor(model, optimizer=opt) as mon:
+        for i in range(4):
+            opt.zero_grad()
+            (model(torch.randn(32, 6)) - 1).square().mean().mul(1e-7).backward()
+            before = [p.detach().clone() for p in model.parameters()]
+            opt.step()
+            moved.append(min(((p.detach() - b).norm() / p.numel() ** 0.5).item() / 1e-3
+                             for p, b in zip(model.parameters(), before)))
+    sizes = [ps.norm / mon.log.numels[n] ** 0.5 for st in mon.history
+             for n, ps in st.params.items()]
+    assert 1e-8 < min(sizes) and max(sizes) < 1e-7, (min(sizes), max(sizes))
+    vanishing = [a for a in mon.alerts if a.kind == "vanishing"]
+    if kind == "adamw":
+        assert mon.thresholds.vanish == 1e-8
+        assert min(moved) > 0.3  # torch's update: a third of the learning rate per element
+        assert vanishing == []
+    else:
+        assert mon.thresholds.vanish == 1e-7 and max(moved) < 1e-6
+        assert [a.step for a in vanishing] == [2]

@@ -135,6 +135,30 @@ def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     return inner
 
 
+#: ``vanish`` when the optimizer does not set it (``vanish_level``)
+VANISH = 1e-7
+
+
+def vanish_level(optimizer: torch.optim.Optimizer | None) -> float:
+    """The default "vanishing" level: ``VANISH`` per element, or, for an optimizer that
+    divides each gradient by its running size plus ``eps`` (Adam, AdamW, RMSprop, Adagrad...:
+    an ``eps`` in its param groups), the smallest ``eps`` when that is lower. Such an update is
+    about g / (|g| + eps) of a full one: a gradient above ``eps`` per element still moves its
+    weight at half the learning rate or more, one below it less and less. Under SGD the update
+    is the gradient itself, and ``VANISH`` stays.
+
+    Example:
+        >>> w = torch.zeros(2, requires_grad=True)
+        >>> vanish_level(torch.optim.AdamW([w])), vanish_level(torch.optim.SGD([w], lr=0.1))
+        (1e-08, 1e-07)
+    """
+    if optimizer is None:
+        return VANISH
+    eps = [g["eps"] for g in optimizer.param_groups
+           if isinstance(g.get("eps"), (int, float)) and g["eps"] > 0]
+    return min([VANISH, *eps])
+
+
 def check_scaler(scaler: Any) -> Any:
     if scaler is None:
         return None

@@ -44,6 +44,7 @@ from .checks import (
     select_modules,
     select_params,
     unwrap_optimizer,
+    vanish_level,
 )
 from .distributed import Topology
 from .forward_watch import ForwardWatch
@@ -102,7 +103,10 @@ class GradMonitor:
         vanish: a gradient whose per-element size (norm / numel^(1/p)) stays below this for
             ``VANISH_PATIENCE`` logged steps is "vanishing" (exactly zero: "dead"); with the
             loss observed (``observe_loss``) and below 1, the level is ``vanish`` x the loss
-            (gradients scale with it: a fitted batch is not vanishing).
+            (gradients scale with it: a fitted batch is not vanishing). None: 1e-7, or the
+            optimizer's ``eps`` when it has a smaller one (Adam and its kin move a weight
+            whose gradient is above ``eps`` at half the learning rate or more:
+            ``checks.vanish_level``).
         vanish_ratio: ... or whose per-element size stays below this fraction of the median
             per-element size of the model's parameters at the same step.
         explode: a norm above this (or ``SPIKE_FACTOR`` x its running median, twice what
@@ -152,7 +156,7 @@ class GradMonitor:
         update_sample: int = UPDATE_SAMPLE,
         scaler: Any = None,
         replicated: bool | None = None,
-        vanish: float = 1e-7,
+        vanish: float | None = None,
         vanish_ratio: float = 1e-4,
         explode: float = 1e3,
         spike: float | None = 10.0,
@@ -171,7 +175,8 @@ class GradMonitor:
         check_options(replicated, update_sample, history)
         stream = check_stream_path(jsonl) if jsonl is not None else None
         self.norm_type = float(norm_type)
-        self.vanish = vanish
+        self.optimizer = unwrap_optimizer(optimizer) if optimizer is not None else None
+        self.vanish = vanish = vanish_level(self.optimizer) if vanish is None else vanish
         self.vanish_ratio = vanish_ratio
         self.explode = explode
         if not ((spike is None or spike > 1) and spike_window >= 1 and spike_warmup >= 0):
@@ -184,7 +189,6 @@ class GradMonitor:
             vanish, vanish_ratio, explode, None if spike is None else float(spike),
             int(spike_window), int(spike_warmup),
         )
-        self.optimizer = unwrap_optimizer(optimizer) if optimizer is not None else None
         self.measure = measure
         self.update_sample = update_sample
         self._scaler = check_scaler(scaler)
