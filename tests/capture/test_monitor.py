@@ -1460,7 +1460,7 @@ def test_vanishing_is_what_the_optimizer_cannot_act_on(kind) -> None:
            else torch.optim.SGD(model.parameters(), lr=1e-3))
     moved = []
     with gs.GradMonitor(model, optimizer=opt) as mon:
-        for i in range(4):
+        for _ in range(4):
             opt.zero_grad()
             (model(torch.randn(32, 6)) - 1).square().mean().mul(1e-7).backward()
             before = [p.detach().clone() for p in model.parameters()]
