@@ -30,19 +30,17 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _before(monkeypatch) -> None:
-    """The rules without this round's three guards: no significance gate, each bias judged
-    alone, and a window full after 5 steps whose median is then kept 5 steps (every window's
-    median was, the first 25 steps included)."""
+    """The rules without three of this round's guards: no significance gate, each bias
+    judged alone, and a window full after 5 steps whose median is then kept 5 steps (every
+    window's median was, the first 25 steps included). The log keeps its vanishing level."""
     monkeypatch.setattr("gradscope.model.alerts.SPIKE_SIGNIFICANT", 0.0)
     monkeypatch.setattr("gradscope.model.alerts._weight_of", lambda name: name)
     monkeypatch.setattr("gradscope.model.alerts._SPIKE_WINDOW", 5)
 
 
-def _train(optimizer: str, steps: int = 12) -> gs.GradMonitor:
-    torch.manual_seed(0)
-    model = timm.create_model("convnext_atto", pretrained=False, num_classes=10)
-    opt = (torch.optim.AdamW(model.parameters(), lr=1e-3) if optimizer == "adamw" else
-           torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9))
+def _classify(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> gs.GradMonitor:
+    """``steps`` healthy steps on random 64x64 images and labels, every one logged with its
+    loss."""
     with gs.GradMonitor(model, optimizer=opt) as mon:
         for _ in range(steps):
             x, y = torch.randn(8, 3, 64, 64), torch.randint(0, 10, (8,))
@@ -54,6 +52,14 @@ def _train(optimizer: str, steps: int = 12) -> gs.GradMonitor:
     return mon
 
 
+def _train(optimizer: str, steps: int = 12) -> gs.GradMonitor:
+    torch.manual_seed(0)
+    model = timm.create_model("convnext_atto", pretrained=False, num_classes=10)
+    opt = (torch.optim.AdamW(model.parameters(), lr=1e-3) if optimizer == "adamw" else
+           torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9))
+    return _classify(model, opt, steps)
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_a_convnext_branch_waking_up_is_not_exploding(optimizer, monkeypatch):
     mon = _train(optimizer)
@@ -63,20 +69,10 @@ def test_a_convnext_branch_waking_up_is_not_exploding(optimizer, monkeypatch):
     assert before and all(".blocks." in n for a in before for n in a.names), before
 
 
-
-
 def test_a_bias_behind_a_normalisation_is_not_vanishing(monkeypatch):
     torch.manual_seed(0)
     model = torchvision.models.mobilenet_v3_small(num_classes=10)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    with gs.GradMonitor(model, optimizer=opt) as mon:
-        for _ in range(6):
-            x, y = torch.randn(8, 3, 64, 64), torch.randint(0, 10, (8,))
-            opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            mon.observe_loss(loss)
-            loss.backward()
-            opt.step()
+    mon = _classify(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), 6)
     assert [a for a in mon.alerts if a.kind == "vanishing"] == []
     _before(monkeypatch)
     before = [a for a in alerts(mon.log) if a.kind == "vanishing"]
