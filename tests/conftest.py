@@ -93,7 +93,9 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: int = 240):
     import subprocess
 
     exe = Path(sys.executable).parent / "gradscope"
-    env = dict(os.environ, COLUMNS="120", NO_COLOR="1", TERM="dumb")
+    # one intra-op thread: beside the second xdist worker on 2 cores, torch's spinning pool
+    # made a subprocess up to 2x slower (the compiled incident sample: 5 s alone, 10.4 s)
+    env = dict(os.environ, COLUMNS="120", NO_COLOR="1", TERM="dumb", OMP_NUM_THREADS="1")
     return subprocess.run(
         [str(exe), *args], capture_output=True, text=True, cwd=cwd or ROOT, timeout=timeout, env=env
     )
