@@ -9,6 +9,8 @@ step."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import nn
@@ -32,10 +34,21 @@ def _classifier_run(steps: int) -> gs.GradMonitor:
     model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Dropout(0.1), nn.Linear(128, 128),
                           nn.ReLU(), nn.Linear(128, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.randint(0, 10, (64,))
+        return centers[y] + torch.randn(64, 32) * 1.5, y
+
+    return _classify(model, opt, batch, steps)
+
+
+def _classify(model: nn.Module, opt: torch.optim.Optimizer,
+              batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+              steps: int) -> gs.GradMonitor:
+    """``steps`` cross-entropy steps on ``batch(step)``, each logged with its loss."""
     with gs.GradMonitor(model, optimizer=opt, history=None) as mon:
-        for _ in range(steps):
-            y = torch.randint(0, 10, (64,))
-            x = centers[y] + torch.randn(64, 32) * 1.5
+        for step in range(steps):
+            x, y = batch(step)
             opt.zero_grad()
             loss = nn.functional.cross_entropy(model(x), y)
             mon.observe_loss(loss)
@@ -179,17 +192,14 @@ def _layer_scale_run(steps: int, planted: int | None = None) -> gs.GradMonitor:
     model = nn.Sequential(nn.Linear(16, 32), *[_LayerScaleBlock(32) for _ in range(4)],
                           nn.Linear(32, 4))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with gs.GradMonitor(model, optimizer=opt, history=None) as mon:
-        for step in range(steps):
-            x, y = torch.randn(32, 16), torch.randint(0, 4, (32,))
-            if step == planted:
-                x[3] *= 1000
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(model(x), y)
-            mon.observe_loss(loss)
-            loss.backward()
-            opt.step()
-    return mon
+
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = torch.randn(32, 16), torch.randint(0, 4, (32,))
+        if step == planted:
+            x[3] *= 1000
+        return x, y
+
+    return _classify(model, opt, batch, steps)
 
 
 def test_an_explosion_in_a_layer_scale_model_is_still_found() -> None:
