@@ -1,5 +1,5 @@
 """Build hook: the packages (found, never listed by hand) and the optional compiled walk
-(gradscope/capture/_cwalk.c). The metadata is in pyproject.toml.
+(gradscope/graph/_cwalk.c). The metadata is in pyproject.toml.
 
 Every folder of ``gradscope/`` that holds Python files or package data is a package (the page's
 assets folder has no ``__init__.py``, so namespace packages are looked for too); ``cli/`` is
@@ -21,6 +21,6 @@ PACKAGES = [
 setup(
     packages=PACKAGES,
     ext_modules=[
-        Extension("gradscope.capture._cwalk", ["gradscope/capture/_cwalk.c"], optional=True)
+        Extension("gradscope.graph._cwalk", ["gradscope/graph/_cwalk.c"], optional=True)
     ],
 )

@@ -25,7 +25,7 @@ For each budget ``b``:
   eager step would have if only a share ``b`` of its activations were held. A budget no plan
   reaches is a miss (``BudgetError``); the row then measures the smallest plan of the report
   (``rep.smallest()``), marked ``miss``.
-- **measured peak**: ``measure_step`` (``gradscope.capture.step_memory``): the profiler's CPU
+- **measured peak**: ``measure_step`` (``gradscope.memory.step``): the profiler's CPU
   allocation and free events over the step (the running sum's maximum, plus what was live
   before), the steady state (second step: AdamW's state exists); the same for both sides.
 - **step time**: ``--repeat`` rounds, each one eager step without a plan, one compiled step
@@ -53,9 +53,9 @@ import torch._functorch.config
 from torch import nn
 
 import gradscope as gs
-from gradscope.capture.memplan import apply_checkpoints
-from gradscope.capture.step_memory import measure_step
-from gradscope.model.files import atomic_path
+from gradscope.memory.activations import apply_checkpoints
+from gradscope.memory.step import measure_step
+from gradscope.output.files import atomic_path
 
 warnings.filterwarnings("ignore")
 
@@ -63,7 +63,7 @@ BUDGETS = tuple(round(0.1 * k, 1) for k in range(1, 11))
 
 
 def gpt2(batch: int = 8, tokens: int = 64) -> tuple[nn.Module, torch.Tensor]:
-    """The step-memory tests' GPT-2 config (tests/capture/test_memplan.py), at a larger batch."""
+    """The step-memory tests' GPT-2 config (tests/memory/test_memplan.py), at a larger batch."""
     import transformers as tf
 
     torch.manual_seed(0)
@@ -158,7 +158,7 @@ class Peaks:
     cache also gives, on a miss, the lowest peak the planner found."""
 
     def __init__(self) -> None:
-        from gradscope.capture import memplan_peak
+        from gradscope.memory import checkpoint_peak as memplan_peak
 
         self.module = memplan_peak
         self.real = memplan_peak.step_memory

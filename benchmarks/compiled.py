@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import best_of_interleaved  # noqa: E402
 
 import gradscope as gs  # noqa: E402
-from gradscope.capture import compiled  # noqa: E402
+from gradscope.graph import compiled  # noqa: E402
 
 
 def gpt2(layers: int) -> torch.nn.Module:

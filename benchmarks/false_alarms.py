@@ -20,7 +20,7 @@ import time
 import torch
 
 import gradscope as gs
-from gradscope.model.alerts import alerts
+from gradscope.monitor.alerts import alerts
 
 
 def run(lr: float, steps: int) -> None:

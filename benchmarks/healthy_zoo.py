@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 import gradscope as gs
-from gradscope.model import alerts as rules
+from gradscope.monitor import alerts as rules
 
 Task = tuple[torch.nn.Module, Callable[[], Any], Callable[..., Any] | None]
 

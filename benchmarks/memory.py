@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 import gradscope as gs
-from gradscope.capture.memplan import apply_checkpoints
+from gradscope.memory.activations import apply_checkpoints
 
 warnings.filterwarnings("ignore")
 
@@ -154,7 +154,7 @@ def bench(label: str, make: Callable[[], Model]) -> None:
 def bench_step(label: str, make: Callable[[], Model]) -> None:
     """The whole step's peak (issue 31): ``gs.step_memory`` vs ``measure_step`` (the
     profiler), first and steady-state step, SGD with momentum and AdamW."""
-    from gradscope.capture.step_memory import measure_step
+    from gradscope.memory.step import measure_step
 
     for name in ("sgd", "adamw"):
         torch.manual_seed(0)

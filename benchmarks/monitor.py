@@ -72,7 +72,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import gradscope as gs
-from gradscope.capture.monitor import FULL_EVERY
+from gradscope.monitor.core import FULL_EVERY
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET, TARGET_FULL, TARGET_MEMORY = 1.05, 1.25, 0.01

@@ -20,7 +20,7 @@ Rows, per model, in one run (AdamW, the batch of ``monitor.py``):
                    lose without it, below the noise of the ratio above.
   transfers        device-to-host reads per logged step with the loss watched, less those of
                    the plain step (AdamW reads its step counters), counted as in
-                   ``tests/capture/test_transfers.py``: the target is 1.
+                   ``tests/monitor/test_transfers.py``: the target is 1.
   replay           the per-sample replay of a spiking step (``spike_samples.replay_samples``
                    run in-process at the pre-hook, so it can be timed and profiled): wall time
                    against one plain step (B examples: the target is about B+1 steps), its
@@ -37,8 +37,8 @@ from typing import Any
 import torch
 
 import gradscope as gs
-from gradscope.capture.memplan_measure import cpu_allocations
-from gradscope.capture.spike_samples import replay_samples
+from gradscope.memory.measure_forward import cpu_allocations
+from gradscope.monitor.spike_samples import replay_samples
 
 
 class _Watched:

@@ -47,7 +47,7 @@ def cli_render(out: Path) -> None:
 def gradscope_in_process(out: Path) -> int:
     """The CLI's default view (``readable_view``: fold repeats and collapse when too big)."""
     import gradscope as gs
-    from gradscope.model.transforms import readable_view
+    from gradscope.graph.transforms import readable_view
 
     fwd = gs.load_model_file(SAMPLE).forward()
     graph, _ = readable_view(gs.trace(fwd.outputs, model=fwd.model))

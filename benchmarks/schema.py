@@ -23,7 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from gradscope.model.graph import Edge, Graph, Node, SavedTensor, TensorInfo
+from gradscope.graph.graph import (
+    Edge,
+    Graph,
+    Node,
+    SavedTensor,
+    TensorInfo,
+)
 
 
 def big_graph(n_layers: int) -> Graph:
@@ -78,7 +84,7 @@ def deep_graph(depth: int) -> Graph:
 
 _CHILD = """
 import json, resource, sys, time
-from gradscope.model.graph import Graph
+from gradscope.graph.graph import Graph
 text = open(sys.argv[1], encoding="utf-8").read()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()

@@ -35,7 +35,7 @@ printed with their ratio (this / base), so machine load hits both alike.
 With ``--overlaps`` it prints, instead, what is drawn over what on the sample pages, a GPT-2
 ``--backward`` page and (where torchvision is installed) ResNet-50 and Faster R-CNN, in the first
 view and after Expand all: edges through a box, edge labels over labels and over boxes (the
-measure of tests/views/viewer_page.py ``OVERLAPS``; target 0 each).
+measure of tests/render/viewer_page.py ``OVERLAPS``; target 0 each).
 
     .venv/bin/python benchmarks/viewer.py --overlaps
 

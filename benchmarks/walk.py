@@ -30,7 +30,7 @@ import torch
 from _timing import best_of, best_of_interleaved, verdict
 
 import gradscope as gs
-from gradscope.capture.walk import CWALK
+from gradscope.graph.walk import CWALK
 
 
 def mlp_graph(layers: int = 1000) -> tuple[torch.Tensor, torch.nn.Module]:

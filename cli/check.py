@@ -13,7 +13,7 @@ import typer
 
 import gradscope as gs
 
-from .common import model_code, show, stdout
+from .common import FUNCTION_FILE_EPILOG, model_code, show, stdout
 
 _HINT = (
     "define {name}_inputs() returning a tuple of arguments, e.g.\n"
@@ -87,7 +87,7 @@ def load_inputs(mf: gs.ModelFile, name: str) -> tuple[Any, ...]:
 
 def check(
     target: str = typer.Argument(
-        ..., metavar="FILE:NAME", help="e.g. samples/functions.py:ClippedReLU"
+        ..., metavar="FILE:NAME", help="e.g. functions.py:ClippedReLU (gradscope example functions)"
     ),
     double: bool = typer.Option(
         True, "--double/--no-double", help="Also run gradgradcheck (second derivatives)."
@@ -99,7 +99,8 @@ def check(
         name = mf.name
         if name is None:
             raise gs.CheckInputError(
-                f"expected FILE:NAME, e.g. samples/functions.py:ClippedReLU, got {target!r}"
+                f"expected FILE:NAME, e.g. functions.py:ClippedReLU (`gradscope example "
+                f"functions` writes that file), got {target!r}"
             )
         fn = _target(mf, name)
         inputs = load_inputs(mf, name)
@@ -110,4 +111,4 @@ def check(
 
 def register(app: typer.Typer) -> None:
     """Add the ``check`` command to the gradscope app."""
-    app.command("check")(check)
+    app.command("check", epilog=FUNCTION_FILE_EPILOG)(check)

@@ -2,7 +2,7 @@
 ``note``, ``fail``), the guard around the model file's code (``model_code``), the common
 arguments, and the command classes that show boolean options as flags in ``--help``.
 
-Every text printed goes through ``gs.terminal_text`` (``gradscope.views.style``; ``show`` turns a
+Every text printed goes through ``gs.terminal_text`` (``gradscope.output.style``; ``show`` turns a
 ``str`` into a ``Text`` of it; views build their renderables with ``style.cell``): rich never
 reads a model's names as markup, and no escape sequence reaches the terminal. The consoles
 write to the streams gradscope started with (``main.real_stdout``), not to whatever the model
@@ -17,7 +17,9 @@ import contextlib
 import io
 import os
 import sys
+import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -27,7 +29,7 @@ from typer.core import TyperCommand, TyperGroup
 
 import gradscope as gs
 
-from .main import (
+from .process import (
     EXIT_FOUND,
     EXIT_UNUSABLE,
     check_signals,
@@ -51,6 +53,22 @@ def stdout(*, wrap: bool | None = None) -> Console:
     console = Console(file=real_stdout() or _Discard(), highlight=False)
     console.soft_wrap = not (console.is_terminal if wrap is None else wrap)
     return console
+
+
+def width_known() -> bool:
+    """Whether the output has a width to keep: ``COLUMNS`` is set, or one of the standard
+    streams is a terminal (``gradscope tree m.py | less`` in a terminal keeps its width; a file
+    written by a script with neither keeps each line whole)."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return True
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def stderr() -> Console:
@@ -139,11 +157,83 @@ def _flags_as_flags(params: list[Any]) -> list[Any]:
     return params
 
 
+#: The epilog of a command that reads a model file; the template is filled in when the help is
+#: shown (``FlagCommand.format_help``), so a command that runs never reads it.
+MODEL_FILE_EPILOG = "\x00model-file\x00"
+#: The epilog of ``check``: what a file of custom Functions defines.
+FUNCTION_FILE_EPILOG = "\x00function-file\x00"
+
+
+def model_file_template() -> str:
+    """The template of a valid model file, as gradscope's errors show it (``TEMPLATE`` in
+    ``gradscope/modelfile.py``), read from that module's source: importing it would import
+    torch, and ``--help`` never does."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("gradscope.modelfile")
+    try:
+        source = Path(spec.origin).read_text(encoding="utf-8")  # type: ignore[union-attr,arg-type]
+        for node in ast.parse(source).body:
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "TEMPLATE"):
+                return str(ast.literal_eval(node.value))
+    except (OSError, ValueError, SyntaxError, AttributeError, TypeError):
+        pass
+    return "model = an nn.Module\nexample_input = a tensor or a tuple of tensors"
+
+
+def _indented(text: str) -> str:
+    lines = textwrap.dedent(text).strip("\n").splitlines()
+    return "\n".join("    " + line for line in lines)
+
+
+def _epilog(marker: str) -> str:
+    """The text ``marker`` stands for (rich markup escaped: the help is drawn by rich)."""
+    from rich.markup import escape
+
+    if marker == FUNCTION_FILE_EPILOG:
+        text = (
+            "FILE defines the Function NAME (a torch.autograd.Function subclass, or a function "
+            "of tensors) and the arguments to check it with:\n\n"
+            + _indented(FUNCTION_TEMPLATE)
+            + "\n\nNo such file yet? `gradscope example functions` writes one here "
+            "(`gradscope check functions.py:ClippedReLU`)."
+        )
+    else:
+        text = (
+            "FILE must define (FILE:NAME picks a zero-argument callable or an nn.Module by "
+            "name):\n\n" + _indented(model_file_template())
+            + "\n\nNo model file yet? `gradscope example mlp` writes one here "
+            "(`gradscope example` lists them all)."
+        )
+    return escape(text)
+
+
+#: What a file for ``gradscope check`` defines (its ``--help``).
+FUNCTION_TEMPLATE = """\
+import torch
+class Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x): ctx.save_for_backward(x); return x * x
+    @staticmethod
+    def backward(ctx, g): return 2 * ctx.saved_tensors[0] * g
+def Square_inputs():
+    return (torch.randn(3, dtype=torch.double, requires_grad=True),)
+"""
+
+
 class FlagCommand(TyperCommand):
-    """A command whose help shows boolean options as flags."""
+    """A command whose help shows boolean options as flags, and what its input file must
+    define (``MODEL_FILE_EPILOG``, filled in only when the help is shown)."""
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _flags_as_flags(super().get_params(ctx))
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        if self.epilog in (MODEL_FILE_EPILOG, FUNCTION_FILE_EPILOG):
+            self.epilog = _epilog(self.epilog)
+        super().format_help(ctx, formatter)
 
 
 class FlagGroup(TyperGroup):
@@ -186,4 +276,6 @@ BackwardOpt = typer.Option(
     help="Run backward under the recorder: engine order, gradient norm on every edge, the "
     "first NaN/Inf and its forward line (exit code 1 when one is found).",
 )
-TargetArg = typer.Argument(..., metavar="FILE[:NAME]", help="A model file, e.g. samples/mlp.py")
+TargetArg = typer.Argument(
+    ..., metavar="FILE[:NAME]", help="A model file, e.g. mlp.py (gradscope example mlp)"
+)

@@ -16,8 +16,16 @@ import typer
 SHOWN = 20
 
 
+#: What A and B are, and where a first one comes from (``diff --help``).
+EPILOG = (
+    "A and B are graphs saved as JSON: gradscope render FILE -o a.json (--backward adds the "
+    "gradient norms to compare). No model file yet? `gradscope example mlp` writes one here."
+)
+
+
 def register(app: typer.Typer) -> None:
-    app.command("diff")(diff)
+    """Add the ``diff`` command to the gradscope app."""
+    app.command("diff", epilog=EPILOG)(diff)
 
 
 def diff(

@@ -16,9 +16,9 @@ from rich.console import Console
 
 import gradscope as gs
 
-from .common import note, show
-from .main import EXIT_FOUND, EXIT_OK
+from .common import MODEL_FILE_EPILOG, note, show
 from .outputs import settle
+from .process import EXIT_FOUND, EXIT_OK
 
 #: Training steps run when the file defines optimizer() or batches().
 STEPS = 2
@@ -142,7 +142,9 @@ def _training(mf: Any, held: list[Any]) -> None:
 
 def doctor(
     target: Annotated[
-        str, typer.Argument(metavar="FILE[:NAME]", help="A model file, e.g. samples/mlp.py")
+        str, typer.Argument(
+            metavar="FILE[:NAME]", help="A model file, e.g. mlp.py (gradscope example mlp)"
+        )
     ],
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the findings as JSON.")
@@ -180,4 +182,4 @@ def doctor(
 
 def register(app: typer.Typer) -> None:
     """Add the ``doctor`` command to the gradscope app."""
-    app.command("doctor")(doctor)
+    app.command("doctor", epilog=MODEL_FILE_EPILOG)(doctor)

@@ -1,29 +1,11 @@
 """The ``gradscope`` command line: the console-script entry point (``gradscope_cli.main:main``)
-and the one place that turns whatever happened into an exit code and at most one line on stderr.
-
-Exit codes: 0 done and nothing alarming; 1 done and it found the problem asked about (non-finite
-gradients, a failed check); 2 the input could not be used (one line on stderr, never a
-traceback); 3 an internal error, a bug in gradscope (one line, ``GRADSCOPE_DEBUG=1`` shows the
-traceback); 130 interrupted (Ctrl-C at any moment, start-up included: ``gradscope:
-interrupted``); 141 the reader of the output went away (``gradscope tree m.py | head``): nothing
-more is written and nothing is said.
-
-Signals: SIGINT, SIGTERM and SIGHUP all stop a command the same way (an exception raised where it
-runs, so child processes such as Graphviz are ended and temporary files removed); the exit code
-is 128 + the signal's number (130, 143, 129). A signal is never lost: it is also recorded, a
-command that goes on after it (an exception swallowed inside an import) is stopped at the next
-check (``check_signals``), and a watchdog ends the process ``GRACE`` seconds after the first
-signal if it has not ended by itself.
-
-The streams: the ``sys.stdout`` and ``sys.stderr`` gradscope started with are kept
-(``real_stdout``/``real_stderr``) and every message goes to them, so a model file that replaces
-them (or prints) cannot take gradscope's output. A ``COLUMNS`` (or ``LINES``) that is not a
-positive number is ignored. Threads the model file left running do not keep the process alive
-once the command is done.
+and the one place that turns whatever happened into an exit code and at most one line on stderr
+(the codes, signals and streams: ``gradscope_cli.process``).
 
 This module imports only the standard library when it is loaded: typer, rich and gradscope are
 imported inside ``main`` (where a Ctrl-C is caught), and torch only by a command that runs a
-model, so ``gradscope --help`` never pays for torch.
+model, so ``gradscope --help`` never pays for torch. Commands never import this module: what
+they share is in ``common``, ``outputs`` and ``process``.
 
 Adding a command: a module ``gradscope_cli/NAME.py`` with a ``register(app)`` function, and
 ``"NAME"`` in ``COMMANDS`` below.
@@ -35,20 +17,39 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .process import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PIPE_CLOSED,
+    EXIT_UNUSABLE,
+    Terminated,
+    check_signals,
+    end_children,
+    end_signals,
+    first_signal,
+    flush_streams,
+    install_signals,
+    internal_error,
+    is_broken_pipe,
+    one_line,
+    reader_left,
+    real_stdout,
+    remember_streams,
+    restore_streams,
+    sane_environment,
+    say,
+    signal_exit_code,
+    signal_line,
+    silence_stdout,
+    stray_threads,
+)
+
 if TYPE_CHECKING:
     import typer
 
-EXIT_OK, EXIT_FOUND, EXIT_UNUSABLE, EXIT_INTERNAL = 0, 1, 2, 3
-EXIT_INTERRUPTED, EXIT_PIPE_CLOSED = 130, 141
-
-#: Seconds after the first signal before the watchdog ends a process that did not stop.
-GRACE = 1.3  # then ending the children and the exit: gone within 1.5 s
-#: Seconds the end of a command waits for the reader of a pipe to take what was written.
-DRAIN = 1.0
-
 #: The modules whose ``register(app)`` adds commands, in the order ``--help`` lists them
 #: (``render`` adds ``render`` and ``tree``).
-COMMANDS: tuple[str, ...] = ("render", "report", "check", "memory", "diff", "doctor")
+COMMANDS: tuple[str, ...] = ("render", "report", "check", "memory", "diff", "doctor", "example")
 
 def make_app() -> typer.Typer:
     """The typer application with every command of ``COMMANDS`` registered."""
@@ -83,278 +84,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# ---------------------------------------------------------------------------- signals, streams
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, stopping a command as Ctrl-C does (a ``KeyboardInterrupt``, so every
-    clean-up that handles Ctrl-C handles these too); ``signum`` gives the exit code."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-class _Edge:
-    """What the process keeps from its start: the streams it was given, the signals seen."""
-
-    def __init__(self) -> None:
-        self.stdout: Any = sys.stdout
-        self.stderr: Any = sys.stderr
-        self.signals: list[int] = []
-        self.done: Any = None  # threading.Event: set once the exit line is said
-        self.fired: Any = None  # threading.Event: set by the first signal
-        self.previous: dict[int, Any] = {}  # the handlers before main's, put back at its end
-        self.unraisable: Any = None  # sys.unraisablehook before main's
-
-
-_EDGE = _Edge()
-
-
-def remember_streams() -> None:
-    """Take the current ``sys.stdout``/``sys.stderr`` as the ones every message goes to (at
-    the start of ``main``, and of every command, which a test may invoke without ``main``)."""
-    _EDGE.stdout, _EDGE.stderr = sys.stdout, sys.stderr
-
-
-def real_stdout() -> Any:
-    """The ``sys.stdout`` gradscope started with (None when descriptor 1 was closed)."""
-    return _EDGE.stdout
-
-
-def real_stderr() -> Any:
-    """The ``sys.stderr`` gradscope started with (None when descriptor 2 was closed)."""
-    return _EDGE.stderr
-
-
-def _code_of(signum: int | None) -> int:
-    return EXIT_INTERRUPTED if signum is None else 128 + signum
-
-
-def _signal_line(signum: int | None) -> str:
-    import signal
-
-    if signum is None or signum == signal.SIGINT:
-        return "gradscope: interrupted"
-    return f"gradscope: terminated ({signal.Signals(signum).name})"
-
-
-def _on_signal(signum: int, frame: Any) -> None:
-    import signal
-
-    del frame
-    first = not _EDGE.signals
-    _EDGE.signals.append(signum)
-    if first and _EDGE.fired is not None:
-        _EDGE.fired.set()
-    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
-
-
-def _watchdog(fired: Any, done: Any) -> None:
-    """Its own two events (a later ``main`` in the same process makes new ones)."""
-    fired.wait()
-    if done.wait(GRACE):
-        return
-    signum = _EDGE.signals[0] if _EDGE.signals else None
-    _end_children()
-    say(_signal_line(signum))
-    os._exit(_code_of(signum))
-
-
-def _unraisable(info: Any) -> None:
-    """Python prints "Exception ignored in ..." with a traceback when a signal's exception is
-    raised where it cannot propagate (a weakref callback, a ``__del__``): the signal is
-    recorded and raised again (``check_signals``), so that print is noise on the one line."""
-    if _EDGE.signals and isinstance(info.exc_value, KeyboardInterrupt):
-        return
-    (_EDGE.unraisable or sys.__unraisablehook__)(info)
-
-
-def install_signals(*, watchdog: bool = True) -> None:
-    """SIGINT, SIGTERM and SIGHUP raise where the command runs, and are recorded; with
-    ``watchdog``, the process ends ``GRACE`` seconds after the first one whatever happens
-    (``main`` arms it; a test in its own process does not). ``end_signals`` undoes it."""
-    import signal
-    import threading
-
-    _EDGE.fired, _EDGE.done = threading.Event(), threading.Event()
-    if sys.unraisablehook is not _unraisable:
-        _EDGE.unraisable, sys.unraisablehook = sys.unraisablehook, _unraisable
-    if watchdog:
-        threading.Thread(target=_watchdog, args=(_EDGE.fired, _EDGE.done),
-                         name="gradscope-watchdog", daemon=True).start()
-    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
-        sig = getattr(signal, name, None)
-        if sig is None or (name != "SIGINT" and signal.getsignal(sig) == signal.SIG_IGN):
-            continue  # nohup's SIGHUP stays ignored
-        try:
-            _EDGE.previous[sig] = signal.signal(sig, _on_signal)
-        except (OSError, ValueError):  # not the main thread (an embedding): leave them
-            pass
-
-
-def end_signals() -> None:
-    """Stop the watchdog and put back the handlers main found (it may run in a process that
-    goes on, a test's)."""
-    import signal
-
-    if _EDGE.done is not None:
-        _EDGE.done.set()
-        _EDGE.fired.set()
-    for sig, handler in _EDGE.previous.items():
-        try:
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        except (OSError, ValueError, TypeError):
-            pass
-    _EDGE.previous.clear()
-    _EDGE.signals.clear()
-    if sys.unraisablehook is _unraisable:
-        sys.unraisablehook = _EDGE.unraisable or sys.__unraisablehook__
-        _EDGE.unraisable = None
-
-
-def check_signals() -> None:
-    """Raise again for a signal that was received but whose exception went missing (caught
-    by code gradscope ran): a command calls it at the points where it may go on."""
-    if _EDGE.signals:
-        signum = _EDGE.signals[0]
-        import signal
-
-        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
-
-
-def _end_children() -> None:
-    """After a signal: send SIGTERM to the child processes still running (Graphviz caught
-    between its start and the point where an exception would end it; a model file's
-    workers). Linux's ``/proc`` tells them; elsewhere ``subprocess`` ends its own."""
-    import signal
-
-    me = os.getpid()
-    try:
-        entries = [e for e in os.listdir("/proc") if e.isdigit()]
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                fields = f.read().rsplit(")", 1)[-1].split()
-            if int(fields[1]) == me and fields[0] != "Z":
-                os.kill(int(entry), signal.SIGTERM)
-        except (OSError, ValueError, IndexError):
-            continue
-
-
-def _sane_environment() -> None:
-    """``COLUMNS=0`` (or any value that is not a positive number) would make rich print
-    nothing at all: such a value is dropped and the terminal's own size used."""
-    for name in ("COLUMNS", "LINES"):
-        value = os.environ.get(name)
-        if value is not None and not (value.strip().isdigit() and int(value) > 0):
-            del os.environ[name]
-
-
-def _restore_streams() -> None:
-    """Give back the streams gradscope started with (a model file may have replaced them)."""
-    sys.stdout, sys.stderr = _EDGE.stdout, _EDGE.stderr
-
-
-def reader_left() -> bool:
-    """After the output went into a pipe: wait (at most ``DRAIN`` seconds) until its reader
-    has taken it all, and say whether the reader went away without it (``| head -c 10``)
-    -- a write that fits the pipe's buffer never sees the closed pipe itself."""
-    import fcntl
-    import select
-    import stat
-    import struct
-    import termios
-    import time
-
-    try:
-        fd = _EDGE.stdout.fileno()
-        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            return False
-        poller = select.poll()
-        poller.register(fd, select.POLLOUT)
-        end = time.monotonic() + DRAIN
-        while True:
-            if any(ev & select.POLLERR for _, ev in poller.poll(0)):
-                return True
-            buf = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
-            if struct.unpack("i", buf)[0] <= 0 or time.monotonic() > end:
-                return False
-            time.sleep(0.005)
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def _stray_threads() -> bool:
-    """Whether threads the command did not start (a model file's) are still running."""
-    import threading
-
-    return any(t.is_alive() and not t.daemon and t is not threading.main_thread()
-               for t in threading.enumerate())
-
-
-# ---------------------------------------------------------------------------- the console edge
-def _clean(text: str) -> str:
-    """One line with control characters shown as escapes (a message may quote a model's
-    names; it must not move the cursor or restyle the terminal)."""
-    line = " ".join(text.split("\n")).replace("\r", " ")
-    return "".join(
-        ch if ch.isprintable() or ch == " " else ascii(ch)[1:-1] for ch in line
-    )
-
-
-def say(line: str) -> None:
-    """Write one line to stderr; a closed stderr is not worth a traceback."""
-    try:
-        _EDGE.stderr.write(line + "\n")
-        _EDGE.stderr.flush()
-    except (OSError, ValueError, AttributeError):
-        pass
-
-
-def _silence_stdout() -> None:
-    """The reader of stdout is gone: point the descriptor at /dev/null so that nothing more
-    (Python's own flush at exit included) tries to write to the closed pipe."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, _EDGE.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError):
-        pass
-
-
-def _is_broken_pipe(exc: BaseException | None) -> bool:
-    import errno
-
-    seen = 0
-    while exc is not None and seen < 8:  # rich and typer turn EPIPE into SystemExit(1)
-        if isinstance(exc, BrokenPipeError) or (
-            isinstance(exc, OSError) and exc.errno == errno.EPIPE
-        ):
-            return True
-        exc = exc.__context__
-        seen += 1
-    return False
-
-
-def _internal(exc: BaseException) -> int:
-    """A bug of ours (or of a library under us): one line, the traceback on request."""
-    if os.environ.get("GRADSCOPE_DEBUG"):
-        import traceback
-
-        try:
-            traceback.print_exception(exc)
-        except (OSError, ValueError):
-            pass
-    try:
-        message = str(exc).strip().splitlines()
-    except Exception:  # an exception whose __str__ raises: its type is all there is to say
-        message = []
-    shown = f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
-    say(_clean(f"gradscope: internal error: {shown} (GRADSCOPE_DEBUG=1 shows the traceback)"))
-    return EXIT_INTERNAL
-
-
 def _usage_line(exc: Any) -> str:
     """A click usage error as one line: what was wrong, and where the help is."""
     message = " ".join(exc.format_message().split())
@@ -365,8 +94,8 @@ def _usage_line(exc: Any) -> str:
 
 def _exit_code(exc: BaseException) -> int:
     """The exit code for an exception that ended a command, after its one line on stderr."""
-    if _is_broken_pipe(exc):
-        _silence_stdout()
+    if is_broken_pipe(exc):
+        silence_stdout()
         return EXIT_PIPE_CLOSED
     if isinstance(exc, KeyboardInterrupt):
         raise exc
@@ -374,32 +103,32 @@ def _exit_code(exc: BaseException) -> int:
         from typer import Abort
         from typer._click import exceptions as click
     except ImportError:  # typer itself is broken: nothing below can be told apart
-        return _internal(exc)
+        return internal_error(exc)
     import gradscope as gs
 
     if isinstance(exc, click.NoArgsIsHelpError):  # bare `gradscope`: show the help
-        if exc.ctx is not None:
-            _EDGE.stdout.write(exc.ctx.get_help() + "\n")
+        if exc.ctx is not None and real_stdout() is not None:
+            real_stdout().write(exc.ctx.get_help() + "\n")
         return EXIT_UNUSABLE
     if isinstance(exc, click.UsageError):  # bad option, value or argument
-        say(_clean(f"gradscope: error: {_usage_line(exc)}"))
+        say(one_line(f"gradscope: error: {_usage_line(exc)}"))
         return EXIT_UNUSABLE
     if isinstance(exc, gs.GradscopeError):  # the first line says what; template lines may follow
         lines = str(exc).splitlines() or [type(exc).__name__]
-        say(_clean(f"gradscope: error: {lines[0]}"))
+        say(one_line(f"gradscope: error: {lines[0]}"))
         for line in lines[1:]:
             say(line.replace("\x1b", "\\x1b"))
         return EXIT_UNUSABLE
     if isinstance(exc, Abort):  # click's EOF on a prompt: we have none, but say it as Ctrl-C
         raise KeyboardInterrupt from exc
     if isinstance(exc, click.ClickException):  # click's own errors (a file it could not open)
-        say(_clean(f"gradscope: error: {' '.join(exc.format_message().split())}"))
+        say(one_line(f"gradscope: error: {' '.join(exc.format_message().split())}"))
         return EXIT_UNUSABLE
     if isinstance(exc, SystemExit):  # sys.exit() reached from code gradscope ran: never silent
         say(f"gradscope: error: the code gradscope ran called sys.exit({exc.code!r}); "
             "nothing was written")
         return EXIT_UNUSABLE
-    return _internal(exc)
+    return internal_error(exc)
 
 
 def _from_interrupt(exc: BaseException) -> bool:
@@ -422,7 +151,7 @@ def _run(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # every other way out becomes one line and a code
-        if _EDGE.signals or _from_interrupt(exc):
+        if first_signal() is not None or _from_interrupt(exc):
             # a signal's exception wrapped on its way out (Python 3.11 turns one raised in
             # a class body's __set_name__ into a RuntimeError): it is the signal, not a bug
             raise KeyboardInterrupt from exc
@@ -439,20 +168,20 @@ def main(argv: list[str] | None = None) -> NoReturn:
     signalled = False
     try:
         install_signals(watchdog=argv is None)  # main([...]) runs inside a process that goes on
-        _sane_environment()
+        sane_environment()
         code = _run(argv)
-        _restore_streams()
+        restore_streams()
         try:  # what is still buffered goes out now, while a closed pipe can be caught
-            if _EDGE.stdout is not None:
-                _EDGE.stdout.flush()
+            if real_stdout() is not None:
+                real_stdout().flush()
         except (OSError, ValueError) as exc:
-            if not _is_broken_pipe(exc):
+            if not is_broken_pipe(exc):
                 raise
-            _silence_stdout()
+            silence_stdout()
             code = EXIT_PIPE_CLOSED
         else:
             if reader_left():
-                _silence_stdout()
+                silence_stdout()
                 code = EXIT_PIPE_CLOSED
     except KeyboardInterrupt as exc:
         import signal
@@ -460,29 +189,23 @@ def main(argv: list[str] | None = None) -> NoReturn:
         for name in ("SIGINT", "SIGTERM", "SIGHUP"):  # a second signal must not cut this line
             if hasattr(signal, name):
                 signal.signal(getattr(signal, name), signal.SIG_IGN)
-        signum = exc.signum if isinstance(exc, Terminated) else (
-            _EDGE.signals[0] if _EDGE.signals else None)
+        signum = exc.signum if isinstance(exc, Terminated) else first_signal()
         if argv is None:  # the console script: its children are gradscope's own
-            _end_children()
-        say(_signal_line(signum))
-        code, signalled = _code_of(signum), True
+            end_children()
+        say(signal_line(signum))
+        code, signalled = signal_exit_code(signum), True
     except BaseException as exc:  # whatever escaped the handlers above (a bug in them)
-        if _is_broken_pipe(exc):
-            _silence_stdout()
+        if is_broken_pipe(exc):
+            silence_stdout()
             code = EXIT_PIPE_CLOSED
         else:
-            code = _internal(exc)
+            code = internal_error(exc)
     end_signals()
-    _restore_streams()
+    restore_streams()
     # a model file's thread would keep the exit waiting; after a signal, the interpreter's
     # own tear-down (torch's modules) would take a second more: the clean-up is done by now
-    if argv is None and (signalled or _stray_threads()):
-        for stream in (_EDGE.stdout, _EDGE.stderr):
-            try:
-                if stream is not None:
-                    stream.flush()
-            except (OSError, ValueError):
-                pass
+    if argv is None and (signalled or stray_threads()):
+        flush_streams()
         os._exit(code)
     sys.exit(code)
 

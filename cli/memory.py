@@ -22,7 +22,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import model_code, note, require_plot, show, stdout
+from .common import MODEL_FILE_EPILOG, model_code, note, require_plot, show, stdout
 from .outputs import settle
 
 
@@ -67,7 +67,10 @@ def _spread(model: Any, inputs: Any) -> Iterator[tuple[Any, ...]]:
 
 def memory(
     target: Annotated[
-        str, typer.Argument(metavar="FILE[:NAME]", help="A model file, e.g. samples/cnn.py")
+        str, typer.Argument(
+            metavar="FILE[:NAME]",
+            help="A model file, e.g. memory_blocks.py (gradscope example memory_blocks)",
+        )
     ],
     budget: Annotated[
         str | None,
@@ -206,4 +209,4 @@ def _measure(mf: Any, model: Any, args: tuple[Any, ...], budget: str | None,
 
 def register(app: typer.Typer) -> None:
     """Add the ``memory`` command to the gradscope app."""
-    app.command("memory")(memory)
+    app.command("memory", epilog=MODEL_FILE_EPILOG)(memory)

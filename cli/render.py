@@ -22,6 +22,7 @@ import typer
 import gradscope as gs
 
 from .common import (
+    MODEL_FILE_EPILOG,
     BackwardOpt,
     TargetArg,
     fail,
@@ -32,10 +33,11 @@ from .common import (
     report_regions,
     show,
     stdout,
+    width_known,
 )
 from .doctor import DoctorOpt, doctor_graph, doctor_notes, doctor_said
-from .main import reader_left, real_stdout
 from .outputs import STDOUT, settle
+from .process import reader_left, real_stdout
 
 #: The longest ``--timeout`` (seconds): Graphviz never runs unbounded.
 MAX_TIMEOUT = 86_400.0
@@ -185,7 +187,7 @@ def render(
     report_regions(graph)
     options = {k: v for k, v in candidates.items() if k in spec.options}  # what it declares
     if path is None:
-        data = view.render(spec.name, **options)
+        data = view.to_bytes(spec.name, **options)
         out.flush()
         out.buffer.write(data)
         out.buffer.flush()
@@ -235,7 +237,7 @@ def tree(
     full_graph = graph
     if depth is not None:
         graph = graph.collapse(depth)
-    out = stdout()
+    out = stdout(wrap=width_known())  # through a pipe too: `tree m.py | less` keeps the width
     show(gs.render_tree(graph, max_lines=max_lines), console=out)
     if mem.total or mem.freed:
         show(mem.render(depth=depth), console=out)
@@ -245,5 +247,5 @@ def tree(
 
 def register(app: typer.Typer) -> None:
     """Add the ``render`` and ``tree`` commands to the gradscope app."""
-    app.command("render")(render)
-    app.command("tree")(tree)
+    app.command("render", epilog=MODEL_FILE_EPILOG)(render)
+    app.command("tree", epilog=MODEL_FILE_EPILOG)(tree)

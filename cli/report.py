@@ -1,7 +1,7 @@
 """``gradscope report FILE``: train a model file for N steps under ``gs.GradMonitor``.
 
 The training half of the model-file contract (``loss_fn``, ``batches()``, ``optimizer(params)``
-and their defaults) is ``ModelFile.training()`` in ``gradscope.capture.loader``; this command
+and their defaults) is ``ModelFile.training()`` in ``gradscope.modelfile``; this command
 runs it with a progress bar and prints the report. The output paths (``--json``, ``--csv``,
 ``--plot``) are settled before the model file runs.
 
@@ -21,9 +21,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import gradscope as gs
 
-from .common import cell, model_code, note, plural, require_plot, show, stderr, stdout
-from .main import check_signals
+from .common import (
+    MODEL_FILE_EPILOG,
+    cell,
+    model_code,
+    note,
+    plural,
+    require_plot,
+    show,
+    stderr,
+    stdout,
+)
 from .outputs import settle
+from .process import check_signals
 
 NONFINITE = ("nan", "inf", "forward_nonfinite")
 
@@ -72,7 +82,9 @@ def _train(mf: gs.ModelFile, steps: int, every: int, err: Console) -> gs.GradMon
 
 def report(
     target: Annotated[
-        str, typer.Argument(metavar="FILE[:NAME]", help="A model file, e.g. samples/mlp.py")
+        str, typer.Argument(
+            metavar="FILE[:NAME]", help="A model file, e.g. mlp.py (gradscope example mlp)"
+        )
     ],
     steps: Annotated[
         int, typer.Option("--steps", "-n", min=1, help="Optimizer steps to train.")
@@ -114,4 +126,4 @@ def report(
 
 def register(app: typer.Typer) -> None:
     """Add the ``report`` command to the gradscope app."""
-    app.command("report")(report)
+    app.command("report", epilog=MODEL_FILE_EPILOG)(report)

@@ -1,6 +1,6 @@
 """gradscope: see PyTorch's autograd graph and debug gradients.
 
-Public surface (everything else lives in private ``_modules``)::
+Public surface (``__all__``; everything else is internal)::
 
     trace(outputs, params=None, *, saved=True, model=None, regions=True) -> Graph
                                                          walk grad_fn graphs (torch.compile
@@ -9,36 +9,74 @@ Public surface (everything else lives in private ``_modules``)::
     make_dot(var, params=None, ...)                      drop-in for torchviz.make_dot
     render_tree(graph)                                   rich renderable for the terminal
     scopes(model)                                        record which module made each node
+    diff(a, b) -> GraphDiff                              what changed between two graphs
     record_backward(outputs), record_forward()           watch the backward pass
     trace_backward(outputs)                              run backward under the recorder:
                                                          the annotated graph
     release(outputs)                                     free a deep graph without recursion
-    GradMonitor(model, ...)                              gradient statistics while training
-    check(fn, *inputs), explain(tensor)                  custom Function checks, tensor internals
+    GradMonitor(model, ...), Incident                    gradient statistics while training,
+                                                         and where a bad step began
     saved_memory(), leak_check()                         memory held by autograd graphs
     activation_report(), plan_checkpoints()              activation memory per module and
                                                          checkpoint plans under a budget
+    step_memory(), max_batch()                           the peak memory of a whole step
+    doctor(model=None, optimizer=None)                   autograd's errors and silent failures
+    check(fn, *inputs), explain(tensor)                  custom Function checks, tensor internals
     load_model_file(spec) -> ModelFile                   the CLI's model-file contract
-                                                         (.forward(), .backward(), .training())
-    FORMATS, format_spec(name) -> OutputFormat           the output formats: kind, options,
-                                                         availability
+    FORMATS, format_spec(name) -> OutputFormat           the output formats
     GradscopeError and subclasses                        errors whose message says the fix
                                                          (the hierarchy: gradscope.errors)
 
-The package has three layers, and data flows one way: ``gradscope.capture`` (touches torch)
-fills the plain data of ``gradscope.model``, which ``gradscope.views`` draws (no torch). The
-views register their output formats with the model when ``gradscope`` is imported. Heavier
-parts are imported on first use, so ``import gradscope`` stays cheap: it imports no torch
-(``gradscope --help`` relies on it); the first name that needs torch (``trace``,
-``load_model_file``...) imports it.
+The package is one folder per feature; inside each, plain-data records (no torch, rich or
+graphviz), capture (torch, never rich or graphviz) and renderers (no torch) are separate
+modules, and data flows one way: capture fills the records, renderers draw them.
+
+    _torch/        every read of torch's private internals, behind feature probes
+                   (``torchcompat``), the one hook-handle type (``handles``), staying invisible
+                   to Dynamo (``dynamo``), what gradscope stamps into autograd nodes (``stamps``)
+    graph/         the walk (``walk``, its C part ``_cwalk.c``), module scopes, compiled
+                   regions, ``release``; the ``Graph`` model, its JSON schema, collapse and
+                   fold views, ``diff``
+    render/        DOT, the terminal tree, the HTML page and its assets, Graphviz images, the
+                   torchviz drop-in
+    backward/      the backward and forward recorders and the ``BackwardTrace`` records
+    monitor/       ``GradMonitor`` and its parts, alert rules, incidents and their replay,
+                   spikes, the log and its views
+    memory/        saved-tensor accounting (``saved``), activations and checkpoint plans
+                   (``activations``), the peak of a whole step (``step``)
+    doctor/        the autograd doctor: recording, explaining, findings, their view
+    functions/     ``check`` (the gradcheck runner) and ``explain`` (a tensor's internals)
+    output/        atomic files and output targets, the format registry, the one colour scale
+    integrations/  the Hugging Face ``Trainer`` and Lightning callbacks
+    modelfile.py   the model-file contract the CLI loads
+    errors.py      every error a user can cause
+
+Each folder's ``__init__`` names its modules and what each owns. ``import gradscope`` imports
+no torch (``gradscope --help`` relies on it): the names that need torch are imported on first
+use, and type checkers see every name with its real type (the ``TYPE_CHECKING`` imports
+below).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import views as _views  # noqa: F401  (registers the output formats; no torch there)
+# the graph's output formats (no torch), then the record renderers of each feature: importing
+# them registers them with the registry (gradscope.output.formats)
+from . import render as _render  # noqa: F401
+from .doctor import views as _doctor_views  # noqa: F401
+from .functions import check_views as _check_views  # noqa: F401
+from .functions import explain_views as _explain_views  # noqa: F401
+from .memory import activations_views as _activations_views  # noqa: F401
+from .memory import saved_views as _saved_views  # noqa: F401
+from .memory import step_views as _step_views  # noqa: F401
+from .monitor import views as _monitor_views  # noqa: F401
+
+if not TYPE_CHECKING:
+    # importing the folder gradscope/doctor/ bound the name `doctor` to it: the public name is
+    # the function gs.doctor (imported on first use, below), never the folder
+    del doctor  # noqa: F821
 from .errors import (
     AutogradError,
     BudgetError,
@@ -62,14 +100,23 @@ from .errors import (
     UnsupportedSetupError,
     ViewError,
 )
-from .model.files import output_target
-from .model.formats import FormatKind, OutputFormat, format_options
-from .model.formats import format_for as output_format
-from .model.formats import format_names as _format_names
-from .model.formats import get_format as format_spec
-from .model.graph import Box, Edge, Graph, Node, Region, SavedTensor, TensorInfo, format_bytes
-from .views.graphviz import dot_binary
-from .views.tree import render_tree
+from .graph.graph import (
+    Box,
+    Edge,
+    Graph,
+    Node,
+    Region,
+    SavedTensor,
+    TensorInfo,
+    format_bytes,
+)
+from .output.files import output_target
+from .output.formats import FormatKind, OutputFormat, format_options
+from .output.formats import format_for as output_format
+from .output.formats import format_names as _format_names
+from .output.formats import get_format as format_spec
+from .render.graphviz import dot_binary
+from .render.tree import render_tree
 
 __version__ = "0.1.0"
 
@@ -109,8 +156,8 @@ def make_dot(
         >>> "MulBackward0" in dot.source
         True
     """
-    from .capture.walk import trace
-    from .views.torchviz import dot_from_graph
+    from .graph.walk import trace
+    from .render.torchviz import dot_from_graph
 
     # custom Functions' tensors are always drawn; a compiled region stays one node, as in torchviz
     graph = trace(var, params=params, saved=True, regions=False)
@@ -119,77 +166,114 @@ def make_dot(
     )
 
 
+if TYPE_CHECKING:  # what type checkers see; at run time these are imported on first use
+    from .backward.annotate import trace_backward
+    from .backward.forward import record_forward
+    from .backward.recorder import record_backward
+    from .backward.records import BackwardTrace, GradStat, NodeStep, NonFinite
+    from .doctor.core import doctor
+    from .doctor.findings import Finding
+    from .functions.check import check
+    from .functions.check_records import CheckFailure, CheckResult
+    from .functions.explain import explain
+    from .functions.explain_records import Explanation
+    from .graph.diff import GraphDiff, diff
+    from .graph.nest import iter_tensors
+    from .graph.release import release
+    from .graph.scopes import scopes
+    from .graph.transforms import auto_depth, collapse, fold, readable_view
+    from .graph.walk import trace
+    from .memory.activations import (
+        CheckpointHandle,
+        CheckpointPlan,
+        activation_report,
+        measure_forward,
+        plan_checkpoints,
+    )
+    from .memory.activations_records import ActivationReport, ModuleRow, Verification, parse_size
+    from .memory.saved import LeakCheck, SavedMemory, leak_check, saved_memory
+    from .memory.saved_records import Leak, LeakStep, MemoryReport
+    from .memory.step import max_batch, measure_step, step_memory
+    from .memory.step_records import MaxBatch, StepMemory
+    from .modelfile import BackwardRun, ModelFile, Training, load_model_file, model_file_path
+    from .monitor.core import GradMonitor
+    from .monitor.incident import Incident
+    from .monitor.log import Alert, MonitorLog, ParamStats, StepStats, Thresholds, read_jsonl
+    from .output.style import terminal_text
+
+
 # name -> module that defines it, imported on first attribute access
 _LAZY = {
-    "trace": ".capture.walk",
-    "iter_tensors": ".capture.nest",
-    "ModelFile": ".capture.loader",
-    "load_model_file": ".capture.loader",
-    "model_file_path": ".capture.loader",
-    "BackwardRun": ".capture.loader",
-    "Training": ".capture.loader",
-    "trace_backward": ".capture.annotate",
-    "scopes": ".capture.scopes",
-    "collapse": ".model.transforms",
-    "fold": ".model.transforms",
-    "auto_depth": ".model.transforms",
-    "readable_view": ".model.transforms",
-    "terminal_text": ".views.style",
-    "record_backward": ".capture.backward",
-    "record_forward": ".capture.forward",
-    "release": ".capture.release",
-    "BackwardTrace": ".model.backward",
-    "NodeStep": ".model.backward",
-    "GradStat": ".model.backward",
-    "NonFinite": ".model.backward",
-    "GradMonitor": ".capture.monitor",
-    "StepStats": ".model.monitor",
-    "ParamStats": ".model.monitor",
-    "Alert": ".model.monitor",
-    "MonitorLog": ".model.monitor",
-    "Thresholds": ".model.monitor",
-    "read_jsonl": ".model.monitor",
-    "Incident": ".model.incident",
-    "check": ".capture.check",
-    "CheckResult": ".model.check",
-    "CheckFailure": ".model.check",
-    "explain": ".capture.explain",
-    "Explanation": ".model.explain",
-    "saved_memory": ".capture.memory",
-    "leak_check": ".capture.memory",
-    "MemoryReport": ".model.memory",
-    "SavedMemory": ".capture.memory",
-    "LeakCheck": ".capture.memory",
-    "Leak": ".model.memory",
-    "LeakStep": ".model.memory",
-    "activation_report": ".capture.memplan",
-    "plan_checkpoints": ".capture.memplan",
-    "measure_forward": ".capture.memplan",
-    "CheckpointPlan": ".capture.memplan",
-    "CheckpointHandle": ".capture.memplan",
-    "ActivationReport": ".model.memplan",
-    "ModuleRow": ".model.memplan",
-    "Verification": ".model.memplan",
-    "parse_size": ".model.memplan",
-    "step_memory": ".capture.step_memory",
-    "max_batch": ".capture.step_memory",
-    "measure_step": ".capture.step_memory",
-    "StepMemory": ".model.step_memory",
-    "MaxBatch": ".model.step_memory",
-    "diff": ".model.diff",
-    "doctor": ".capture.doctor",
-    "Finding": ".model.doctor",
-    "GraphDiff": ".model.diff",
+    "trace": ".graph.walk",
+    "iter_tensors": ".graph.nest",
+    "scopes": ".graph.scopes",
+    "release": ".graph.release",
+    "collapse": ".graph.transforms",
+    "fold": ".graph.transforms",
+    "auto_depth": ".graph.transforms",
+    "readable_view": ".graph.transforms",
+    "diff": ".graph.diff",
+    "GraphDiff": ".graph.diff",
+    "terminal_text": ".output.style",
+    "record_backward": ".backward.recorder",
+    "record_forward": ".backward.forward",
+    "trace_backward": ".backward.annotate",
+    "BackwardTrace": ".backward.records",
+    "NodeStep": ".backward.records",
+    "GradStat": ".backward.records",
+    "NonFinite": ".backward.records",
+    "GradMonitor": ".monitor.core",
+    "StepStats": ".monitor.log",
+    "ParamStats": ".monitor.log",
+    "Alert": ".monitor.log",
+    "MonitorLog": ".monitor.log",
+    "Thresholds": ".monitor.log",
+    "read_jsonl": ".monitor.log",
+    "Incident": ".monitor.incident",
+    "saved_memory": ".memory.saved",
+    "leak_check": ".memory.saved",
+    "SavedMemory": ".memory.saved",
+    "LeakCheck": ".memory.saved",
+    "MemoryReport": ".memory.saved_records",
+    "Leak": ".memory.saved_records",
+    "LeakStep": ".memory.saved_records",
+    "activation_report": ".memory.activations",
+    "plan_checkpoints": ".memory.activations",
+    "measure_forward": ".memory.activations",
+    "CheckpointPlan": ".memory.activations",
+    "CheckpointHandle": ".memory.activations",
+    "ActivationReport": ".memory.activations_records",
+    "ModuleRow": ".memory.activations_records",
+    "Verification": ".memory.activations_records",
+    "parse_size": ".memory.activations_records",
+    "step_memory": ".memory.step",
+    "max_batch": ".memory.step",
+    "measure_step": ".memory.step",
+    "StepMemory": ".memory.step_records",
+    "MaxBatch": ".memory.step_records",
+    "doctor": ".doctor.core",
+    "Finding": ".doctor.findings",
+    "check": ".functions.check",
+    "CheckResult": ".functions.check_records",
+    "CheckFailure": ".functions.check_records",
+    "explain": ".functions.explain",
+    "Explanation": ".functions.explain_records",
+    "ModelFile": ".modelfile",
+    "load_model_file": ".modelfile",
+    "model_file_path": ".modelfile",
+    "BackwardRun": ".modelfile",
+    "Training": ".modelfile",
 }
 
+if not TYPE_CHECKING:  # hidden from type checkers, so that `gs.trcae` is an error there
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gradscope' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+    def __getattr__(name: str) -> Any:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module 'gradscope' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module, __name__), name)
+        globals()[name] = value
+        return value
 
 
 def __dir__() -> list[str]:

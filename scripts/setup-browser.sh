@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent set-up for the HTML viewer's browser test (tests/views/test_html.py): Debian's `chromium`
+# Idempotent set-up for the HTML viewer's browser test (tests/render/test_html.py): Debian's `chromium`
 # (apt-get, when missing and root) and the `playwright` Python driver in .venv. The driver is only
 # ever pointed at /usr/bin/chromium: no browser build is downloaded (never `playwright install`).
 set -euo pipefail

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up used by the README's commands and by CI: a virtual environment, a pinned
 # torch, gradscope (editable, or the wheel GRADSCOPE_WHEEL names; pip compiles the optional C
-# walk, gradscope/capture/_cwalk.c, when a C compiler is present) with the extras asked for,
+# walk, gradscope/graph/_cwalk.c, when a C compiler is present) with the extras asked for,
 # and the Graphviz binary.
 #
 #   GRADSCOPE_VENV      the environment's folder (default .venv)
@@ -11,8 +11,12 @@
 #   GRADSCOPE_EXTRAS    gradscope's extras (default test; empty: gradscope and its
 #                       dependencies only, what rendering needs)
 #   GRADSCOPE_PACKAGES  more packages installed after gradscope (e.g. timm)
-#   GRADSCOPE_WHEEL     a built wheel (dist/gradscope-*.whl) to install instead of the
-#                       editable checkout: what users get from pip (scripts/test.sh sets it)
+#   GRADSCOPE_WHEEL     a built wheel (dist/torch_gradscope-*.whl: the distribution is
+#                       torch-gradscope) to install instead of the editable checkout: what
+#                       users get from pip (scripts/test.sh sets it)
+#   PIP_CONSTRAINT      pip's own variable, passed through: a machine-wide constraint file
+#                       that caps torch is lifted for one install with PIP_CONSTRAINT=/dev/null
+#                       (scripts/test.sh does so for its torch 2.15 leg)
 # Everything after the first step is installed with torch (and torchvision) held at the
 # versions the first step installed, so nothing downloads another torch.
 set -euo pipefail
@@ -40,13 +44,18 @@ else
   wheel_id=editable
 fi
 # the stamp covers everything the install builds from, so an edited C file is rebuilt
-stamp="$VENV/.gradscope-setup-$( (cat pyproject.toml setup.py gradscope/capture/_cwalk.c \
+stamp="$VENV/.gradscope-setup-$( (cat pyproject.toml setup.py gradscope/graph/_cwalk.c \
   scripts/setup.sh; echo "$TORCH_SPEC|$EXTRAS|$PACKAGES|$wheel_id") | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   echo "setup: installing $TORCH_SPEC and gradscope${EXTRAS:+[$EXTRAS]}${PACKAGES:+ and $PACKAGES} into $VENV" >&2
   pip_q --upgrade pip || true
   # shellcheck disable=SC2086  # a list of requirements
   pip_q $TORCH_SPEC
+  # the distribution was called `gradscope` before it became torch-gradscope: an older install
+  # under that name (its dist-info, its editable finder) would shadow or outlive the new one
+  if "$VPY" -c "import importlib.metadata as m; m.distribution('gradscope')" 2>/dev/null; then
+    "$VPY" -m pip uninstall -y -q gradscope >&2 || true
+  fi
   held="$VENV/.gradscope-held.txt"
   "$VPY" - > "$held" <<'EOF'
 from importlib import metadata
@@ -71,8 +80,8 @@ fi
 # from another folder (the checkout is not on sys.path there), with the venv's python by an
 # absolute path that keeps the venv (no symlink resolved)
 case $VPY in /*) vpy_abs=$VPY ;; *) vpy_abs=$PWD/$VPY ;; esac
-if ! (cd / && "$vpy_abs" -c "import gradscope.capture._cwalk") 2>/dev/null; then
-  echo "setup: the compiled walk (gradscope/capture/_cwalk.c) is not built, so gs.trace uses its slower pure-Python walker; install a C compiler and the Python headers (apt-get install gcc python3-dev) and run: $VENV/bin/pip install -e ." >&2
+if ! (cd / && "$vpy_abs" -c "import gradscope.graph._cwalk") 2>/dev/null; then
+  echo "setup: the compiled walk (gradscope/graph/_cwalk.c) is not built, so gs.trace uses its slower pure-Python walker; install a C compiler and the Python headers (apt-get install gcc python3-dev) and run: $VENV/bin/pip install -e ." >&2
 fi
 
 if ! command -v dot >/dev/null 2>&1; then

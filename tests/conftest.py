@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gradscope.capture import walk as _walk
+from gradscope.graph import walk as _walk
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"

@@ -7,7 +7,7 @@ loss the monitor read equals the loss the framework itself logged (HF: ``log_his
 Lightning: the ``training_step`` output, read by the module); the parameters after training
 equal those of the same run without the callback (``torch.equal``); the device-to-host reads
 of the run with the callback, minus those of the run without it, are one per logged step
-(``tests/capture/test_monitor.py``'s counter; the per-sample replay runs in a forked child).
+(``tests/monitor/test_monitor.py``'s counter; the per-sample replay runs in a forked child).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""The doctests of the torch-free layers need no torch: their examples build graphs from plain
-data. ``scripts/checks.sh`` runs every doctest (``pytest --doctest-modules gradscope``); here
-the doctests of ``gradscope.model`` and ``gradscope.views`` run in a Python where torch cannot
-be imported, and their imports are held to the layer rule of ``tests/test_layers.py`` (read
-with ``ast``; the ``gradscope`` package itself is out too: its names reach the capture layer)."""
+"""The torch-free modules need no torch, and neither do their doctests: their examples build
+graphs from plain data. ``scripts/checks.sh`` runs every doctest (``pytest --doctest-modules
+gradscope``); here every plain-data and render module (``PLAIN`` and ``RENDER`` of
+``tests/test_layers.py``) is imported, and its doctests run, in a Python where torch cannot be
+imported, and their examples' imports are held to the layer rule (read with ``ast``; the
+``gradscope`` package itself is out too: its names reach capture modules)."""
 
 from __future__ import annotations
 
@@ -15,25 +16,30 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from test_layers import PLAIN, RENDER
 
 NO_TORCH_DOCTESTS = """
-    import doctest, importlib, pkgutil, sys
+    import doctest, importlib, sys
     sys.modules["torch"] = None  # any import of torch raises ImportError
-    import gradscope.model, gradscope.views
     tried = failed = 0
-    for pkg in (gradscope.model, gradscope.views):
-        for info in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + "."):
-            result = doctest.testmod(importlib.import_module(info.name))
-            tried, failed = tried + result.attempted, failed + result.failed
-    print(f"{tried} examples, {failed} failed")
+    for name in sys.argv[1:]:
+        result = doctest.testmod(importlib.import_module(name))
+        tried, failed = tried + result.attempted, failed + result.failed
+    print(f"{len(sys.argv) - 1} modules, {tried} examples, {failed} failed")
     sys.exit(1 if failed or not tried else 0)
 """
 
-#: layer -> what its examples may not import (a prefix matches submodules too)
+#: kind -> what its examples may not import (a prefix matches submodules too); a gradscope
+#: module that is not torch-free is out too, and so is the package itself
 FORBIDDEN = {
-    "model": ("torch", "numpy", "rich", "graphviz", "gradscope.capture", "gradscope.views"),
-    "views": ("torch", "numpy", "gradscope.capture"),
+    "plain": ("torch", "numpy", "rich", "graphviz"),
+    "render": ("torch", "numpy"),
 }
+MODULES = {"plain": sorted(PLAIN), "render": sorted(RENDER)}
+
+
+def _torch_free(name: str, kind: str) -> bool:
+    return name in PLAIN or (kind == "render" and name in RENDER)
 
 
 def docstrings(source: str) -> list[tuple[str, str]]:
@@ -72,42 +78,53 @@ def example_imports(doc: str) -> list[str]:
     return names
 
 
-def violations(doc: str, forbidden: tuple[str, ...]) -> list[str]:
+def violations(doc: str, kind: str) -> list[str]:
     bad = []
     for name in example_imports(doc):
-        if name == "gradscope" or any(name == f or name.startswith(f + ".") for f in forbidden):
+        if name == "gradscope" or any(
+            name == f or name.startswith(f + ".") for f in FORBIDDEN[kind]
+        ):
             bad.append(name)
+        elif name.startswith("gradscope.") and not _torch_free(name, kind):
+            # a torch-free module, or a name imported from one (``from m import Name``)
+            if not _torch_free(name.rpartition(".")[0], kind):
+                bad.append(name)
     return bad
 
 
 def test_the_checker_catches_torch_and_the_package() -> None:
     doc = """Example:
         >>> import torch, gradscope as gs
-        >>> from gradscope.capture.walk import trace
-        >>> from gradscope.model.graph import Graph
+        >>> from gradscope.graph.walk import trace
+        >>> from gradscope.graph.graph import Graph
     """
-    assert violations(doc, FORBIDDEN["model"]) == ["torch", "gradscope", "gradscope.capture.walk",
-                                                   "gradscope.capture.walk.trace"]
+    assert violations(doc, "plain") == ["torch", "gradscope", "gradscope.graph.walk",
+                                        "gradscope.graph.walk.trace"]
 
 
-@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
-def test_torch_free_layers_have_torch_free_doctests(layer: str) -> None:
-    files = sorted((ROOT / "gradscope" / layer).glob("*.py"))
+def _path(module: str) -> Path:
+    rel = Path(*module.split("."))
+    return ROOT / (rel / "__init__.py" if (ROOT / rel).is_dir() else rel.with_suffix(".py"))
+
+
+@pytest.mark.parametrize("kind", sorted(FORBIDDEN))
+def test_torch_free_modules_have_torch_free_doctests(kind: str) -> None:
     found = 0
     bad = []
-    for path in files:
+    for module in MODULES[kind]:
+        path = _path(module)
         for name, doc in docstrings(path.read_text(encoding="utf-8")):
             found += len(doctest.DocTestParser().get_examples(doc))
-            bad += [f"{Path(path).relative_to(ROOT)}:{name}: imports {m}"
-                    for m in violations(doc, FORBIDDEN[layer])]
-    assert found > 0  # the layer does have doctests to hold to the rule
+            bad += [f"{path.relative_to(ROOT)}:{name}: imports {m}"
+                    for m in violations(doc, kind)]
+    assert found > 0  # the modules do have doctests to hold to the rule
     assert not bad, "\n".join(bad)
 
 
-def test_the_doctests_of_model_and_views_pass_without_torch() -> None:
+def test_torch_free_modules_import_and_pass_their_doctests_without_torch() -> None:
     proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(NO_TORCH_DOCTESTS)],
-        capture_output=True, text=True, cwd=ROOT, timeout=240,
+        [sys.executable, "-c", textwrap.dedent(NO_TORCH_DOCTESTS), *sorted(PLAIN | RENDER)],
+        capture_output=True, text=True, cwd="/", timeout=240,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.strip().endswith(" examples, 0 failed"), proc.stdout
+    assert proc.stdout.strip().endswith(" examples, 0 failed"), proc.stdout + proc.stderr

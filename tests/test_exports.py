@@ -1,4 +1,5 @@
-"""The public surface is what the design and README say (httpx's test_exported_members)."""
+"""The public surface is what the design and the documentation say (httpx's
+test_exported_members)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def test_design_names_are_exported_and_resolve():
 
 
 def test_all_is_exactly_the_public_names():
-    public = {n for n in dir(gs) if not n.startswith("_")} - {"annotations", "importlib", "Any"}
+    public = {n for n in dir(gs) if not n.startswith("_")} - {
+        "annotations", "importlib", "Any", "TYPE_CHECKING"}
     assert set(gs.__all__) | {"__version__"} >= public - {
         # submodules that importing the lazy names loads
         n for n in public if type(getattr(gs, n)).__name__ == "module"
@@ -64,40 +66,42 @@ def test_every_name_exported_before_the_layout_still_is():
     assert gs.FORMATS == ("dot", "json", "html", "svg", "png", "pdf")
 
 
-def _readme_api_names() -> set[str]:
-    """The names in the first column of the README's API tables (section "Python API" and its
-    subsections): each backticked identifier, with its call signature left off."""
+def _docs_api_names() -> set[str]:
+    """The names in the first column of the API tables of the user documentation (every
+    table headed ``| name | what it does |`` in README.md, docs/*.md and docs/guides/*.md):
+    each backticked identifier, with its call signature left off."""
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    start = text.index("\n## Python API\n")
-    end = text.find("\n## ", start + 1)
-    section = text[start:end if end != -1 else None]
+    root = Path(__file__).resolve().parents[1]
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md")),
+             *sorted((root / "docs" / "guides").glob("*.md"))]
     names: set[str] = set()
-    in_table = False
-    for line in section.splitlines():
-        if re.match(r"^\| name \| what it does \|", line):
-            in_table = True
-            continue
-        if not line.startswith("|"):
-            in_table = False
-            continue
-        if not in_table or line.startswith("| ---"):
-            continue
-        first = line.split(" | ")[0].lstrip("| ")
-        for code in re.findall(r"`([^`]+)`", first):
-            m = re.match(r"(?:gs\.)?([A-Za-z_][A-Za-z0-9_]*)", code)
-            if m:
-                names.add(m.group(1))
+    for page in pages:
+        in_table = False
+        for line in page.read_text(encoding="utf-8").splitlines():
+            if re.match(r"^\| name \| what it does \|", line):
+                in_table = True
+                continue
+            if not line.startswith("|"):
+                in_table = False
+                continue
+            if not in_table or line.startswith("| ---"):
+                continue
+            first = line.split(" | ")[0].lstrip("| ")
+            for code in re.findall(r"`([^`]+)`", first):
+                m = re.match(r"(?:gs\.)?([A-Za-z_][A-Za-z0-9_]*)", code)
+                if m:
+                    names.add(m.group(1))
     return names
 
 
-def test_all_is_sorted_and_equals_the_readme_api_tables():
-    """httpx's test_exported_members, both ways: every exported name has a row in the README's
-    API tables, and every name there is exported."""
+def test_all_is_sorted_and_equals_the_documented_api_tables():
+    """httpx's test_exported_members, both ways: every exported name has a row in an API table
+    of the guides (each guide ends with the table of its names), and every name there is
+    exported."""
     assert list(gs.__all__) == sorted(gs.__all__)
-    documented = _readme_api_names()
+    documented = _docs_api_names()
     exported = set(gs.__all__) - {"__version__"}
-    assert sorted(exported - documented) == [], "exported, but not in the README's API tables"
-    assert sorted(documented - exported) == [], "in the README's API tables, but not exported"
+    assert sorted(exported - documented) == [], "exported, but in no API table of the docs"
+    assert sorted(documented - exported) == [], "in an API table of the docs, but not exported"

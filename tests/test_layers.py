@@ -1,17 +1,21 @@
-"""The architecture, read from the source: the layer rule and no import cycles.
+"""The architecture, read from the source: the layer rule per module, and no import cycles.
 
-Every ``import`` and ``from ... import`` in gradscope's modules is read with ``ast`` (imports
-inside functions included), relative imports resolved to module names:
+gradscope is one folder per feature (``graph``, ``render``, ``backward``, ``monitor``,
+``memory``, ``doctor``, ``functions``, ``output``, ``_torch``, ``integrations``). Inside each
+feature every module is of one of three kinds, named here module by module (``PLAIN`` and
+``RENDER``; every other module is capture), and the rule is per module, not per folder:
 
-- ``gradscope.model`` imports none of torch, rich, graphviz, ``gradscope.capture``,
-  ``gradscope.views``;
-- ``gradscope.views`` imports neither torch nor ``gradscope.capture``;
-- ``gradscope.capture`` imports neither rich nor graphviz nor ``gradscope.views``;
-- the CLI reaches gradscope only through its public package (``import gradscope``);
-- the graph of imports among gradscope's modules has no cycle, imports under
-  ``if TYPE_CHECKING:`` counted too (they do not run, but a module that names another's
-  class only for its types still depends on it: a cycle there is two modules that cannot be
-  read, changed or tested apart).
+- a **plain-data** module (records, findings, logs, schemas, alert rules) imports none of
+  torch, numpy, rich, graphviz, matplotlib, and no capture or render module;
+- a **render** module imports no torch and no capture module;
+- a **capture** module imports neither rich nor graphviz nor matplotlib nor a render module.
+
+Every ``import`` and ``from ... import`` is read with ``ast`` (imports inside functions
+included), relative imports resolved to module names. The CLI reaches gradscope only through
+its public package (``import gradscope``). The graph of imports among gradscope's modules has no
+cycle, imports under ``if TYPE_CHECKING:`` counted too (they do not run, but a module that names
+another's class only for its types still depends on it). No module imports a ``_private`` name
+from another folder. No folder holds more than a quarter of the package's lines.
 """
 
 from __future__ import annotations
@@ -24,12 +28,99 @@ from conftest import ROOT
 PACKAGE = ROOT / "gradscope"
 CLI = ROOT / "cli"
 
-FORBIDDEN = {
-    "gradscope.model": ("torch", "rich", "graphviz", "matplotlib", "numpy", "gradscope.capture",
-                        "gradscope.views"),
-    "gradscope.views": ("torch", "gradscope.capture"),
-    "gradscope.capture": ("rich", "graphviz", "matplotlib", "gradscope.views"),
-}
+#: plain-data modules: no torch, numpy, rich, graphviz, matplotlib; no capture or render module
+PLAIN = frozenset({
+    "gradscope.errors",
+    "gradscope.backward.records",
+    "gradscope.doctor.findings",
+    "gradscope.functions.check_records",
+    "gradscope.functions.explain_records",
+    "gradscope.graph.diff",
+    "gradscope.graph.folding",
+    "gradscope.graph.gcpause",
+    "gradscope.graph.graph",
+    "gradscope.graph.nodes",
+    "gradscope.graph.paths",
+    "gradscope.graph.regroup",
+    "gradscope.graph.schema",
+    "gradscope.graph.schema_write",
+    "gradscope.graph.transforms",
+    "gradscope.memory.activations_records",
+    "gradscope.memory.activations_types",
+    "gradscope.memory.saved_records",
+    "gradscope.memory.step_records",
+    "gradscope.monitor.alerts",
+    "gradscope.monitor.incident",
+    "gradscope.monitor.log",
+    "gradscope.monitor.spikes",
+    "gradscope.output.envelope",
+    "gradscope.output.files",
+    "gradscope.output.formats",
+})
+
+#: render modules: draw records and graphs; no torch, no capture module
+RENDER = frozenset({
+    "gradscope.doctor.views",
+    "gradscope.functions.check_views",
+    "gradscope.functions.explain_views",
+    "gradscope.memory.activations_views",
+    "gradscope.memory.saved_views",
+    "gradscope.memory.step_views",
+    "gradscope.monitor.views",
+    "gradscope.output.plots",
+    "gradscope.output.style",
+    "gradscope.render",
+    "gradscope.render.containers",
+    "gradscope.render.diff_page",
+    "gradscope.render.dot",
+    "gradscope.render.dot_clusters",
+    "gradscope.render.dot_legend",
+    "gradscope.render.dot_nodes",
+    "gradscope.render.dot_tokens",
+    "gradscope.render.graphviz",
+    "gradscope.render.html",
+    "gradscope.render.json_text",
+    "gradscope.render.page_data",
+    "gradscope.render.page_wire",
+    "gradscope.render.text",
+    "gradscope.render.torchviz",
+    "gradscope.render.tree",
+})
+
+DRAWING = ("rich", "graphviz", "matplotlib")
+
+
+def kind(mod: str) -> str:
+    """``plain``, ``render`` or ``capture``: the kind of a module of the package."""
+    if mod in PLAIN:
+        return "plain"
+    if mod in RENDER:
+        return "render"
+    return "capture"
+
+
+def forbidden(mod: str, target: str) -> str | None:
+    """Why ``mod`` may not import ``target`` (None when it may)."""
+    top = target.split(".")[0]
+    k = kind(mod)
+    if k == "plain":
+        if top in ("torch", "numpy", *DRAWING):
+            return f"a plain-data module imports no {top}"
+    elif k == "render":
+        if top == "torch":
+            return "a render module imports no torch"
+    elif top in DRAWING:
+        return f"a capture module imports no {top}"
+    if not target.startswith("gradscope.") or not _exists(target) or _is_package(target):
+        return None
+    tk = kind(target)
+    if k == "plain" and tk != "plain":
+        return f"a plain-data module imports no {tk} module"
+    if k == "render" and tk == "capture":
+        return "a render module imports no capture module"
+    if k == "capture" and tk == "render":
+        return "a capture module imports no render module"
+    return None
 
 
 def module_name(path: Path) -> str:
@@ -95,33 +186,54 @@ def sources() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
 
 
+def _is_package(mod: str) -> bool:
+    return (ROOT / Path(*mod.split(".")) / "__init__.py").exists()
+
+
 def test_layer_rule():
     problems = []
     for path in sources():
         mod = module_name(path)
-        layer = next((layer for layer in FORBIDDEN if mod == layer or mod.startswith(layer + ".")),
-                     None)
-        if layer is None:
-            continue
+        if path.name == "__init__.py" and mod != "gradscope.render":
+            continue  # a folder's __init__ is its map (gradscope's own imports lazily)
         for target, _ in imports(path):
-            for banned in FORBIDDEN[layer]:
-                if target == banned or target.startswith(banned + "."):
-                    problems.append(f"{mod} imports {target} ({layer} may not import {banned})")
+            why = forbidden(mod, target)
+            if why:
+                problems.append(f"{mod} ({kind(mod)}) imports {target}: {why}")
     assert not problems, "\n".join(problems)
+
+
+def test_every_listed_module_exists():
+    for mod in PLAIN | RENDER:
+        assert _exists(mod), f"{mod} is listed in tests/test_layers.py but does not exist"
+
+
+def test_the_rule_is_per_module():
+    """The checker itself: the same folder holds modules of each kind."""
+    assert kind("gradscope.monitor.log") == "plain"
+    assert kind("gradscope.monitor.views") == "render"
+    assert kind("gradscope.monitor.core") == "capture"
+    assert forbidden("gradscope.monitor.log", "torch")
+    assert forbidden("gradscope.monitor.log", "gradscope.monitor.core")
+    assert forbidden("gradscope.monitor.views", "gradscope.monitor.core")
+    assert forbidden("gradscope.monitor.core", "gradscope.monitor.views")
+    assert forbidden("gradscope.monitor.core", "rich.table")
+    assert not forbidden("gradscope.monitor.core", "gradscope.monitor.log")
+    assert not forbidden("gradscope.monitor.views", "gradscope.monitor.log")
 
 
 def test_the_rule_reads_imports_inside_functions(tmp_path, monkeypatch):
     """The checker itself: an import hidden in a function body is found."""
-    f = PACKAGE / "model" / "graph.py"
+    f = PACKAGE / "graph" / "graph.py"
     found = [t for t, _ in imports(f)]
-    assert "gradscope.model.schema" in found and "gradscope.model.nodes" in found
-    src = "def f():\n    import torch\n    from ..views import dot\n"
-    fake = tmp_path / "gradscope" / "model" / "fake.py"
+    assert "gradscope.graph.schema" in found and "gradscope.graph.nodes" in found
+    src = "def f():\n    import torch\n    from ..render import dot\n"
+    fake = tmp_path / "gradscope" / "graph" / "fake.py"
     fake.parent.mkdir(parents=True)
     fake.write_text(src)
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
     assert ("torch", False) in imports(fake)
-    assert ("gradscope.views", False) in imports(fake)
+    assert ("gradscope.render", False) in imports(fake)
 
 
 def test_cli_uses_only_the_public_package():
@@ -196,11 +308,11 @@ def test_known_typing_cycles_are_still_there():
 
 def test_type_checking_imports_are_edges_of_the_cycle_check(tmp_path, monkeypatch):
     """The checker itself: an import under ``if TYPE_CHECKING:`` is read (and marked)."""
-    fake = tmp_path / "gradscope" / "capture" / "fake.py"
+    fake = tmp_path / "gradscope" / "graph" / "fake.py"
     fake.parent.mkdir(parents=True)
     fake.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import walk\n")
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
-    assert ("gradscope.capture", True) in imports(fake)
+    assert ("gradscope.graph", True) in imports(fake)
 
 
 def test_every_exception_class_lives_in_errors():
@@ -223,3 +335,64 @@ def test_every_exception_class_lives_in_errors():
     for name in errors.__all__:
         assert getattr(gs, name) is getattr(errors, name), name
         assert name in errors.__doc__, f"{name} is missing from the hierarchy in the docstring"
+
+
+def _folder(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else "(top level)"
+
+
+def test_no_folder_holds_more_than_a_quarter_of_the_package():
+    lines: dict[str, int] = {}
+    for path in sources():
+        n = len(path.read_text(encoding="utf-8").splitlines())
+        lines[_folder(path)] = lines.get(_folder(path), 0) + n
+    total = sum(lines.values())
+    big = {k: f"{v / total:.0%}" for k, v in lines.items() if v > total / 4}
+    assert not big, f"folders over a quarter of {total} lines: {big}"
+
+
+def test_no_private_name_crosses_a_folder():
+    """``from gradscope.x.y import _name`` only from inside the folder ``x``."""
+    problems = []
+    for path in sources():
+        mod = module_name(path)
+        folder = _folder(path)
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("gradscope."):
+                continue
+            parts = target.split(".")
+            target_folder = parts[1] if _is_package(".".join(parts[:2])) else "(top level)"
+            if target_folder == folder:
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not _exists(f"{target}.{alias.name}"):
+                    problems.append(f"{mod} imports {target}.{alias.name}")
+    assert not problems, "private names imported across folders:\n" + "\n".join(problems)
+
+
+def test_every_module_is_named_in_its_folders_map():
+    """Each folder's ``__init__`` docstring names every module of the folder."""
+    missing = []
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        folder = init.parent
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        for path in sorted(folder.glob("*.py")):
+            if path.name != "__init__.py" and path.stem not in doc:
+                missing.append(f"{path.relative_to(ROOT)} is not named in {init.relative_to(ROOT)}")
+    top = ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8")))
+    for child in sorted(PACKAGE.iterdir()):
+        if child.is_dir() and (child / "__init__.py").exists() and f"{child.name}/" not in top:
+            missing.append(f"gradscope/{child.name}/ is not named in gradscope/__init__.py")
+        elif child.suffix == ".py" and child.name != "__init__.py" and child.name not in top:
+            missing.append(f"gradscope/{child.name} is not named in gradscope/__init__.py")
+    assert not missing, "\n".join(missing)

@@ -17,8 +17,8 @@ import pytest
 
 import gradscope as gs
 from gradscope.errors import LayoutError
-from gradscope.views.dot import to_dot
-from gradscope.views.graphviz import run_dot
+from gradscope.render.dot import to_dot
+from gradscope.render.graphviz import run_dot
 
 pytestmark = pytest.mark.skipif(shutil.which("dot") is None, reason="needs the Graphviz binary")
 
@@ -112,7 +112,7 @@ def _backward_dot(layers: int) -> str:
 def test_many_parameter_chains_put_their_flat_labels_in_xlabel():
     """DenseNet-121 --backward: 364 chains, labels on their flat edges, and Graphviz's ranker
     ran past the 60 s timeout; a small picture keeps its labels as they were."""
-    from gradscope.views.dot import XLABEL_CHAINS
+    from gradscope.render.dot import XLABEL_CHAINS
 
     small, big = _backward_dot(4), _backward_dot(XLABEL_CHAINS // 2 + 1)
     assert "xlabel=" not in small and small.count(" label=") + small.count("[label=") > 8

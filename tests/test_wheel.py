@@ -57,7 +57,7 @@ def test_every_package_folder_and_file_of_the_checkout_is_in_the_wheel() -> None
                         missing.append(arc)
     assert not missing, f"files of the checkout the wheel lacks: {missing}"
     # the compiled walk is in the wheel, built
-    assert any(n.startswith("gradscope/capture/_cwalk.") and n.endswith(".so") for n in names)
+    assert any(n.startswith("gradscope/graph/_cwalk.") and n.endswith(".so") for n in names)
 
 
 def test_gradscope_is_imported_from_the_installed_wheel_not_the_checkout() -> None:
@@ -75,14 +75,14 @@ def test_gradscope_is_imported_from_the_installed_wheel_not_the_checkout() -> No
 def test_the_public_pieces_import_from_the_wheel() -> None:
     import gradscope as gs
 
-    assert gs.GradMonitor.__module__.startswith("gradscope.capture.monitor")
+    assert gs.GradMonitor.__module__.startswith("gradscope.monitor")
     for name in ("gradscope.integrations.transformers", "gradscope.integrations.lightning"):
         assert hasattr(importlib.import_module(name), "GradscopeCallback")
-    cwalk = importlib.import_module("gradscope.capture._cwalk")
+    cwalk = importlib.import_module("gradscope.graph._cwalk")
     assert "site-packages" in Path(cwalk.__file__ or "").parts
     from importlib.resources import files
 
-    assets = files("gradscope.views.assets")
+    assets = files("gradscope.render.assets")
     for asset in ("viewer.js", "viewer.html", "layout.js", "dagre.min.js"):
         assert assets.joinpath(asset).read_text(encoding="utf-8"), asset
 
@@ -97,3 +97,41 @@ def test_the_console_script_runs_from_another_folder(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert out.read_text().startswith("digraph")
+
+
+def test_the_metadata_names_the_distribution_and_the_torch_ci_runs() -> None:
+    """The wheel installs as ``torch-gradscope`` (import name and command stay ``gradscope``),
+    with complete metadata, and its torch range says exactly what CI runs: every torch a leg
+    of scripts/test.sh pins is in it (this leg's torch too), the minor version below the oldest
+    and the one above the newest are not."""
+    import re
+    from importlib import metadata
+
+    import torch
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    meta = metadata.metadata("torch-gradscope")
+    assert meta["Name"] == "torch-gradscope"
+    for field in ("Summary", "License-Expression", "Requires-Python", "Author"):
+        assert meta[field], field
+    assert meta["Description-Content-Type"] == "text/markdown"
+    assert (meta["Description"] or meta.get_payload() or "").lstrip().startswith("# gradscope")
+    assert meta.get_all("Project-URL") and meta.get_all("Keywords")
+    classifiers = meta.get_all("Classifier") or []
+    assert "Programming Language :: Python :: 3.11" in classifiers
+    scripts = {ep.name: ep.value for ep in metadata.distribution("torch-gradscope").entry_points
+               if ep.group == "console_scripts"}
+    assert scripts == {"gradscope": "gradscope_cli.main:main"}
+
+    (torch_req,) = [r for r in map(Requirement, meta.get_all("Requires-Dist") or [])
+                    if r.name == "torch" and r.marker is None]
+    spec = torch_req.specifier
+    pinned = sorted({Version(v) for v in re.findall(
+        r"torch==(\d+\.\d+\.\d+)", (ROOT / "scripts" / "test.sh").read_text())})
+    assert len(pinned) >= 2, pinned
+    assert all(spec.contains(v) for v in pinned), (str(spec), pinned)
+    assert spec.contains(Version(torch.__version__).base_version)
+    oldest, newest = pinned[0], pinned[-1]
+    assert not spec.contains(f"{oldest.major}.{oldest.minor - 1}.0"), str(spec)
+    assert not spec.contains(f"{newest.major}.{newest.minor + 1}.0"), str(spec)

@@ -14,7 +14,7 @@ _SUPPLIED = ("model", "optimizer", "scaler")
 
 def check_options(framework: str, options: dict[str, Any]) -> dict[str, Any]:
     """Refuse options that ``GradMonitor`` does not take, or that the framework supplies."""
-    from ..capture.monitor import GradMonitor
+    from ..monitor.core import GradMonitor
 
     known = [
         name
@@ -37,7 +37,7 @@ def check_options(framework: str, options: dict[str, Any]) -> dict[str, Any]:
 
 def alert_lines(alerts: list[Any], start: int, incidents: Sequence[Any] = ()) -> list[str]:
     """One log line per alert from index ``start`` on (naming its step's incident's origin)."""
-    from ..model.incident import alert_line
+    from ..monitor.incident import alert_line
 
     return [f"gradscope {a.kind}: {alert_line(a, list(incidents))}" for a in alerts[start:]]
 

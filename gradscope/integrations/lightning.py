@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 
-from ..capture.monitor import GradMonitor
 from ..errors import UnsupportedSetupError
+from ..monitor.core import GradMonitor
 from ._options import AlertRelay, batch_ids, check_options
 
 

@@ -41,8 +41,8 @@ import torch
 from transformers import TrainerCallback
 from transformers.utils import logging
 
-from ..capture.monitor import GradMonitor
-from ..capture.torchcompat import is_functorch_wrapped
+from .._torch.torchcompat import is_functorch_wrapped
+from ..monitor.core import GradMonitor
 from ._options import ID_KEYS, AlertRelay, check_options
 
 logger = logging.get_logger("transformers.trainer")

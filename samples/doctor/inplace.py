@@ -8,7 +8,9 @@ are the op that saved the tensor and the op that modified it.
 import torch
 from torch import nn
 
-VARIANTS = ("view", "setitem", "iadd", "module_inplace", "hook", "autocast", "loop")
+# the last two adapted from PyTorch's test/test_autograd.py (an op's saved input, save_for_backward)
+VARIANTS = ("view", "setitem", "iadd", "module_inplace", "hook", "autocast", "loop", "input_saved",
+            "custom_saved")
 
 
 class Net(nn.Module):
@@ -37,6 +39,14 @@ class Net(nn.Module):
             y = self.relu(y)  # doctor: module_inplace
         elif v == "hook":
             y = self.act(self.fc(x))  # doctor: hook
+        elif v == "input_saved":  # an op saved its INPUT, then the input was changed in place
+            z = self.fc(x)
+            y = z.pow(2)  # doctor: input_saved
+            z += 1  # doctor: input_saved
+        elif v == "custom_saved":
+            z = self.fc(x)
+            y = Scale.apply(z)  # doctor: custom_saved
+            z.mul_(2)  # doctor: custom_saved
         elif v == "loop":
             y = self.fc(x)
             for _ in range(3):
@@ -68,3 +78,17 @@ def program(watch, variant: str = "view") -> nn.Module:
     with watch(model):
         loss_fn(model(x)).backward()
     return model
+
+
+class Scale(torch.autograd.Function):
+    """A custom Function that saves its input with ``save_for_backward``."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * 3 + 0 * x

@@ -1,5 +1,6 @@
 """Silent training-loop slips: a head added after the optimizer was built
-(``not_in_optimizer``), a frozen backbone handed to the optimizer (``frozen_in_optimizer``), no
+(``not_in_optimizer``), a backbone frozen after a warm-up step, still in the optimizer with its
+zero-filled gradients (``frozen_in_optimizer``: its weight decay still shrinks it), no
 ``zero_grad()`` between steps (``grads_accumulate``), and a model left in ``eval()`` mode
 (``eval_mode``). The lines marked ``# doctor: VARIANT`` are what each finding names.
 
@@ -40,17 +41,20 @@ def optimizer(params):
 def program(watch, variant: str = "not_in_optimizer") -> nn.Module:
     torch.manual_seed(0)
     net = Net()
-    if variant == "frozen_in_optimizer":
-        net.backbone.requires_grad_(False)
     params = (net.backbone.parameters() if variant == "not_in_optimizer"
               else net.parameters())
-    opt = torch.optim.SGD(params, lr=0.01)
+    opt = torch.optim.SGD(params, lr=0.01, weight_decay=1e-2)
+    if variant == "frozen_in_optimizer":  # a warm-up step trained it all, then the freeze
+        loss_fn(net(torch.randn(16, 8))).backward()
+        net.backbone.requires_grad_(False)
     if variant == "eval_mode":
         net.eval()  # left over from a validation pass
     g = torch.Generator().manual_seed(1)
     with watch(net, optimizer=opt):
         for _ in range(2):
-            if variant != "grads_accumulate":
+            if variant == "frozen_in_optimizer":
+                opt.zero_grad(set_to_none=False)  # zeros: the frozen .grad stays a tensor
+            elif variant != "grads_accumulate":
                 opt.zero_grad()
             loss_fn(net(torch.randn(16, 8, generator=g))).backward()  # doctor: grads_accumulate
             if variant in ("not_in_optimizer", "frozen_in_optimizer"):

@@ -35,7 +35,7 @@ the loss settles at a level instead of falling to zero (a loss of 1e-4 that move
 Every example has an id (``ID0`` + its index in the run), given to the monitor with
 ``observe_batch_ids``, so an incident names the corrupted example by its id.
 
-Used by ``tests/capture/test_spike_runs.py`` and ``benchmarks/spike_runs.py``. No global
+Used by ``tests/monitor/test_spike_runs.py`` and ``benchmarks/spike_runs.py``. No global
 state is changed: the weights come from a ``torch.random.fork_rng`` block, data from
 generators of their own.
 """

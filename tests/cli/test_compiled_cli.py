@@ -14,7 +14,8 @@ from gradscope_cli.main import app
 from typer.testing import CliRunner
 
 import gradscope as gs
-from gradscope.capture import compiled, torchcompat
+from gradscope._torch import torchcompat
+from gradscope.graph import compiled
 
 SAMPLE = str(SAMPLES / "compiled.py")
 
@@ -106,11 +107,11 @@ def test_an_opaque_region_gets_a_one_line_note(monkeypatch):
     assert "aten." not in out and "CompiledFunctionBackward" in out
 
 
-def test_json_of_a_region_is_valid_schema_3(tmp_path):
+def test_json_of_a_region_is_valid_schema_4(tmp_path):
     path = tmp_path / "c.json"
     code, _, err = run("render", SAMPLE, "-o", str(path))
     assert code == 0, err
     data = json.loads(path.read_text())
-    assert data["gradscope"] == 3
+    assert data["gradscope"] == 4 and data["kind"] == "graph"
     assert any("compiled" in n for n in data["nodes"])
     assert any(e.get("kind") == "saved" for e in data["edges"])

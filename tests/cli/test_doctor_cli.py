@@ -30,7 +30,7 @@ def invoke(capsys, monkeypatch):
 
 
 @pytest.mark.parametrize(("sample", "title"), [
-    ("inplace", "inplace at inplace.py:28"),
+    ("inplace", "inplace at inplace.py:30"),
     ("backward_twice", "backward_twice at backward_twice.py:27"),
     ("no_grad_fn", "no_grad_fn at no_grad_fn.py:47"),
     ("grad_none", "grad_none (cut) at grad_none.py:29"),
@@ -98,7 +98,7 @@ def test_render_backward_and_report_point_at_the_doctor(invoke):
 
 
 def test_json_writes_the_findings(invoke, tmp_path):
-    from gradscope.model.doctor import findings_from_json
+    from gradscope.doctor.findings import findings_from_json
 
     out = tmp_path / "f.json"
     code, _, err = invoke("doctor", str(DOCTOR / "grad_none.py"), "--json", str(out))

@@ -16,7 +16,7 @@ import pytest
 from conftest import SAMPLES, run_cli
 
 import gradscope as gs
-from gradscope.model.files import output_target, write_atomic
+from gradscope.output.files import output_target, write_atomic
 
 MLP = str(SAMPLES / "mlp.py")
 

@@ -16,7 +16,7 @@ from gradscope_cli.main import app, main
 from typer.testing import CliRunner
 
 import gradscope as gs
-from gradscope.model import formats
+from gradscope.output import formats
 
 MLP = str(SAMPLES / "mlp.py")
 
@@ -47,7 +47,7 @@ def test_graphviz_availability_is_no_renderer():
 
 
 def test_a_missing_graphviz_is_the_formats_own_error(monkeypatch):
-    from gradscope.views import graphviz
+    from gradscope.render import graphviz
 
     monkeypatch.setattr(graphviz.shutil, "which", lambda name: None)
     assert not gs.format_spec("png").available()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, SAMPLES, run_cli
 
-from gradscope.model.files import atomic_path
+from gradscope.output.files import atomic_path
 
 EXE = Path(sys.executable).parent / "gradscope"
 ENV = dict(os.environ, COLUMNS="120", NO_COLOR="1", TERM="dumb")

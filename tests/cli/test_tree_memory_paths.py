@@ -20,7 +20,7 @@ from gradscope_cli.render import load_graph
 from typer.testing import CliRunner
 
 import gradscope as gs
-from gradscope.model.memory import Split
+from gradscope.memory.saved_records import Split
 
 PATHS = [[], ["--loss"], ["--backward"], ["--loss", "--backward"]]
 ROW = re.compile(r"^(\S+)\s+(\d[\d.]* \w?i?B)\s+[\d.]+%", re.M)

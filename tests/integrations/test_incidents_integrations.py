@@ -1,6 +1,6 @@
 """The planted loss bug of samples/incidents/loss_nan.py under the Lightning and Hugging Face
 callbacks: each logs the incident once, with the origin a plain loop finds (the op and line
-checked against an independent forward check in tests/capture/test_incidents.py)."""
+checked against an independent forward check in tests/monitor/test_incidents.py)."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def test_transformers_trainer_logs_the_loss_op_once(tmp_path, caplog) -> None:
 
 
 # ------------------------------------------------ the planted model bugs, under each callback
-# the same scripts a plain loop runs in tests/capture/test_incidents.py (where each origin is
+# the same scripts a plain loop runs in tests/monitor/test_incidents.py (where each origin is
 # checked against detect_anomaly or forward hooks): each callback logs the same origin, once;
 # the model sits under ``net`` in both wrappers, so its module paths gain that prefix
 MODEL_BUGS = ["sqrt_where", "log_prob", "norm_div", "layernorm_eps0"]

@@ -24,7 +24,7 @@ timm = pytest.importorskip("timm", reason="needs timm (the torch 2.14 leg instal
 torchvision = pytest.importorskip("torchvision", reason="needs torchvision (the 2.14 leg)")
 
 import gradscope as gs  # noqa: E402
-from gradscope.model.alerts import alerts  # noqa: E402
+from gradscope.monitor.alerts import alerts  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -33,9 +33,9 @@ def _before(monkeypatch) -> None:
     """The rules without three of this round's guards: no significance gate, each bias
     judged alone, and a window full after 5 steps whose median is then kept 5 steps (every
     window's median was, the first 25 steps included). The log keeps its vanishing level."""
-    monkeypatch.setattr("gradscope.model.alerts.SPIKE_SIGNIFICANT", 0.0)
-    monkeypatch.setattr("gradscope.model.alerts._weight_of", lambda name: name)
-    monkeypatch.setattr("gradscope.model.alerts._SPIKE_WINDOW", 5)
+    monkeypatch.setattr("gradscope.monitor.alerts.SPIKE_SIGNIFICANT", 0.0)
+    monkeypatch.setattr("gradscope.monitor.alerts._weight_of", lambda name: name)
+    monkeypatch.setattr("gradscope.monitor.alerts._SPIKE_WINDOW", 5)
 
 
 def _classify(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> gs.GradMonitor:

@@ -1,0 +1,422 @@
+"""``gs.doctor(model=None, optimizer=None)``: explain autograd's errors and silent failures.
+
+A context manager around one training step (or several)::
+
+    with gs.doctor(model, optimizer=opt) as doc:
+        loss = loss_fn(model(x), y)
+        loss.backward()      # an autograd error comes out as gs.AutogradError, explained
+        opt.step()
+    for f in doc.findings: print(f)
+
+While the block runs, ``doctor_record._DoctorMode`` records every torch call (lineage bitsets,
+in-place writes, the nodes made and what they saved); global module hooks keep the module path
+of each call and which modules ran (in which mode); the optimizer's step hooks check the
+training loop. Backward calls (``Tensor.backward``, ``torch.autograd.grad``) are run by the
+doctor: a torch error it can explain is re-raised as ``AutogradError`` (torch's message first),
+and after a good ``backward()`` each parameter left without a gradient gets a ``grad_none``
+finding (``doctor_explain``). Nothing the doctor does changes a value or a gradient; every hook
+and the mode are removed when the block ends, also when it raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils._pytree import tree_map
+
+from .._torch import dynamo
+from .._torch.dynamo import ModuleHooks
+from .._torch.handles import HookHandle
+from .._torch.stamps import outside_gradscope
+from ..errors import AutogradError, GradscopeError
+from ..graph.graph import Graph
+from ..graph.walk import trace_with_ids
+from ..monitor.replay import autocast_now
+from . import explain
+from .findings import (
+    DoctorReport,
+    Finding,
+    Site,
+    findings_json,
+    torch_error_kind,
+)
+from .recorder import (
+    BackwardLines,
+    _DoctorMode,
+    _outputs,
+    user_line,
+)
+
+_line = user_line
+
+
+def _here() -> str | None:
+    """The user's line that (through torch) called the hook running now."""
+    return _line(outside_gradscope(sys._getframe(1)))
+
+
+class Doctor:
+    """An open-able ``gs.doctor`` block (see ``doctor``).
+
+    Attributes:
+        findings: what the block found so far (``Finding`` records), in the order found.
+        backwards: backward calls the block ran; ``steps``: optimizer steps it saw.
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None,
+                 optimizer: torch.optim.Optimizer | None = None) -> None:
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise GradscopeError(f"doctor(model=...) takes an nn.Module, got "
+                                 f"{type(model).__name__}; pass the model, or nothing")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise GradscopeError(f"doctor(optimizer=...) takes a torch.optim.Optimizer, got "
+                                 f"{type(optimizer).__name__}")
+        self.model = model
+        self.optimizer = optimizer
+        self.findings: list[Finding] = []
+        self.backwards = 0
+        self.steps = 0
+        #: the watched parameters by bit (``names``, ``params``, ``bits``: its lists)
+        self.watched = explain.Watched.of(model)
+        self.names = self.watched.names
+        self.params = self.watched.params
+        self.bits = self.watched.bits
+        self.module_names: dict[int, str] = (
+            dynamo.module_names(model) if model is not None else {})
+        self.stack: list[str | None] = []
+        #: per module run since the last step: (its training flag, the line that called it)
+        self.ran: dict[str, tuple[bool, str | None]] = {}
+        #: of those that ran in eval mode: the ones whose output carried a gradient (a trained
+        #: parameter before them, or their own): a frozen probe's backbone or teacher does not
+        self.graded: set[str] = set()
+        self.backward_lines = BackwardLines()
+        self.steps_since_backward = 0
+        #: by bit: the gradients a backward after a step added to stale ones (judged at the
+        #: next step: ``explain.check_accumulate``)
+        self.carried: dict[int, explain.Carried] = {}
+        #: the parameters (ids) of the other optimizers that stepped in the block
+        self.others: set[int] = set()
+        #: over the block's backward() calls: how many, the parameters that got a gradient
+        #: (bits), and the roots' lineage (dep, live, cuts) OR-ed together
+        self.plain_backwards = 0
+        self.got_grad = 0
+        self.root_tags = (0, 0, 0)
+        self.mode: _DoctorMode | None = None
+        self.paused_for: list[Any] = []  # torch.compile wrappers running with the mode off
+        #: each compiled region's module, and the inputs (args, kwargs) of the latest call of
+        #: each compiled module of ``model`` (held until the block ends: a parameter cut
+        #: inside is looked for by running the module again)
+        self.regions: dict[Site, torch.nn.Module] = {}
+        self.region_inputs: dict[int, tuple[tuple[Any, ...], dict[str, Any],
+                                            list[tuple[str, torch.dtype]]]] = {}
+        self._said: set[tuple[Any, ...]] = set()
+        #: grad_fn -> graph node id of the graph ``trace`` drew (held until the block ends)
+        self._ids: dict[Any, str] = {}
+        self.handle = HookHandle()
+
+    # ---------------------------------------------------------------- the block
+    def __enter__(self) -> Doctor:
+        mode = _DoctorMode(self.bits, self._backward, self.module_now, self.params)
+        self.mode = mode
+        try:
+            self.handle.add(ModuleHooks(self._pre_module, self._post_module).install())
+            for m in (self.model.modules() if self.model is not None else ()):
+                if dynamo.unwrap(m) is not None:  # a compiled module: its inputs, keywords too
+                    self.handle.add(m.register_forward_hook(self._region_call,
+                                                            with_kwargs=True).remove)
+            if self.optimizer is not None:
+                self.handle.add(self.optimizer.register_step_pre_hook(self._pre_step))
+                self.handle.add(self.optimizer.register_step_post_hook(self._post_step))
+                # every other optimizer's step: the parameters it holds are not "outside"
+                self.handle.add(register_optimizer_step_post_hook(
+                    self._other_step))
+            mode.__enter__()
+        except BaseException:
+            self.handle.remove()
+            raise
+        self.handle.add(lambda: mode.__exit__(None, None, None))
+        return self
+
+    def __exit__(self, etype: Any, exc: BaseException | None, tb: Any) -> None:
+        judge = exc is None and self.plain_backwards and self.mode is not None
+        try:  # with the hooks and the mode still on: the compiled regions' insides
+            inside = self._look_inside() if judge else {}
+        finally:
+            self.handle.remove()
+        try:
+            if judge and self.mode is not None:
+                for finding in explain.check_grad_none(self.watched, self.mode, self.got_grad,
+                                                       self.root_tags, self.ran, inside):
+                    self.add(finding)
+            if isinstance(exc, RuntimeError) and not isinstance(exc, AutogradError):
+                kind = torch_error_kind(str(exc))
+                if kind is not None:  # a backward the doctor did not run (a C++ extension...)
+                    finding = self._explain(kind, exc, [], None)
+                    raise AutogradError(str(exc), finding) from exc
+        finally:
+            self._ids = {}  # the traced graph's nodes are not kept past the block
+            self.regions, self.region_inputs = {}, {}
+
+    # ---------------------------------------------------------------- the graph
+    def trace(self, outputs: Any, **options: Any) -> Graph:
+        """``gs.trace(outputs, model=<the doctor's model>, **options)``, in the block before
+        ``backward()``: the doctor remembers which autograd node is which node of this graph,
+        so that a finding made afterwards names its nodes there (``Site.node``: the node that
+        saved the tensor, the node the in-place op made; ``Finding.nodes``).
+        ``gradscope render --doctor`` draws them highlighted."""
+        if self.model is not None:
+            options.setdefault("model", self.model)
+        graph, ids = trace_with_ids(outputs, **options)
+        self._ids = ids
+        return graph
+
+    def node_id(self, fn: Any) -> str | None:
+        """The graph node id of autograd node ``fn`` in the graph ``trace`` drew (None when
+        nothing was traced, or ``fn`` is not in it)."""
+        return self._ids.get(fn) if fn is not None and self._ids else None
+
+    def module_now(self) -> str | None:
+        return self.stack[-1] if self.stack else None
+
+    # ---------------------------------------------------------------- results
+    def report(self) -> DoctorReport:
+        """The findings as a plain ``DoctorReport`` (``.render()``: a rich renderable)."""
+        return DoctorReport(tuple(self.findings), self.backwards, self.steps, tuple(self.notes))
+
+    @property
+    def notes(self) -> list[str]:
+        """Why the doctor stopped watching part of the block (a tensor it cannot read), if it
+        did: its findings then cover only what it saw before."""
+        failure = self.mode.failure if self.mode is not None else None
+        return [failure] if failure else []
+
+    def findings_json(self) -> str:
+        """The findings as JSON text (``{"gradscope_doctor": 1, "findings": [...]}``)."""
+        return findings_json(self.findings)
+
+    def add(self, finding: Finding, key: tuple[Any, ...] | None = None) -> None:
+        """Keep ``finding`` (once per ``key``: the same slip seen at every step is one)."""
+        key = key if key is not None else (finding.kind, finding.param, finding.line)
+        if key in self._said:
+            return
+        self._said.add(key)
+        self.findings.append(finding)
+
+    # ---------------------------------------------------------------- module hooks
+    def _pre_module(self, module: Any, args: Any) -> None:
+        inner = dynamo.unwrap(module)  # a torch.compile wrapper: its module's name
+        name = self.module_names.get(id(inner if inner is not None else module))
+        self.stack.append(name)
+        if name is not None and name not in self.ran:
+            self.ran[name] = (module.training, _here())
+        # Dynamo guards on the mode stack: off while a compiled module runs (no recompile)
+        if inner is not None and self.mode is not None and dynamo.mode_on_top(self.mode):
+            dynamo.pop_mode()
+            self.paused_for.append(module)
+
+    def _post_module(self, module: Any, args: Any, output: Any) -> None:
+        if self.paused_for and self.paused_for[-1] is module and self.mode is not None:
+            self.paused_for.pop()
+            dynamo.push_mode(self.mode)
+            inner = dynamo.unwrap(module)
+            own = sum(1 << self.bits[id(p)] for p in inner.parameters() if id(p) in self.bits)
+            at = Site("compiled", type(inner).__name__, _here(), self.stack[-1] if self.stack
+                      else None)
+            self.mode.region(args, output, own, at)  # the region as one call: lineage goes on
+            self.regions[at] = inner
+        if self.stack:
+            name = self.stack.pop()
+            if (name is not None and not module.training and isinstance(output, torch.Tensor)
+                    and output.requires_grad):
+                self.graded.add(name)
+
+    def _look_inside(self) -> dict[Site, int]:
+        """For each compiled region on the path of a parameter left without a gradient: its
+        module run once more, uncompiled, on its latest inputs, with the mode recording (the
+        RNG forked, buffers the run changed put back, nothing backpropagated), and the
+        lineage cuts of what it returned (``CutEvent`` bits): where inside it the path was
+        cut. A region that cannot run again (a compiled module outside ``model``, whose
+        keyword inputs the doctor does not see, or one that raises) is left out."""
+        mode = self.mode
+        assert mode is not None
+        missing = 0
+        for bit, p in enumerate(self.params):
+            if p.requires_grad and not self.got_grad >> bit & 1:
+                missing |= 1 << bit
+        wanted = {site for bit, site in mode.compiled_use.items() if missing >> bit & 1}
+        found: dict[Site, int] = {}
+        for site in wanted:
+            module = self.regions.get(site)
+            held = self.region_inputs.get(id(module)) if module is not None else None
+            if module is not None and held is not None:
+                cuts = _run_again(mode, module, *held)
+                if cuts is not None:
+                    found[site] = cuts
+        return found
+
+    def _region_call(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        # the autocast settings the call ran under (a hook runs inside them): the same again
+        self.region_inputs[id(dynamo.unwrap(module))] = (args, kwargs, autocast_now())
+
+    # ---------------------------------------------------------------- backward
+    def _backward(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """Run one backward call for the mode: checks before, explanation on error, the
+        parameters without a gradient after."""
+        assert self.mode is not None
+        line = _line(sys._getframe(2))  # 2: the mode's frame, then the user's call
+        plain = func is not torch.autograd.grad and kwargs.get("inputs") is None
+        roots = explain.roots_of(func, args, kwargs)
+        if self.carried:
+            self.carried = explain.still_carried(self.watched, self.carried)
+        stale = (explain.stale_grads(self.watched, self.optimizer)
+                 if self.optimizer is not None and self.steps_since_backward else {})
+        try:
+            result = func(*args, **kwargs)
+        except RuntimeError as exc:
+            kind = torch_error_kind(str(exc))
+            if kind is None:
+                raise
+            finding = self._explain(kind, exc, roots, line)
+            raise AutogradError(str(exc), finding) from exc
+        self.mode.iteration += 1
+        self.backwards += 1
+        self.backward_lines.add(line)
+        self.steps_since_backward = 0
+        if stale:
+            self.carried.update(explain.added_to(self.watched, stale, line))
+        if plain and self.params:
+            self._note_backward(roots)
+        return result
+
+    def _note_backward(self, roots: list[Any]) -> None:
+        """After a good ``backward()``: which parameters got a gradient, and the roots'
+        lineage, OR-ed over the block's backward calls (``grad_none`` is judged on them)."""
+        assert self.mode is not None
+        self.plain_backwards += 1
+        for bit, p in enumerate(self.params):
+            if p.grad is not None:
+                self.got_grad |= 1 << bit
+        dep, live, cuts = self.root_tags
+        for t in roots:
+            d, lv, c = self.mode.tag(t)
+            dep |= d
+            live |= lv
+            cuts |= c
+        self.root_tags = (dep, live, cuts)
+
+    def _explain(self, kind: str, exc: BaseException, roots: list[Any],
+                 line: str | None) -> Finding:
+        assert self.mode is not None
+        finding = explain.explain_error(self.watched, self.mode, kind, str(exc), roots, line,
+                                        self.backward_lines, self.node_id)
+        self.add(finding, key=(kind, finding.line, len(self.findings)))
+        return finding
+
+    # ---------------------------------------------------------------- optimizer hooks
+    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        line = _here()
+        if self.mode is not None:
+            self.mode.paused = True  # neither the update nor the doctor's checks are the model's
+        for finding, key in explain.check_step(self.watched, optimizer, line, self.ran,
+                                               self.others, self.graded):
+            self.add(finding, key)
+        for finding, key in explain.check_accumulate(self.watched, optimizer, self.carried):
+            self.add(finding, key)
+        self.carried.clear()
+        self.ran.clear()
+        self.graded.clear()
+
+    def _other_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if optimizer is not self.optimizer:
+            self.others.update(id(p) for g in optimizer.param_groups for p in g["params"])
+
+    def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.steps += 1
+        self.steps_since_backward += 1
+        if self.mode is not None:
+            self.mode.paused = False
+
+    # ---------------------------------------------------------------- naming
+    def param_site(self, bit: int) -> str | None:
+        """The module path that owns parameter ``bit`` (None for a parameter of the root)."""
+        return self.watched.param_site(bit)
+
+
+def _run_again(mode: _DoctorMode, module: torch.nn.Module, args: tuple[Any, ...],
+               kwargs: dict[str, Any], autocast: list[tuple[str, torch.dtype]]) -> int | None:
+    """The cut-event bits of ``module(*args, **kwargs)`` run eagerly under ``mode`` and the
+    ``autocast`` settings of its call (see ``Doctor._look_inside``), or None when it raised."""
+    devices = sorted({p.device.index or 0 for p in module.parameters() if p.device.type == "cuda"})
+    paused = mode.paused
+    mode.paused = True  # the doctor's own copies are not the model's calls
+    with torch.no_grad():
+        kept = [(b, b.clone()) for b in module.buffers()]
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.random.fork_rng(devices=devices))
+            stack.enter_context(torch.enable_grad())
+            for device_type, dtype in autocast:
+                stack.enter_context(torch.autocast(device_type, dtype=dtype))
+            mode.paused = False
+            # copies of the tensor inputs (the mode follows their lineage through clone): an
+            # in-place op inside writes to them, never to the step's own tensors again
+            args, kwargs = tree_map(
+                lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (args, kwargs))
+            out = module(*args, **kwargs)
+            mode.paused = True
+        cuts = 0
+        for t in _outputs(out):
+            cuts |= mode.tag(t)[2]
+        return cuts
+    except Exception:  # it needs state gone by now: the region stays unseen
+        return None
+    finally:
+        mode.paused = True
+        with torch.no_grad():  # only what changed: a buffer a graph saved keeps its version
+            for b, old in kept:
+                if not torch.equal(b, old):
+                    b.copy_(old)
+        mode.paused = paused
+
+
+def doctor(model: torch.nn.Module | None = None,
+           optimizer: torch.optim.Optimizer | None = None) -> Doctor:
+    """Watch a forward and backward (one training step or several) and explain what autograd
+    refused or silently skipped.
+
+    In the block, an autograd error torch raises in backward (a tensor saved for backward and
+    then modified in place, a second backward through a freed graph, a loss without a graph)
+    comes out as ``gs.AutogradError``: torch's own message first, then the finding (the ops and
+    lines that saved and modified the tensor, the tensor carried from an earlier iteration, the
+    line where the loss lost its graph). It is a ``RuntimeError`` too, so ``except
+    RuntimeError`` still catches it. After each good ``backward()``, every parameter of
+    ``model`` that requires grad and got none is a ``grad_none`` finding saying why (``unused``,
+    ``no_grad``, ``cut`` with the op and line of the cut, ``frozen_upstream``, ``compiled``
+    when the cut is inside a ``torch.compile``d module, which the doctor does not see into). With
+    ``optimizer``, each ``step()`` is checked: parameters with gradients in no param group,
+    frozen ones in a group, gradients carried over from the last step (no ``zero_grad``), and
+    dropout/normalisation modules left in ``eval()`` mode.
+
+    Args:
+        model: the ``nn.Module`` whose parameters are watched (module paths come from it).
+        optimizer: the optimizer whose ``step()`` the block calls.
+
+    Returns:
+        A context manager; ``.findings`` (``Finding`` records), ``.findings_json()``,
+        ``.report()`` (a ``DoctorReport``, ``.render()`` for a rich renderable).
+
+    Example:
+        >>> import torch, gradscope as gs
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+        >>> with gs.doctor(net) as doc:
+        ...     with torch.no_grad():
+        ...         h = net[0](torch.randn(2, 4))
+        ...     net[1](h).sum().backward()
+        >>> [(f.kind, f.reason, f.param) for f in doc.findings]
+        [('grad_none', 'no_grad', '0.weight'), ('grad_none', 'no_grad', '0.bias')]
+    """
+    return Doctor(model, optimizer)

@@ -1,0 +1,226 @@
+"""The end of a logged step: reduce across ranks, ONE transfer to the host, one ``StepStats``.
+
+``transfer`` packs into one ``Packet`` what a logged step moves to the host: the statistics
+table (all-gathered over the sharding mesh dimension for DTensor parameters), the ranks'
+replication checksums and the probe measured at ``optimizer.step()`` (while whether the ranks
+hold the same gradients is still being detected), the module rows, the activation flags, and
+the update rows an earlier step left on the device (``Deferred``). After the one ``.tolist()``
+it combines the shards and decides the scope ("global" or "rank N"): a ``HostStep``, whose
+``finite()`` is what the incident watch decides a replay by (no second read).
+
+``finish`` turns a ``HostStep`` into the ``StepStats``: it rechecks the rare non-finite
+columns exactly (``measure.recheck``) and names the columns from the ``WatchedParams``
+snapshot the step was measured with. Neither sees the monitor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .distributed import (
+    Topology,
+    checksum,
+    combine_replicated,
+    initialised,
+    same_on_all_ranks,
+)
+from .distributed import world_size as _world_size
+from .log import StepStats
+from .measure import (
+    Measure,
+    Packet,
+    nest,
+    recheck,
+)
+from .records import module_stats, param_stats, update_ratios
+from .stats import (
+    MODULE_ROW,
+    NORM,
+    combine_shards,
+    pnorm,
+)
+from .watched import WatchedParams
+
+
+class Deferred:
+    """The update rows of a full-statistics step whose transfer came before its
+    ``optimizer.step()`` (the incident watch needed the norms then): left on the device and
+    moved with the next transfer. ``rows``: ``[2, n]`` (or all ranks' rows, flattened)."""
+
+    __slots__ = ("step", "rows", "cols", "names", "world", "sharded")
+
+    def __init__(
+        self, step: int, rows: torch.Tensor, m: Measure, watched: WatchedParams,
+        topology: Topology,
+    ) -> None:
+        sharding = topology.sharding if initialised() else None
+        self.step = step
+        self.cols = list(m.cols)
+        self.names = watched.names
+        self.world = sharding.world if sharding is not None else None
+        self.sharded = sharding.sharded if sharding is not None else None
+        self.rows = topology.gather(rows, sharding.group) if sharding is not None else rows
+
+    def shape(self) -> tuple[int, ...]:
+        n = len(self.cols)
+        return (self.world, 2, n) if self.world is not None else (2, n)
+
+    def ratios(self, host: list[Any]) -> dict[str, float]:
+        """The update ratios by parameter name, from this step's rows on the host."""
+        rows = host
+        if self.world is not None and self.sharded is not None:
+            whole = combine_shards(host, ["norm2", "norm2"], 2.0)
+            rows = combine_replicated(whole, host, self.sharded, self.cols)
+        return update_ratios(self.names, self.cols, rows)
+
+    def to_host(self) -> dict[str, float]:
+        """Its own transfer (at ``remove()`` or when the log is read before the next step)."""
+        flat = self.rows.to(torch.float64).reshape(-1).tolist()
+        return self.ratios(nest(flat, self.shape()))
+
+
+class HostStep:
+    """One logged step on the host: the measurement it counts, its table (rows x columns, the
+    shards combined), the scope, the module rows by module, the first non-finite activation's
+    index, and the update ratios of a deferred earlier step."""
+
+    __slots__ = ("m", "table", "with_update", "scope", "mods", "first_bad", "previous", "loss")
+
+    def __init__(self, m: Measure, table: list[list[float]], with_update: bool) -> None:
+        self.m = m
+        self.table = table
+        self.with_update = with_update
+        self.scope: str | None = None
+        self.mods: dict[int, list[list[float]]] = {}
+        self.first_bad: int | None = None
+        self.previous: tuple[int, dict[str, float]] | None = None
+        self.loss: float | None = None
+
+    def finite(self) -> bool:
+        """Whether every measured gradient's norm is finite."""
+        return all(map(math.isfinite, self.table[NORM]))
+
+
+def transfer(
+    m: Measure,
+    *,
+    topology: Topology,
+    norm_type: float,
+    update: torch.Tensor | None = None,
+    probe: Measure | None = None,
+    module_calls: Sequence[tuple[int, torch.Tensor]] = (),
+    flags: Sequence[tuple[int, torch.Tensor]] = (),
+    previous: Deferred | None = None,
+    loss: torch.Tensor | None = None,
+) -> HostStep:
+    """Move one logged step to the host in ONE transfer (and at most two collectives: the
+    shards' table, the replication checksums)."""
+    dist_on = initialised()
+    # a single process: nothing to combine (one rank is its own global)
+    replicas = dist_on and _world_size() > 1
+    probe = probe if replicas else None
+    mine = m.matrix.to(torch.float64)
+    if update is not None:
+        mine = torch.cat([mine, update])
+    sharding = topology.sharding if dist_on else None
+    checking = replicas and topology.needs_check()
+    rows, ncol = mine.shape
+    packet = Packet()
+    if sharding is not None:
+        gathered = topology.gather(mine, sharding.group)
+        packet.put("table", gathered, (sharding.world, rows, ncol))
+    else:
+        packet.put("table", mine, (rows, ncol))
+    if checking:
+        sums = [checksum(m.matrix[0])] + ([checksum(probe.matrix[0])] if probe else [])
+        packet.put("checksums", topology.gather(torch.cat(sums), None),
+                   (_world_size(), 3 * len(sums)))
+        if probe is not None:
+            packet.put("probe", probe.matrix, (probe.matrix.shape[0], len(probe.cols)))
+    if module_calls:
+        stacked = torch.stack([c for _, c in module_calls])
+        packet.put("modules", stacked, (len(module_calls), MODULE_ROW))
+    if flags:
+        packet.put("flags", torch.stack([f for _, f in flags]), (len(flags),))
+    if previous is not None:
+        packet.put("previous", previous.rows, previous.shape())
+    if loss is not None:  # the step's loss (observe_loss), in the same transfer
+        packet.put("loss", loss, (1,))
+    host = packet.to_host()
+
+    kinds = ["norm"] + (["max", "sum", "sum"] if m.full else [])
+    kinds += ["norm2", "norm2"] if update is not None else []
+    scope: str | None = None
+    if sharding is not None:
+        per_rank = host["table"]
+        whole = combine_shards(per_rank, kinds, norm_type)
+        table = combine_replicated(whole, per_rank, sharding.sharded, m.cols)
+        scope = topology.sharded_scope(sharding.world)
+    else:
+        table = host["table"]
+    if checking:
+        same = same_on_all_ranks(host["checksums"], 0)
+        if probe is not None and not same and same_on_all_ranks(host["checksums"], 3):
+            # the ranks all-reduce the gradients by hand after backward: from now on the
+            # step's gradients are the ones optimizer.step() is given
+            topology.measure_at_step()
+            m, same = probe, True
+            table = host["probe"] + (table[-2:] if update is not None else [])
+        scope = topology.scope(same)
+    elif replicas and sharding is None:
+        scope = topology.scope(bool(topology.replicated))
+    out = HostStep(m, table, update is not None)
+    out.scope = scope
+    for (i, _), row in zip(module_calls, host.get("modules", ()), strict=True):
+        out.mods.setdefault(i, []).append(row)
+    if flags:
+        out.first_bad = next(
+            (i for (i, _), v in zip(flags, host["flags"], strict=True) if v), None
+        )
+    if previous is not None:
+        out.previous = (previous.step, previous.ratios(host["previous"]))
+    if loss is not None:
+        out.loss = float(host["loss"][0])
+    return out
+
+
+def finish(
+    h: HostStep,
+    *,
+    step: int,
+    watched: WatchedParams,
+    topology: Topology,
+    norm_type: float,
+    module_names: Sequence[str],
+    act_names: Sequence[str],
+    skipped: bool = False,
+    scaler_skips: bool = False,
+) -> StepStats:
+    """The ``StepStats`` of a step moved to the host, its columns named from ``watched`` (the
+    snapshot it was measured with). ``scaler_skips``: a GradScaler without ``optimizer=``
+    skips every step whose gradients are not all finite."""
+    m, table = h.m, h.table
+    sharding = topology.sharding if initialised() else None
+    counts = recheck(m, watched.params, table[NORM], norm_type, sharding, topology.gather)
+    if scaler_skips:
+        skipped = not h.finite()
+    params = param_stats(
+        watched.names, watched.numels, m.cols, table, counts, m.full, h.with_update
+    )
+    modules = module_stats(module_names, h.mods, norm_type) if h.mods else {}
+    return StepStats(
+        step=step,
+        total_norm=pnorm([ps.norm for ps in params.values()], norm_type),
+        params=params,
+        modules=modules,
+        full=m.full,
+        skipped=skipped,
+        scope=h.scope,
+        measured_at=m.at,
+        forward_nonfinite=act_names[h.first_bad] if h.first_bad is not None else None,
+        loss=h.loss,
+    )
