@@ -124,10 +124,19 @@ class GraphDiff:
         finite = [r for r in self.ratios if math.isfinite(r.ratio) and r.ratio > 0]
         if finite:
             worst = max(finite, key=lambda r: abs(math.log(r.ratio)))
-            line += (f"; gradient norm ratio b/a on {plural(len(self.ratios), 'edge')}, furthest "
+            line += (f"; gradient norm ratio b/a on {plural(len(finite), 'edge')}, furthest "
                      "from 1: "
                      f"{worst.ratio:.3g} ({self.keys.get('b:' + worst.src, worst.src)} -> "
                      f"{self.keys.get('b:' + worst.dst, worst.dst)})")
+        # the edges whose ratio is no number at all say more than any finite one
+        bad = [(label, [r for r in self.ratios if test(r.ratio)]) for label, test in (
+            ("NaN", lambda x: x != x), ("infinite", math.isinf), ("zero", lambda x: x == 0))]
+        said = [f"{len(rs)} {label}" for label, rs in bad if rs]
+        if said:
+            first = next(rs[0] for _, rs in bad if rs)
+            line += (f"; {', '.join(said)} of {plural(len(self.ratios), 'edge ratio')} (first: "
+                     f"{self.keys.get('b:' + first.src, first.src)} -> "
+                     f"{self.keys.get('b:' + first.dst, first.dst)})")
         return line
 
     def to_dict(self) -> dict[str, Any]:

@@ -210,7 +210,10 @@ class GradMonitor:
         self.vanish = vanish = vanish_level(self.optimizer) if vanish is None else vanish
         self.vanish_ratio = vanish_ratio
         self.explode = explode
-        if not ((spike is None or spike > 1) and spike_window >= 1 and spike_warmup >= 0):
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                      for v in (spike_window, spike_warmup, *(() if spike is None else (spike,))))
+        if not (numbers and (spike is None or spike > 1) and spike_window >= 1
+                and spike_warmup >= 0):
             raise MonitorError(
                 f"spike={spike!r}, spike_window={spike_window!r}, spike_warmup="
                 f"{spike_warmup!r}: give a factor above 1 (or None: no spike detection), a "
@@ -533,7 +536,9 @@ class GradMonitor:
         previous, self._deferred = self._deferred, None
         loss = None
         if d.losses:  # the micro-batches' mean loss, moved with the rest
-            loss = torch.stack([x.reshape(()).float() for x in d.losses]).mean()
+            # float64 (a float64 loss of 1e39 is not inf), where the device has it (not MPS)
+            wide = torch.float32 if d.losses[0].device.type == "mps" else torch.float64
+            loss = torch.stack([x.reshape(()).to(wide) for x in d.losses]).mean()
         return transfer(
             m, topology=self._topology, norm_type=self.norm_type, update=update,
             probe=d.probe, module_calls=d.module_calls, flags=d.flags, previous=previous,

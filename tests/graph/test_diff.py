@@ -201,3 +201,22 @@ def test_the_summary_counts_one_node_and_one_edge_in_the_singular():
     line = gs.diff(a, b).summary()
     assert line.startswith("1 node added, 0 removed, 0 changed; 1 edge added, 0 removed"), line
 
+
+
+def test_the_summary_counts_nan_and_zero_ratios_instead_of_hiding_them():
+    """14 of 15 edges going NaN is the news, not "furthest from 1: 1" on the one left."""
+    import torch
+
+    def run(poison: float) -> gs.Graph:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+        x = torch.randn(3, 4)
+        x[0, 0] = poison
+        return gs.trace_backward(model(x).sum(), model=model).graph
+
+    a, b = run(1.0), run(float("nan"))
+    d = gs.diff(a, b)
+    nan = [r for r in d.ratios if r.ratio != r.ratio]
+    assert nan, "the poisoned input makes NaN gradients in b"
+    line = d.summary()
+    assert f"{len(nan)} NaN of {len(d.ratios)} edge ratios" in line, line

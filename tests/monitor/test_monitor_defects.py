@@ -196,3 +196,28 @@ def test_thresholds_group_the_six_keywords():
         gs.GradMonitor(model, thresholds=grouped, explode=50.0)
     with pytest.raises(gs.MonitorError, match="give a gradscope.Thresholds"):
         gs.GradMonitor(model, thresholds={"explode": 50.0})
+
+
+@pytest.mark.parametrize("kwargs", [{"spike": "10"}, {"spike_window": "5"}, {"spike": True}])
+def test_a_threshold_of_the_wrong_type_is_a_monitor_error(kwargs):
+    """``GradMonitor(spike="10")`` raised Python's own TypeError from a comparison."""
+    import torch
+
+    import gradscope as gs
+
+    with pytest.raises(gs.MonitorError, match="give a factor above 1"):
+        gs.GradMonitor(torch.nn.Linear(2, 2), **kwargs)
+
+
+def test_a_float64_loss_beyond_float32_is_logged_as_it_is():
+    """A float64 loss of 1e39 was cast to float32 on its way to the host: logged as inf."""
+    import torch
+
+    import gradscope as gs
+
+    model = torch.nn.Linear(2, 1).double()
+    with gs.GradMonitor(model) as mon:
+        loss = model(torch.ones(3, 2, dtype=torch.float64)).sum() * 0 + 1e39
+        mon.observe_loss(loss)
+        loss.backward()
+    assert mon.history[0].loss == pytest.approx(1e39)
