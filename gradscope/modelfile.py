@@ -96,6 +96,8 @@ class Training:
     #: the ids of the examples of the batch ``next_batch`` returned last (the third item of
     #: a ``batches()`` triple), else None
     ids: Any = None
+    #: how many batches ``next_batch`` has given
+    taken: int = 0
 
     def next_batch(self) -> tuple[Any, Any] | None:
         """The next ``(inputs, target)`` pair (target None when loss_fn takes only the
@@ -104,7 +106,13 @@ class Training:
         item = self.file.call("taking the next batch from batches()", next, self.batches, None)
         if item is None:
             self.ids = None
+            if not self.taken:
+                raise ReportError(
+                    f"{self.file.path}: batches() gave no batch at all; yield at least one "
+                    "(inputs, target) pair (or leave batches() out: example_input is repeated)"
+                )
             return None
+        self.taken += 1
         inputs, target, self.ids = item
         return inputs, target
 
@@ -546,7 +554,14 @@ class ModelFile:
 
     def _pair(self, item: Any) -> tuple[Any, Any, Any]:
         if isinstance(item, (tuple, list)) and len(item) in (2, 3):
-            return item[0], item[1], item[2] if len(item) == 3 else None
+            ids = item[2] if len(item) == 3 else None
+            if ids is not None and (isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__")):
+                raise ReportError(
+                    f"{self.path}: batches() gave {type(ids).__name__} {_short(ids)} as the "
+                    "third item, the batch's example ids; give one id per example (a list or "
+                    "a tensor), or yield (inputs, target) pairs"
+                )
+            return item[0], item[1], ids
         raise ReportError(
             f"{self.path}: batches() gave a {type(item).__name__}, but loss_fn takes "
             "(output, target), so each batch must be an (inputs, target) pair or an "
@@ -564,6 +579,13 @@ class ModelFile:
                 "a torch.optim.Optimizer, e.g. return torch.optim.SGD(params, lr=1e-2)"
             )
         return opt
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a value from a file is data, not text
+    to print whole)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _has_graph(outputs: Any) -> bool:
