@@ -284,7 +284,7 @@ class Doctor:
             raise AutogradError(str(exc), finding) from exc
         self.mode.iteration += 1
         self.backwards += 1
-        self.backward_lines.add(line)
+        self.backward_lines.add(line, explain.retains_graph(func, args, kwargs))
         self.steps_since_backward = 0
         if stale:
             self.carried.update(explain.added_to(self.watched, stale, line))

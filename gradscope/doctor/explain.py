@@ -105,6 +105,17 @@ _MODE_MODULES = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm
                  torch.nn.modules.instancenorm._InstanceNorm)
 
 
+def retains_graph(func: Any, args: Any, kwargs: Any) -> bool:
+    """Whether a ``backward()`` / ``torch.autograd.backward`` / ``torch.autograd.grad`` call
+    keeps its graph (``retain_graph``, which defaults to ``create_graph``)."""
+    at = 3 if func is torch.autograd.grad else 2  # (outputs, inputs, grad_outputs, retain)
+    retain = kwargs.get("retain_graph", args[at] if len(args) > at else None)
+    if retain is None:
+        create = kwargs.get("create_graph", args[at + 1] if len(args) > at + 1 else False)
+        return bool(create)
+    return bool(retain)
+
+
 def roots_of(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
     """The tensors a backward call starts from."""
     first = args[0] if args else kwargs.get("outputs", kwargs.get("tensors"))
@@ -278,7 +289,7 @@ def _backward_twice(mode: _DoctorMode, roots: list[torch.Tensor], line: str | No
     fn, user = max(old.items(), key=lambda kv: kv[0]._sequence_nr())
     rec = _record(fn)
     assert rec is not None
-    freed_by = backward_lines.at(rec.iteration)
+    freed_by = backward_lines.freed_from(rec.iteration)
     by = f"the backward at {freed_by}" if freed_by else "an earlier backward"
     if user is None:  # the root itself: the same graph again
         return dict(kind="backward_twice", message=(

@@ -102,19 +102,21 @@ class CutEvent:
 
 
 class BackwardLines:
-    """The line of each backward of the block, by its number, kept as runs (a training loop
-    calls backward from one line): as large as the number of times the line changed, not the
-    number of steps, over a long run."""
+    """The line of each backward of the block, by its number, and whether it kept its graph
+    (``retain_graph``), kept as runs (a training loop calls backward from one line): as large
+    as the number of times the line changed, not the number of steps, over a long run."""
 
     def __init__(self) -> None:
         self.starts: list[int] = []  # the number of the first backward of each run
         self.lines: list[str | None] = []
+        self.retained: list[bool] = []
         self.count = 0
 
-    def add(self, line: str | None) -> None:
-        if not self.lines or self.lines[-1] != line:
+    def add(self, line: str | None, retained: bool = False) -> None:
+        if not self.lines or (self.lines[-1], self.retained[-1]) != (line, retained):
             self.starts.append(self.count)
             self.lines.append(line)
+            self.retained.append(retained)
         self.count += 1
 
     def at(self, number: int) -> str | None:
@@ -122,6 +124,16 @@ class BackwardLines:
         if not 0 <= number < self.count:
             return None
         return self.lines[bisect.bisect_right(self.starts, number) - 1]
+
+    def freed_from(self, number: int) -> str | None:
+        """The line of the first backward from ``number`` on that did not retain its graph
+        (the one that freed a graph made before it); None when every one retained it."""
+        if not 0 <= number < self.count:
+            return None
+        for run in range(bisect.bisect_right(self.starts, number) - 1, len(self.starts)):
+            if not self.retained[run]:
+                return self.lines[run]
+        return None
 
 
 def user_line(frame: Any) -> str | None:

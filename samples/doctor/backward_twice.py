@@ -9,7 +9,7 @@ step used it, and the backward that freed its graph.
 import torch
 from torch import nn
 
-VARIANTS = ("state", "hidden", "again")
+VARIANTS = ("state", "hidden", "again", "retained")
 
 
 class Smoothed(nn.Module):
@@ -64,6 +64,13 @@ def program(watch, variant: str = "state") -> nn.Module:
             for _ in range(2):
                 h = cell(torch.randn(1, 8), h)  # doctor: hidden
                 h.pow(2).mean().backward()  # doctor: hidden
+        return cell
+    if variant == "retained":  # adapted from test_autograd.py's retain_graph cases
+        with watch(cell):
+            loss = cell(torch.randn(1, 8)).pow(2).mean()
+            loss.backward(retain_graph=True)  # kept the graph: not the one that freed it
+            loss.backward()  # doctor: retained
+            loss.backward()  # doctor: retained
         return cell
     with watch(cell):
         loss = cell(torch.randn(1, 8)).pow(2).mean()
