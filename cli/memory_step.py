@@ -33,6 +33,16 @@ def check_options(optimizer: str | None, capacity: str | None) -> None:
             ) from None
 
 
+def _is_terminal() -> bool:
+    from .process import real_stderr
+
+    stream = real_stderr()
+    try:
+        return stream is not None and stream.isatty()
+    except (OSError, ValueError):
+        return False
+
+
 def _optimizer(mf: Any, model: Any, name: str | None) -> Any:
     import torch
 
@@ -77,8 +87,18 @@ def run_step(mf: Any, model: Any, args: tuple[Any, ...], *, optimizer: str | Non
         code = 0 if fits else 1
         build = mf.get("build_inputs")
         if callable(build):
+            target = mf.target_builder()  # each candidate's whole batch: inputs and target
+            raw_loss = mf.get("loss_fn") if target is not None else loss_fn
+
+            def tried(batch: int, peak: int) -> None:  # progress, on a terminal
+                if terminal:
+                    fits = "fits" if peak <= gs.parse_size(capacity) else "does not fit"
+                    note(f"batch {batch}: peak {gs.format_bytes(peak)} ({fits})")
+
+            terminal = _is_terminal()
             found = mf.call("searching the largest batch", gs.max_batch, build, model, capacity,
-                            optimizer=opt, loss_fn=loss_fn, autocast=autocast)
+                            optimizer=opt, loss_fn=raw_loss, autocast=autocast,
+                            build_target=target, progress=tried)
             show(found.summary(), console=out)
     if json_out is not None:
         extra: dict[str, Any] = {}

@@ -450,6 +450,47 @@ class ModelFile:
 
         return loss
 
+    def target_builder(self) -> Callable[[int], Any] | None:
+        """What ``max_batch`` builds each candidate's target with, when ``loss_fn`` takes
+        ``(output, target)``: the file's ``build_target(batch)``, or else its
+        ``example_target`` with its rows (dim 0) tiled or cut to the batch (every tensor of
+        it whose first dimension is the example's batch). None when the loss takes no target.
+
+        Raises:
+            ModelFileError: the loss takes a target and the file has neither.
+        """
+        fn = self.get("loss_fn")
+        arity = positional_arity(fn) if callable(fn) else None
+        if arity is None or arity < 2:
+            return None
+        build = self.get("build_target")
+        if callable(build):
+            return lambda batch: self.call("calling build_target(batch)", build, batch)
+        target = self.get("example_target")
+        if target is None:
+            raise self._nothing_found(
+                "loss_fn takes (output, target) but the file has neither build_target(batch) "
+                "nor example_target",
+                "def build_target(batch): return torch.randint(0, 10, (batch,))",
+            )
+        from .graph.nest import iter_tensors
+
+        rows = next((t.shape[0] for _, t in iter_tensors(target) if t.dim() > 0), None)
+
+        def tile(value: Any, batch: int) -> Any:
+            if isinstance(value, torch.Tensor):
+                if rows is None or value.dim() == 0 or value.shape[0] != rows:
+                    return value
+                times = -(-batch // rows)
+                return value.repeat(times, *([1] * (value.dim() - 1)))[:batch]
+            if isinstance(value, (tuple, list)):
+                return type(value)(tile(v, batch) for v in value)
+            if isinstance(value, dict):
+                return {k: tile(v, batch) for k, v in value.items()}
+            return value
+
+        return lambda batch: tile(target, batch)
+
     # ------------------------------------------------------------------ backward
     def backward(self, *, saved: bool = True) -> BackwardRun:
         """Forward (and ``loss_fn`` when the file has one) with forward lines and the first

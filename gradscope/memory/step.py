@@ -18,7 +18,7 @@ import itertools
 import random
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -446,13 +446,18 @@ def max_batch(
     autocast: str | None = None,
     plan: Any = None,
     limit: int = 1 << 16,
+    build_target: Callable[[int], Any] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> MaxBatch:
     """The largest batch whose step peak (``step_memory``, steady state included) fits
     ``capacity``: doubling from 1 until a batch does not fit, then, in that bracket, aiming
     where the peak (close to affine in the batch) crosses the capacity, bisecting where that
     does not narrow it down.
-    ``build_inputs(batch)`` returns the inputs (a tensor or a tuple). Build the model on
-    the ``meta`` device to search without allocating.
+    ``build_inputs(batch)`` returns the inputs (a tensor or a tuple); ``build_target(batch)``,
+    when the loss takes a target, that batch's target (``loss_fn(output, target)`` is then
+    called with it: the whole batch, inputs and target, is built for each candidate).
+    ``progress(batch, peak)`` is called after each candidate. Build the model on the
+    ``meta`` device to search without allocating.
 
     Returns:
         ``MaxBatch``: ``.batch``, ``.peak``, ``.at`` (its ``StepMemory``), ``.next_peak``,
@@ -468,8 +473,14 @@ def max_batch(
         if batch not in runs:
             inputs = build_inputs(batch)
             args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-            runs[batch] = step_memory(model, *args, optimizer=optimizer, loss_fn=loss_fn,
+            loss = loss_fn
+            if build_target is not None and loss_fn is not None:
+                target, two = build_target(batch), cast(Callable[[Any, Any], Any], loss_fn)
+                loss = lambda output: two(output, target)  # noqa: E731
+            runs[batch] = step_memory(model, *args, optimizer=optimizer, loss_fn=loss,
                                       autocast=autocast, plan=plan)
+            if progress is not None:
+                progress(batch, runs[batch].peak)
         return runs[batch].peak
 
     if limit < 1 or peak(1) > cap:

@@ -9,6 +9,7 @@ model on the CPU; restoration with copies taken before.
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 
@@ -366,3 +367,48 @@ def test_max_batch_summary_tells_apart_what_fits_and_what_does_not():
     assert found.peak <= found.capacity < found.next_peak
     assert f"peak {found.peak:,} B of {found.capacity:,} B" in text
     assert text.endswith(f"; {found.batch + 1} needs {found.next_peak:,} B")
+
+
+TARGET_FILE = """
+import torch
+from torch import nn
+import torch.nn.functional as F
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 10))
+example_input = torch.randn(8, 32)
+example_target = torch.randint(0, 10, (8,))
+def loss_fn(out, target): return F.cross_entropy(out, target)
+def build_inputs(batch): return torch.randn(batch, 32)
+"""
+
+
+def test_max_batch_builds_each_candidates_target_too(tmp_path, capsys):
+    """A loss that takes a target: each candidate batch gets a target of its own size (the
+    file's example_target tiled, or build_target(batch)); before, example_target stayed at 8
+    rows and the search stopped on cross_entropy's batch-size mismatch (exit 2). The batch
+    found is the one gs.max_batch finds with the target built in plain torch."""
+    import torch.nn.functional as F
+
+    path = tmp_path / "m.py"
+    path.write_text(TARGET_FILE)
+    code, out = _cli(capsys, "memory", str(path), "--step", "--optimizer", "sgd",
+                     "--capacity", "230KiB", "--json", str(tmp_path / "s.json"))
+    assert code == 0, out
+    found = json.loads((tmp_path / "s.json").read_text())["max_batch"]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.Tanh(),
+                                torch.nn.Linear(256, 10))
+    ref = gs.max_batch(lambda b: torch.randn(b, 32), model, "230KiB",
+                       optimizer=torch.optim.SGD(model.parameters(), lr=1e-2),
+                       loss_fn=F.cross_entropy,
+                       build_target=lambda b: torch.randint(0, 10, (b,)))
+    assert found["batch"] == ref.batch > 8
+
+
+def test_max_batch_reports_each_candidate():
+    seen = []
+    model = torch.nn.Linear(16, 16)
+    gs.max_batch(lambda b: torch.randn(b, 16), model, "64KiB",
+                 progress=lambda batch, peak: seen.append((batch, peak)))
+    assert seen and seen[0][0] == 1 and all(p > 0 for _, p in seen)
+    assert len({b for b, _ in seen}) == len(seen)  # each candidate once
