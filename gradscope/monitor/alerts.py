@@ -25,6 +25,7 @@ from collections import deque
 from ..errors import MonitorError
 from .log import (
     VANISH,
+    VANISH_RATIO,
     Alert,
     MonitorLog,
     ParamStats,
@@ -155,7 +156,8 @@ class AlertRules:
     def update(self, st: StepStats) -> list[Alert]:
         th = self.thresholds
         vanish = VANISH if th.vanish is None else th.vanish
-        vanish_ratio, explode = th.vanish_ratio, th.explode
+        vanish_ratio = VANISH_RATIO if th.vanish_ratio is None else th.vanish_ratio
+        explode = th.explode
         norm_type, numels = self.norm_type, self.numels
         out: list[Alert] = []
         first_bad = st.forward_nonfinite

@@ -198,9 +198,17 @@ def check_stream_path(path: Any) -> Path:
     return target
 
 
+def adaptive(optimizer: torch.optim.Optimizer | None) -> bool:
+    """Whether ``optimizer`` divides each gradient by its own running size (an ``eps`` in its
+    param groups: Adam, AdamW, RMSprop, Adagrad...): then a gradient far smaller than the
+    model's others still moves its weight at about the learning rate, and being small
+    *relative to the model* says nothing (``vanish_ratio`` is off by default)."""
+    return optimizer is not None and any("eps" in g for g in optimizer.param_groups)
+
+
 #: ``GradMonitor``'s threshold keywords and their defaults (the fields of ``Thresholds``)
 THRESHOLD_KEYWORDS: dict[str, Any] = {
-    "vanish": None, "vanish_ratio": 1e-4, "explode": 1e3, "spike": 10.0, "spike_window": 50,
+    "vanish": None, "vanish_ratio": None, "explode": 1e3, "spike": 10.0, "spike_window": 50,
     "spike_warmup": 10,
 }
 

@@ -39,6 +39,7 @@ from ..errors import (
 from ..output.formats import renderer
 from .alerts import AlertRules
 from .checks import (
+    adaptive,
     check_args,
     check_options,
     check_scaler,
@@ -55,6 +56,7 @@ from .incident import Incident
 from .incidents import IncidentWatch
 from .leaks import LeakWatch
 from .log import (
+    VANISH_RATIO,
     Alert,
     MonitorLog,
     StepStats,
@@ -130,7 +132,10 @@ class GradMonitor:
             whose gradient is above ``eps`` at half the learning rate or more:
             ``checks.vanish_level``).
         vanish_ratio: ... or whose per-element size stays below this fraction of the median
-            per-element size of the model's parameters at the same step.
+            per-element size of the model's parameters at the same step. None: 1e-4, or off
+            (0) under an optimizer that divides each gradient by its running size (an
+            ``eps`` in its groups: Adam and its kin move such a weight at about the
+            learning rate however small it is next to the others: ``checks.adaptive``).
         explode: a norm above this (or ``SPIKE_FACTOR`` x its running median, twice what
             it reached lately: ``gradscope.monitor.spikes.jumps``, and ``SPIKE_GROWTH`` x the
             largest of its window: a jump, not a climb) alerts.
@@ -182,7 +187,7 @@ class GradMonitor:
         scaler: Any = None,
         replicated: bool | None = None,
         vanish: float | None = None,
-        vanish_ratio: float = 1e-4,
+        vanish_ratio: float | None = None,
         explode: float = 1e3,
         spike: float | None = 10.0,
         spike_window: int = 50,
@@ -208,6 +213,8 @@ class GradMonitor:
         self.norm_type = float(norm_type)
         self.optimizer = unwrap_optimizer(optimizer) if optimizer is not None else None
         self.vanish = vanish = vanish_level(self.optimizer) if vanish is None else vanish
+        if vanish_ratio is None:  # the default: relative smallness matters to SGD, not Adam
+            vanish_ratio = 0.0 if adaptive(self.optimizer) else VANISH_RATIO
         self.vanish_ratio = vanish_ratio
         self.explode = explode
         numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool)

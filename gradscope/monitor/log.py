@@ -93,6 +93,9 @@ class Alert:
 
 #: The default "vanishing" level per element (an optimizer with a smaller ``eps`` lowers it).
 VANISH = 1e-7
+#: The default relative level: below this fraction of the model's median per-element size
+#: (off under an adaptive optimizer: ``monitor.checks.adaptive``).
+VANISH_RATIO = 1e-4
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,9 @@ class Thresholds:
     values (the first ``spike_warmup`` ignored) is a "spike" (``gradscope.monitor.spikes``);
     None: no spike detection (no spike alerts, incidents or per-sample replays). ``vanish``
     None (the default of ``GradMonitor``): ``VANISH``, or the optimizer's ``eps`` when it has
-    a smaller one (``monitor.checks.vanish_level``).
+    a smaller one (``monitor.checks.vanish_level``); ``vanish_ratio`` None: ``VANISH_RATIO``,
+    or off under an optimizer that divides by each gradient's running size
+    (``monitor.checks.adaptive``).
 
     Example:
         >>> th = Thresholds(explode=100.0)
@@ -120,7 +125,7 @@ class Thresholds:
     """
 
     vanish: float | None = None
-    vanish_ratio: float = 1e-4
+    vanish_ratio: float | None = None
     explode: float = 1e3
     spike: float | None = 10.0
     spike_window: int = 50

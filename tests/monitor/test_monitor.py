@@ -1480,3 +1480,34 @@ def test_vanishing_is_what_the_optimizer_cannot_act_on(kind) -> None:
     else:
         assert mon.thresholds.vanish == 1e-7 and max(moved) < 1e-6
         assert [a.step for a in vanishing] == [2]
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_small_next_to_the_model_is_vanishing_only_where_the_optimizer_cannot_act(kind) -> None:
+    """One layer's gradients 1e-5 x the others' (per element, all above AdamW's eps): AdamW
+    divides each by its running size, so torch's own update moves that layer at about the
+    learning rate (measured below): not vanishing (the ELECTRA/MobileBERT false alarm). Under
+    SGD its update is 1e-5 x the others': "vanishing" (the relative rule, 1e-4 x median)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 1))
+    opt = (torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0) if kind == "adamw"
+           else torch.optim.SGD(model.parameters(), lr=1e-3))
+    for p in model[0].parameters():  # 1e-5 x: still far above eps (1e-8) per element
+        p.register_hook(lambda g: g * 1e-5)
+    moved = []
+    with gs.GradMonitor(model, optimizer=opt) as mon:
+        for _ in range(4):
+            opt.zero_grad()
+            model(torch.randn(16, 8)).square().mean().backward()
+            before = model[0].weight.detach().clone()
+            opt.step()
+            moved.append(((model[0].weight.detach() - before).abs().mean() / 1e-3).item())
+    vanishing = [a for a in mon.alerts if a.kind == "vanishing"]
+    if kind == "adamw":
+        assert min(moved) > 0.3, moved  # torch's update: a good share of the learning rate
+        assert mon.thresholds.vanish_ratio == 0.0 and vanishing == []
+    else:
+        assert max(moved) < 1e-3, moved
+        assert mon.thresholds.vanish_ratio == 1e-4
+        (alert,) = vanishing
+        assert set(alert.names) == {"0.weight", "0.bias"}
