@@ -23,6 +23,7 @@ from typing import Any, cast
 import torch
 
 from .._torch import dynamo
+from .._torch.isolated import fork_refused, in_child
 from ..errors import GradscopeError
 from ..graph.nest import device_of, iter_tensors
 from .activations_recorder import new_objects_collected
@@ -41,11 +42,37 @@ _AUTOCAST = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
              "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
 
 
+# ====================================================================== isolating
+#: seconds one isolated step may take before its child is ended (a day: a step is never slow
+#: on purpose; the bound only keeps a hung child from hanging the caller for ever)
+ISOLATED_TIMEOUT = 86_400.0
+
+
+def isolated(fn: Callable[[], Any]) -> Any:
+    """``fn()`` where it cannot change this process: in a forked child when that is safe
+    (``gradscope._torch.isolated``: parameters and their version counters, buffers reassigned
+    or not, gradients, inputs' ``.grad``, optimizer state and hooks, every RNG and generator
+    stay exactly as they were), else here, where ``_restored`` puts back what it can reach.
+
+    Raises:
+        whatever ``fn`` raised; ``GradscopeError`` when the child gave no answer.
+    """
+    if fork_refused() is not None:
+        return fn()
+    answer = in_child(fn, ISOLATED_TIMEOUT)
+    if answer.failure is not None:
+        raise GradscopeError(f"the step could not be recorded: {answer.failure}")
+    return answer.value
+
+
 # ====================================================================== restoring
 @contextlib.contextmanager
-def _restored(model: torch.nn.Module, optimizer: Any) -> Iterator[None]:
-    """The block leaves no trace: parameters, grads, buffers, optimizer state and
-    hyper-parameters, and the RNG states are as before afterwards."""
+def _restored(model: torch.nn.Module, optimizer: Any, inputs: Any = ()) -> Iterator[None]:
+    """The block leaves what it can reach as before (the in-process fallback of ``isolated``):
+    parameters (copied back only where a value changed), grads, buffers (a buffer the forward
+    reassigned is put back as the same object), the modules' own ``torch.Generator``s,
+    optimizer state and hyper-parameters, the RNG states, and the inputs' ``.grad``. What it
+    cannot undo: the optimizer's hooks ran, and version counters moved where values did."""
     params = list(model.parameters())
     if optimizer is not None:
         known = {id(p) for p in params}
@@ -54,6 +81,10 @@ def _restored(model: torch.nn.Module, optimizer: Any) -> Iterator[None]:
     values = [(p, p.detach().clone() if p.device.type != "meta" else None) for p in params]
     grads = [(p, p.grad) for p in params]
     buffers = [(b, b.detach().clone()) for b in model.buffers() if b.device.type != "meta"]
+    owners = [(m, name, b) for m in model.modules() for name, b in m.named_buffers(recurse=False)]
+    generators = [(g, g.get_state()) for m in model.modules() for g in vars(m).values()
+                  if isinstance(g, torch.Generator)]
+    input_grads = [(t, t.grad) for _, t in iter_tensors(inputs) if t.is_leaf]
     state = groups = None
     if optimizer is not None:
         state = optimizer.state
@@ -67,16 +98,26 @@ def _restored(model: torch.nn.Module, optimizer: Any) -> Iterator[None]:
         try:
             for p in params:
                 p.grad = None
+            for t, _ in input_grads:  # the step's backward must not add into the user's
+                t.grad = None
             if optimizer is not None:
                 optimizer.state = _copied_state(state)
             yield
         finally:
-            with torch.no_grad():
+            with torch.no_grad():  # copied back only where changed: no version bump else
                 for p, v in values:
-                    if v is not None:
+                    if v is not None and _changed(p, v):
                         p.copy_(v)
                 for b, v in buffers:
-                    b.copy_(v)
+                    if _changed(b, v):
+                        b.copy_(v)
+            for m, name, b in owners:
+                if getattr(m, name, None) is not b:
+                    setattr(m, name, b)
+            for gen, gen_state in generators:
+                gen.set_state(gen_state)
+            for t, g in input_grads:
+                t.grad = g
             for p, g in grads:
                 p.grad = g
             if optimizer is not None:
@@ -86,6 +127,15 @@ def _restored(model: torch.nn.Module, optimizer: Any) -> Iterator[None]:
             random.setstate(py_state)
             if np_random is not None and np_state is not None:
                 np_random.set_state(np_state)
+
+
+def _changed(now: torch.Tensor, before: torch.Tensor) -> bool:
+    """Whether ``now`` differs from ``before``; True where that cannot be told (fake tensors
+    under ``FakeTensorMode`` have no values to compare): then it is copied back anyway."""
+    try:
+        return not torch.equal(now, before)
+    except Exception:  # noqa: BLE001 - a tensor subclass that cannot compare values
+        return True
 
 
 def _copied_state(state: Any) -> Any:
@@ -309,6 +359,18 @@ def step_memory(
         >>> mem.fits("1GiB")
         True
     """
+    return isolated(lambda: _step_memory(model, *inputs, optimizer=optimizer, loss_fn=loss_fn,
+                                         autocast=autocast, plan=plan))
+
+
+def _step_memory(
+    model: torch.nn.Module,
+    *inputs: Any,
+    optimizer: Any = None,
+    loss_fn: LossFn = None,
+    autocast: str | None = None,
+    plan: Any = None,
+) -> StepMemory:
     _check(model, optimizer)
     dtype = _cast(autocast)
     modules = _plan_modules(plan)
@@ -333,7 +395,7 @@ def step_memory(
     pre = torch.nn.modules.module.register_module_forward_pre_hook(rec.pre)
     post = torch.nn.modules.module.register_module_forward_hook(rec.post)
     try:
-        with _restored(model, optimizer), _applied(model, modules), (
+        with _restored(model, optimizer, inputs), _applied(model, modules), (
                 fake if fake is not None else contextlib.nullcontext()):
             if fake is not None:
                 step.fake_twin(fake)
@@ -369,6 +431,18 @@ def measure_step(
     recorder: on the CPU the profiler's allocation and free events over each step (the
     running sum's maximum, plus what was live before), on CUDA ``max_memory_allocated`` after
     ``reset_peak_memory_stats``. Restores everything afterwards, like ``step_memory``."""
+    return isolated(lambda: _measure_step(model, *inputs, optimizer=optimizer, loss_fn=loss_fn,
+                                          autocast=autocast, plan=plan))
+
+
+def _measure_step(
+    model: torch.nn.Module,
+    *inputs: Any,
+    optimizer: Any = None,
+    loss_fn: LossFn = None,
+    autocast: str | None = None,
+    plan: Any = None,
+) -> tuple[int, int, str]:
     _check(model, optimizer)
     dtype = _cast(autocast)
     modules = _plan_modules(plan)
@@ -378,7 +452,7 @@ def measure_step(
                              "real device to measure (step_memory works on meta)")
     step = _Step(model, inputs, loss_fn, optimizer, dtype)
     peaks: list[int] = []
-    with _restored(model, optimizer), _applied(model, modules), new_objects_collected():
+    with _restored(model, optimizer, inputs), _applied(model, modules), new_objects_collected():
         before = _live_bytes(model, inputs, optimizer)
         carried = 0
         for _ in (1, 2) if optimizer is not None else (1,):
@@ -469,16 +543,19 @@ def max_batch(
     cap = _capacity(capacity)
     runs: dict[int, StepMemory] = {}
 
+    def candidate(batch: int) -> StepMemory:
+        inputs = build_inputs(batch)
+        args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        loss = loss_fn
+        if build_target is not None and loss_fn is not None:
+            target, two = build_target(batch), cast(Callable[[Any, Any], Any], loss_fn)
+            loss = lambda output: two(output, target)  # noqa: E731
+        return _step_memory(model, *args, optimizer=optimizer, loss_fn=loss,
+                            autocast=autocast, plan=plan)
+
     def peak(batch: int) -> int:
-        if batch not in runs:
-            inputs = build_inputs(batch)
-            args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-            loss = loss_fn
-            if build_target is not None and loss_fn is not None:
-                target, two = build_target(batch), cast(Callable[[Any, Any], Any], loss_fn)
-                loss = lambda output: two(output, target)  # noqa: E731
-            runs[batch] = step_memory(model, *args, optimizer=optimizer, loss_fn=loss,
-                                      autocast=autocast, plan=plan)
+        if batch not in runs:  # the batch built and stepped where it changes nothing here
+            runs[batch] = isolated(lambda: candidate(batch))
             if progress is not None:
                 progress(batch, runs[batch].peak)
         return runs[batch].peak

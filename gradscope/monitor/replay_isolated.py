@@ -33,15 +33,9 @@ fork, say) is ended, and the incident says the replay did not finish.
 
 from __future__ import annotations
 
-import os
-import pickle
-import select
-import signal
-import time
 from collections.abc import Callable
 
-import torch
-
+from .._torch.isolated import fork_refused, in_child
 from .replay import ReplayResult
 
 #: seconds a forked replay may take before it is ended
@@ -53,24 +47,14 @@ IN_PROCESS = (
     "iterators, counters, hooks) ran a second time"
 )
 
-
-def fork_refused() -> str | None:
-    """Why the replay cannot run in a forked child here, or None when it can."""
-    if not hasattr(os, "fork"):
-        return "no os.fork on this platform"
-    if os.environ.get("GRADSCOPE_REPLAY_FORK", "1") == "0":
-        return "GRADSCOPE_REPLAY_FORK=0"
-    if torch.cuda.is_initialized():
-        return "CUDA is initialised, and a forked process cannot use it"
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return "torch.distributed is initialised"
-    return None
+__all__ = ["IN_PROCESS", "TIMEOUT", "fork_refused", "replay_isolated"]
 
 
 def replay_isolated(replay: Callable[[], ReplayResult], *, timeout: float = TIMEOUT
                     ) -> ReplayResult:
     """``replay()``'s result, computed in a forked child when that is safe (see the module's
-    docstring), else in this process with a note saying so. Never raises."""
+    docstring, and ``gradscope._torch.isolated``), else in this process with a note saying
+    so. Never raises."""
     why = fork_refused()
     if why is not None:
         res = replay()
@@ -78,79 +62,25 @@ def replay_isolated(replay: Callable[[], ReplayResult], *, timeout: float = TIME
             extra = IN_PROCESS.format(why=why)
             res.note = f"{res.note}; {extra}" if res.note else extra
         return res
-    return _in_child(replay, timeout)
-
-
-def _in_child(replay: Callable[[], ReplayResult], timeout: float) -> ReplayResult:
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: replay, answer, leave without running any exit handler
-        code = 0
-        try:
-            os.close(read_end)
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
-            # the parent's intra-op thread pool did not survive the fork (its next parallel
-            # region would wait forever): the child computes on one thread
-            torch.set_num_threads(1)
-            try:
-                payload = pickle.dumps(("ok", replay()))
-            except BaseException as exc:  # noqa: BLE001 - whatever happens, the parent hears
-                payload = pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(write_end, view):]
-        except BaseException:  # noqa: BLE001
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(write_end)
     try:
-        data = _read_all(read_end, pid, timeout)
-    finally:
-        os.close(read_end)
-    if data is None:
-        return _failed(f"the replay did not finish within {timeout:g} s and was ended")
-    try:
-        kind, value = pickle.loads(data)
-    except Exception:  # noqa: BLE001 - a child that died mid-answer
-        return _failed("the replay's process ended without an answer")
-    if kind == "ok" and isinstance(value, ReplayResult):
-        return value
-    return _failed(f"the replay failed: {str(value).splitlines()[0] if value else 'unknown'}")
+        answer = in_child(replay, timeout)
+    except Exception as exc:  # noqa: BLE001 - the replay itself raised in the child
+        return _failed(f"the replay failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+                       if str(exc) else f"the replay failed: {type(exc).__name__}")
+    if answer.failure is not None:
+        return _failed(_said(answer.failure))
+    if isinstance(answer.value, ReplayResult):
+        return answer.value
+    return _failed("the replay failed: unknown")
 
 
-def _read_all(fd: int, pid: int, timeout: float) -> bytes | None:
-    """The child's whole answer (it closes the pipe at exit), or None after ``timeout``
-    (the child is then killed). The child is always reaped."""
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                os.kill(pid, signal.SIGKILL)
-                return None
-            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
-            if not ready:
-                continue
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-    except BaseException:  # Ctrl-C while waiting: the child goes too
-        os.kill(pid, signal.SIGKILL)
-        raise
-    finally:
-        _reap(pid)
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
+def _said(reason: str) -> str:
+    """The incident's note for a child that gave no answer."""
+    if reason.startswith("it did not finish"):
+        return "the replay did not finish" + reason[len("it did not finish"):]
+    if reason.startswith("its process ended"):
+        return "the replay's process ended without an answer"
+    return f"the replay failed: {reason}"
 
 
 def _failed(note: str) -> ReplayResult:
