@@ -465,13 +465,15 @@ class _DoctorMode(TorchFunctionMode):
 
 
 def _bits(mask: int) -> list[int]:
+    """The set bits, each found in one step (``mask & -mask``: the lowest set bit), so the
+    cost is their count, not the position of the highest: the shift-by-one loop made each call
+    linear in the number of parameters, and the forward quadratic (9x a plain step at 2,000
+    layers)."""
     found = []
-    i = 0
     while mask:
-        if mask & 1:
-            found.append(i)
-        mask >>= 1
-        i += 1
+        low = mask & -mask
+        found.append(low.bit_length() - 1)
+        mask ^= low
     return found
 
 
