@@ -43,6 +43,7 @@ from .activations_records import (
 )
 from .checkpoint_apply import CheckpointHandle, apply_checkpoints
 from .measure_forward import _measure, measure_forward
+from .step import _restored, isolated
 
 _AUTOCAST = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
              "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
@@ -93,18 +94,21 @@ def activation_report(
         raise GradscopeError(
             f"activation_report needs an nn.Module, got {type(model).__name__}"
         )
-    with _preserved(model):
-        rep = _report(model, inputs, loss_fn)
-        if autocast is not None:
-            dtype = _AUTOCAST.get(str(autocast).lower())
-            if dtype is None:
-                raise GradscopeError(
-                    f"autocast={autocast!r}: expected one of bf16, fp16"
-                )
-            _autocast_column(rep, model, inputs, loss_fn, dtype, str(autocast).lower())
-        if batch_scale is not None:
-            _scaled_column(rep, model, inputs, loss_fn, float(batch_scale))
-    return rep
+    if autocast is not None and _AUTOCAST.get(str(autocast).lower()) is None:
+        raise GradscopeError(f"autocast={autocast!r}: expected one of bf16, fp16")
+
+    def run() -> ActivationReport:
+        with _restored(model, None, inputs), _preserved(model):
+            rep = _report(model, inputs, loss_fn)
+            if autocast is not None:
+                _autocast_column(rep, model, inputs, loss_fn, _AUTOCAST[str(autocast).lower()],
+                                 str(autocast).lower())
+            if batch_scale is not None:
+                _scaled_column(rep, model, inputs, loss_fn, float(batch_scale))
+        return rep
+
+    # where it changes nothing here: buffers the forward reassigns, its own generators
+    return isolated(run)
 
 
 def _autocast_column(rep: ActivationReport, model: torch.nn.Module, inputs: tuple[Any, ...],

@@ -67,6 +67,7 @@ def _same(a, b):
 
 
 TOOLS = {
+    "activation_report": lambda m, o, x: gs.activation_report(m, x),
     "step_memory": lambda m, o, x: gs.step_memory(m, x, optimizer=o),
     "measure_step": lambda m, o, x: gs.measure_step(m, x, optimizer=o),
     "max_batch": lambda m, o, x: gs.max_batch(lambda b: torch.randn(b, 6), m, "64KiB",
@@ -96,7 +97,8 @@ def test_the_tool_leaves_training_exactly_as_it_was(tool):
 #: what the in-process fallback (no fork: CUDA initialised, torch.distributed, Windows, or
 #: GRADSCOPE_FORK=0) cannot undo: the optimizer's hooks ran and the version counters of the
 #: parameters it stepped moved; max_batch's build_inputs drew from torch's RNG here
-IN_PROCESS_LEFT = {"step_memory": {"versions", "hooks"}, "measure_step": {"versions", "hooks"},
+IN_PROCESS_LEFT = {"activation_report": set(),
+                   "step_memory": {"versions", "hooks"}, "measure_step": {"versions", "hooks"},
                    "max_batch": {"versions", "hooks", "torch_rng"}}
 
 
