@@ -165,7 +165,7 @@ FUNCTION_FILE_EPILOG = "\x00function-file\x00"
 
 
 def model_file_template() -> str:
-    """The template of a valid model file, as gradscope's errors show it (``TEMPLATE`` in
+    """The five-line template of a valid model file (``TEMPLATE_CODE`` in
     ``gradscope/modelfile.py``), read from that module's source: importing it would import
     torch, and ``--help`` never does."""
     import ast
@@ -175,8 +175,10 @@ def model_file_template() -> str:
     try:
         source = Path(spec.origin).read_text(encoding="utf-8")  # type: ignore[union-attr,arg-type]
         for node in ast.parse(source).body:
-            if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                    and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "TEMPLATE"):
+            if not isinstance(node, ast.Assign):
+                continue
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and target.id == "TEMPLATE_CODE":
                 return str(ast.literal_eval(node.value))
     except (OSError, ValueError, SyntaxError, AttributeError, TypeError):
         pass

@@ -42,6 +42,14 @@ from .errors import ModelFileError, ReportError
 #: what every "nothing found" error ends with (one line: the CLI prints it as it is)
 TEMPLATE = ("a model file defines model (an nn.Module) and example_input, optionally "
             "loss_fn(output), or a build() returning (model, example_input)")
+#: A valid model file, five lines (what every command's ``--help`` shows; the CLI reads it
+#: from this source without importing the module, which imports torch).
+TEMPLATE_CODE = """\
+import torch
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+example_input = torch.randn(16, 4)  # a tensor, or a tuple of tensors
+def loss_fn(output):  # optional: render --loss, report, doctor, memory
+    return output.pow(2).mean()"""
 
 
 _LOSS_HINT = (

@@ -270,6 +270,10 @@ class DoctorReport:
         """Write ``to_json()`` to ``path`` atomically (the old file is kept if it fails)."""
         write_atomic(path, self.to_json() + "\n")
 
+    def __str__(self) -> str:
+        """The text of ``render()``: ``print(report)`` shows what the terminal would."""
+        return str(self.render())
+
     def render(self) -> Any:
         """A rich renderable: one panel per finding (``gradscope doctor`` prints it)."""
         from ..output.formats import renderer

@@ -140,6 +140,10 @@ class CheckResult:
         block = self.block(f)
         return block.element(f.index) if block is not None else f"({f.index[0]}, {f.index[1]})"
 
+    def __str__(self) -> str:
+        """The text of ``render()``: ``print(report)`` shows what the terminal would."""
+        return str(self.render())
+
     def render(self) -> Any:
         """A rich renderable: verdict, notes, failures, and small Jacobians side by side."""
         from ..output.formats import renderer

@@ -59,6 +59,10 @@ class Explanation:
     storage_values: list[float] | None = None
 
     # ------------------------------------------------------------------ rendering
+    def __str__(self) -> str:
+        """The text of ``render()``: ``print(report)`` shows what the terminal would."""
+        return str(self.render())
+
     def render(self) -> Any:
         """A rich renderable: the metadata table and the index -> storage picture."""
         return renderer("explain")(self)

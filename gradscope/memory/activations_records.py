@@ -379,6 +379,10 @@ class ActivationReport:
         return (f"activations held at the end of the forward: {format_bytes(self.total)} "
                 f"({plural(len(self.rows), 'module')}, device {self.device})")
 
+    def __str__(self) -> str:
+        """The text of ``render()``: ``print(report)`` shows what the terminal would."""
+        return str(self.render())
+
     def render(self, *, top: int = 20) -> Any:
         """A rich renderable: the per-module table ranked by what a checkpoint frees."""
         from ..output.formats import renderer

@@ -188,6 +188,10 @@ class Plan:
                 f"{format_bytes(self.predicted)} predicted, recomputing "
                 f"{format_flops(self.recompute_flops)}{again}")
 
+    def __str__(self) -> str:
+        """The text of ``render()``: ``print(report)`` shows what the terminal would."""
+        return str(self.render())
+
     def render(self, verification: Verification | None = None,
                every_block: Plan | None = None) -> Any:
         """A rich renderable: the plan, its modules, "every block" beside it, the measurement."""

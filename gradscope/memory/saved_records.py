@@ -205,6 +205,10 @@ class MemoryReport:
             f"{format_bytes(self.total)} in {plural(len(self.storages), 'storage')} in all{peak}"
         )
 
+    def __str__(self) -> str:
+        """The text of ``render()``: ``print(report)`` shows what the terminal would."""
+        return str(self.render())
+
     def render(self, *, depth: int | None = None, top: int = 20) -> Any:
         """A rich renderable: summary, bytes per module cut to ``depth``, CUDA figures."""
         from ..output.formats import renderer

@@ -153,6 +153,10 @@ class StepMemory:
         """Write ``to_json(**extra)`` to ``path`` atomically; returns the path."""
         return write_json(path, {**self.to_dict(), **extra})
 
+    def __str__(self) -> str:
+        """The text of ``render()``: ``print(report)`` shows what the terminal would."""
+        return str(self.render())
+
     def render(self) -> Any:
         """A rich renderable: the peak, where, and the categories at that moment."""
         from ..output.formats import renderer

@@ -245,6 +245,8 @@ def _unfilled_lines(text: str) -> list[str]:
                 continue
             if line.startswith(("╭", "╰")) or prev.startswith(("╭", "╰", "│")):
                 continue
+            if prev.startswith("     "):
+                continue  # a line of code (the template of a model file) keeps its breaks
         word = inner.split()[0]
         if word.startswith("["):
             continue  # typer starts "[default: ...]" on a line of its own

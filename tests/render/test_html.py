@@ -303,9 +303,10 @@ def test_full_encoder_page_search_and_select(browser, deep: gs.Graph, tmp_path: 
 def test_expand_all_on_the_default_encoder_page(browser, deep: gs.Graph, tmp_path: Path) -> None:
     p = Page(browser, deep.save(tmp_path / "deep.html"))
     first = p.js("gradscope.visible()")
-    assert first < 200  # one layer drawn, the other 63 summarised
-    assert p.js("gradscope.boxAt('sum:encoder.layers.0-63')") is None  # not a node id...
-    assert p.js("gradscope.boxAt('box:encoder.layers.0')") is not None  # ...its layer 0 is open
+    assert first < 200  # the overview: the top-level boxes (tests/render/test_first_view.py)
+    assert p.js("gradscope.boxAt('box:encoder')") is not None
+    p.js("gradscope.expand('encoder')")  # open: its 64 layers, folded into a summary
+    assert first <= p.js("gradscope.visible()") < 200
     p.js("window.__gap = 0")
     p.js("gradscope.expandAll()")
     assert p.js("gradscope.visible()") == len(deep.nodes)
@@ -585,9 +586,10 @@ def test_edges_and_labels_keep_clear_of_boxes(browser, transformer, tmp_path: Pa
 
 
 def test_gpt2_backward_page_has_no_overlaps(browser, tmp_path: Path) -> None:
-    """The --backward page of a GPT-2 (transformers, a small GPT2Config, 6 layers: the first view
-    folds nothing, every edge carries its gradient norm): no label over a label or a box, no
-    edge through a box (issue 23 saw norm labels drawn on top of each other there)."""
+    """The --backward page of a GPT-2 (transformers, a small GPT2Config, 6 layers: opened whole
+    with Expand all (the first view is the overview), every edge carries its gradient norm): no
+    label over a label or a box, no edge through a box (issue 23 saw norm labels drawn on top
+    of each other there)."""
     tf = pytest.importorskip("transformers")
     cfg = tf.GPT2Config(n_layer=6, n_embd=64, n_head=4, vocab_size=256, n_positions=64,
                         bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
@@ -600,6 +602,7 @@ def test_gpt2_backward_page_has_no_overlaps(browser, tmp_path: Path) -> None:
     with gs.record_backward(out.loss, model=model) as rec:
         out.loss.backward()
     p = Page(browser, rec.graph.save(tmp_path / "gpt2.html"))
+    p.js("gradscope.expandAll()")
     got = p.js(OVERLAPS)
     assert got["labels"] >= len(rec.graph.edges) - 10, got  # the norms are drawn
     assert got == got | {"through": 0, "label_label": 0, "label_box": 0}, got

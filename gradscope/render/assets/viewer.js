@@ -1953,7 +1953,7 @@
   // the overview instead: the top-level boxes, then one more level at a time while the whole
   // graph stays readable (READ_K). Not when the page was asked for a depth or --full, or has a
   // place to show first (a NaN, a doctor's finding, a diff's change), or the user has moved.
-  const OVERVIEW_LEVELS = 8;
+  const OVERVIEW_LEVELS = 8, OVERVIEW_NODES = 200; // a small graph keeps its own first view
   function readableWhole() {
     return !!scene && fitRect(0, 0, scene.bounds.w, scene.bounds.h).k >= READ_K;
   }
@@ -1968,7 +1968,8 @@
   }
   async function overviewFirst() {
     const noDepth = OPT.depth === null || OPT.depth === undefined;
-    if (!scene || userMoved || OPT.full || !noDepth || focusKey() >= 0 || readableWhole()) return;
+    if (!scene || N < OVERVIEW_NODES || userMoved || OPT.full || !noDepth || focusKey() >= 0 ||
+        !C.some((c) => c.kind === "module") || readableWhole()) return; // (a bare chain: its runs)
     expanded.fill(0); unfolded.fill(0); expanded[0] = 1;
     overview = true;
     await refresh(() => firstView());
