@@ -128,7 +128,7 @@ def require_plot() -> None:
 
     if importlib.util.find_spec("matplotlib") is None:
         raise gs.MissingExtraError(
-            "--plot needs matplotlib, which is not installed; pip install gradscope[plot]"
+            "--plot needs matplotlib, which is not installed; pip install 'torch-gradscope[plot]'"
         )
     backend = os.environ.get("MPLBACKEND")
     if backend:

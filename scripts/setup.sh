@@ -53,7 +53,7 @@ if [ ! -f "$stamp" ]; then
   pip_q $TORCH_SPEC
   # the distribution was called `gradscope` before it became torch-gradscope: an older install
   # under that name (its dist-info, its editable finder) would shadow or outlive the new one
-  if "$VPY" -c "import importlib.metadata as m; m.distribution('gradscope')" 2>/dev/null; then
+  if "$VPY" -I -c "import importlib.metadata as m; m.distribution('gradscope')" 2>/dev/null; then
     "$VPY" -m pip uninstall -y -q gradscope >&2 || true
   fi
   held="$VENV/.gradscope-held.txt"

@@ -10,7 +10,11 @@
 #   2.15  .venv-2.15  torch 2.15.0 (the newest release; from the package index with its CUDA
 #                     runtime packages, ~2.5 GB to download, 5.4 GB installed; the machine's pip
 #                     constraint that caps torch at 2.14.1 is lifted for this leg's installs
-#                     only: PIP_CONSTRAINT=/dev/null) + the wheel with [test]: the whole suite
+#                     only: PIP_CONSTRAINT=/dev/null) + the wheel with [test]: the whole suite.
+#                     Its triton (pulled in by torch.compile's inductor tests) prints
+#                     "nanobind: leaked N instances/types/functions!" when a pytest worker
+#                     exits: noise after the results (nanobind's leak check can only be turned
+#                     off from C++, nb::set_leak_warnings), no exit code or count depends on it
 #   2.14  .venv-2.14  torch 2.14.1 + torchvision 0.29.1 (installed first), then the wheel with
 #                     [test] and timm with torch held: the outside-model tests (tests/outside/,
 #                     they need torchvision and timm) and the tests that read torch internals

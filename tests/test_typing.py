@@ -36,9 +36,12 @@ follow_imports = skip
 def mypy(tmp_path: Path, source: str) -> list[str]:
     (tmp_path / "snippet.py").write_text(textwrap.dedent(source))
     (tmp_path / "mypy.ini").write_text(CONFIG.format(cache=tmp_path / "cache"))
-    # the folder that holds the imported gradscope: the wheel's site-packages, or the checkout
-    # of an editable install (whose import hook mypy does not follow)
-    env = {**os.environ, "MYPYPATH": str(Path(gs.__file__).resolve().parent.parent)}
+    # an editable install's import hook is not followed by mypy: point it at the checkout; the
+    # wheel's site-packages it finds itself (and refuses in MYPYPATH)
+    env = dict(os.environ)
+    home = Path(gs.__file__).resolve().parent.parent
+    if "site-packages" not in home.parts:
+        env["MYPYPATH"] = str(home)
     proc = subprocess.run(
         [sys.executable, "-m", "mypy", "--config-file", "mypy.ini", "--no-error-summary",
          "snippet.py"],

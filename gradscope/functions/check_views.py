@@ -86,7 +86,8 @@ def _table(title: str, rows: list[list[Text]], columns: range) -> Table:
     for c in columns:
         table.add_column(cell(c), justify="right", no_wrap=True)
     for r, row in enumerate(rows):
-        table.add_row(cell(r), *(row[c] for c in columns))
+        cells = [row[c] for c in columns]  # Text made by cell() in _cells
+        table.add_row(cell(r), *cells)
     return table
 
 

@@ -643,9 +643,9 @@ class GradMonitor:
         renderer("monitor_tensorboard")(self.log, writer)
 
     def plot(self, path: str | Path) -> Path:
-        """Save a PNG: gradient flow per layer (latest and max over steps) and the total norm
+        """Save a PNG: each parameter's gradient norm over the logged steps and the total norm
         over steps, non-finite and skipped steps marked. Needs matplotlib
-        (``pip install gradscope[plot]``)."""
+        (``pip install "torch-gradscope[plot]"``)."""
         return renderer("monitor_plot")(self.log, Path(path))
 
 

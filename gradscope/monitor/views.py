@@ -17,10 +17,10 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from ..errors import MissingExtraError
 from ..output.envelope import dumps
-from ..output.files import atomic_path, write_atomic, write_with
+from ..output.files import write_atomic, write_with
 from ..output.formats import register_renderer
+from ..output.plots import pyplot, save_png
 from ..output.style import clean_rich, clean_text
 from .incident import alert_line
 from .log import (
@@ -283,9 +283,28 @@ def write_jsonl(log: MonitorLog, path: Path) -> Path:
     return write_atomic(path, "".join(lines))
 
 
+#: what starts a formula in a spreadsheet cell (=, +, -, @, and the tab and carriage return
+#: some readers strip first)
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(name: str) -> str:
+    """A name from the model as one CSV cell that a spreadsheet shows as text, never runs as a
+    formula (``=cmd|' /C calc'!A0`` becomes ``'=cmd|' /C calc'!A0``), and that encodes as
+    UTF-8 (a lone surrogate as its escape).
+
+    Example:
+        >>> csv_text("=1+2"), csv_text("encoder.0.weight")
+        ("'=1+2", 'encoder.0.weight')
+    """
+    text = name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return "'" + text if text.startswith(_FORMULA_START) else text
+
+
 def write_csv(log: MonitorLog, path: Path) -> Path:
     """Long format: one row per (step, parameter), with the step's total norm on each row (an
-    empty cell: not measured at that step)."""
+    empty cell: not measured at that step). Parameter names are written as text
+    (``csv_text``)."""
 
     def write(f: Any) -> None:
         w = csv.writer(f)
@@ -293,7 +312,7 @@ def write_csv(log: MonitorLog, path: Path) -> Path:
         for st in log.steps:
             for name, ps in st.params.items():
                 row = ["" if v is None else v for v in (getattr(ps, x) for x in _FIELDS)]
-                w.writerow([st.step, name, *row, st.total_norm])
+                w.writerow([st.step, csv_text(name), *row, st.total_norm])
 
     return write_with(path, write)
 
@@ -313,20 +332,6 @@ def write_tensorboard(log: MonitorLog, writer: Any) -> None:
         norms = np.array([ps.norm for ps in st.params.values() if math.isfinite(ps.norm)])
         if norms.size:  # histograms cannot hold NaN/Inf; those are in grad_nonfinite/*
             writer.add_histogram("grad_norm/per_parameter", norms, st.step)
-
-
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError:
-        raise MissingExtraError(
-            "GradMonitor.plot needs matplotlib, which is not installed; "
-            "pip install gradscope[plot] (or pip install matplotlib)"
-        ) from None
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def plot_series(log: MonitorLog) -> dict[str, list[Any]]:
@@ -392,7 +397,7 @@ def plot_png(log: MonitorLog, path: Path) -> Path:
     axis) and each spike incident marked; steps with non-finite gradients are red marks along
     the top of the total-norm panel (skipped steps grey), so the panel covers every logged
     step. Every label is horizontal and at least 9 points."""
-    plt = _pyplot()
+    plt = pyplot("GradMonitor.plot")
     names = [n for n in log.names if any(n in st.params for st in log.steps)]
     series = plot_series(log)
     has_loss = bool(series["loss"])
@@ -410,11 +415,10 @@ def plot_png(log: MonitorLog, path: Path) -> Path:
                 _spike_panel(ax_loss, series, "loss_", series["loss_steps"], series["loss"],
                              "loss", "loss", log.thresholds.spike)
                 ax_loss.legend(loc="best")
-            fig.tight_layout()
-            with atomic_path(path) as tmp:
-                fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
-        finally:
+        except BaseException:
             plt.close(fig)
+            raise
+        save_png(fig, path)
     return path
 
 

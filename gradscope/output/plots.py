@@ -35,7 +35,7 @@ def save_png(fig: Any, path: str | Path, *, dpi: int = 100) -> Path:
     try:
         fig.tight_layout()
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png", dpi=dpi)
+            fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight")  # legends outside
     finally:
         plt.close(fig)
     return Path(path)

@@ -183,7 +183,7 @@ def _help(capsys, monkeypatch, *args: str) -> str:
 @pytest.mark.parametrize("command", MODEL_COMMANDS)
 def test_help_of_a_model_command_shows_the_template_and_the_example(capsys, monkeypatch,
                                                                     command):
-    from gradscope.modelfile import TEMPLATE
+    from gradscope.modelfile import TEMPLATE_CODE as TEMPLATE
 
     text = _help(capsys, monkeypatch, command)
     flat = " ".join(text.split())

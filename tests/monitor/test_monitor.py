@@ -772,7 +772,7 @@ def test_plot_writes_a_png(tmp_path) -> None:
 
 def test_plot_without_matplotlib_says_how_to_install(monkeypatch, tmp_path) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(MissingExtraError, match=r"pip install gradscope\[plot\]"):
+    with pytest.raises(MissingExtraError, match=r"pip install 'torch-gradscope\[plot\]'"):
         _fixed_grads_monitor().plot(tmp_path / "flow.png")
     assert issubclass(MissingExtraError, gs.GradscopeError)
 

@@ -221,3 +221,26 @@ def test_a_float64_loss_beyond_float32_is_logged_as_it_is():
         mon.observe_loss(loss)
         loss.backward()
     assert mon.history[0].loss == pytest.approx(1e39)
+
+
+def test_parameter_names_are_text_in_the_csv(tmp_path):
+    """A parameter named like a spreadsheet formula is written as text ('=...), and a lone
+    surrogate in a name does not stop the write (exit 3 before)."""
+    import csv
+
+    import gradscope as gs
+    import torch
+
+    model = torch.nn.Module()
+    model.register_parameter("w", torch.nn.Parameter(torch.ones(2)))
+    with gs.GradMonitor(model) as mon:
+        (model.w * 2).sum().backward()
+    log = mon.log
+    st = log.steps[0]
+    ps = st.params.pop("w")
+    st.params["=cmd|' /C calc'!A0"] = ps
+    st.params["bad\udcffname"] = ps
+    path = mon.log.to_csv(tmp_path / "g.csv")
+    with path.open(encoding="utf-8") as f:
+        names = [row["param"] for row in csv.DictReader(f)]
+    assert names == ["'=cmd|' /C calc'!A0", "bad\\udcffname"]
