@@ -24,7 +24,9 @@ pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def run(*args: str):
-    result = CliRunner().invoke(app, list(args))
+    # a wide terminal, whatever an earlier test left in the environment: the tree wraps its
+    # long lines at the terminal's width, and these tests read whole forward lines
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     return result.exit_code, result.stdout, result.stderr
 
