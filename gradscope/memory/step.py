@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import inspect
 import itertools
 import random
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 import torch
 
@@ -63,6 +65,21 @@ def isolated(fn: Callable[[], Any]) -> Any:
     if answer.failure is not None:
         raise GradscopeError(f"the step could not be recorded: {answer.failure}")
     return answer.value
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def isolating(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` whose every call runs in ``isolated``; ``fn`` itself stays reachable as
+    ``.__wrapped__`` (to run several steps in one isolated call)."""
+
+    @functools.wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        return cast(R, isolated(lambda: fn(*args, **kwargs)))
+
+    return call
 
 
 # ====================================================================== restoring
@@ -319,6 +336,7 @@ def _check(model: Any, optimizer: Any) -> None:
 
 
 # ====================================================================== public
+@isolating
 def step_memory(
     model: torch.nn.Module,
     *inputs: Any,
@@ -359,18 +377,6 @@ def step_memory(
         >>> mem.fits("1GiB")
         True
     """
-    return isolated(lambda: _step_memory(model, *inputs, optimizer=optimizer, loss_fn=loss_fn,
-                                         autocast=autocast, plan=plan))
-
-
-def _step_memory(
-    model: torch.nn.Module,
-    *inputs: Any,
-    optimizer: Any = None,
-    loss_fn: LossFn = None,
-    autocast: str | None = None,
-    plan: Any = None,
-) -> StepMemory:
     _check(model, optimizer)
     dtype = _cast(autocast)
     modules = _plan_modules(plan)
@@ -419,6 +425,7 @@ def _step_memory(
                       str(autocast).lower(), plan=modules, notes=notes)
 
 
+@isolating
 def measure_step(
     model: torch.nn.Module,
     *inputs: Any,
@@ -431,18 +438,6 @@ def measure_step(
     recorder: on the CPU the profiler's allocation and free events over each step (the
     running sum's maximum, plus what was live before), on CUDA ``max_memory_allocated`` after
     ``reset_peak_memory_stats``. Restores everything afterwards, like ``step_memory``."""
-    return isolated(lambda: _measure_step(model, *inputs, optimizer=optimizer, loss_fn=loss_fn,
-                                          autocast=autocast, plan=plan))
-
-
-def _measure_step(
-    model: torch.nn.Module,
-    *inputs: Any,
-    optimizer: Any = None,
-    loss_fn: LossFn = None,
-    autocast: str | None = None,
-    plan: Any = None,
-) -> tuple[int, int, str]:
     _check(model, optimizer)
     dtype = _cast(autocast)
     modules = _plan_modules(plan)
@@ -550,8 +545,9 @@ def max_batch(
         if build_target is not None and loss_fn is not None:
             target, two = build_target(batch), cast(Callable[[Any, Any], Any], loss_fn)
             loss = lambda output: two(output, target)  # noqa: E731
-        return _step_memory(model, *args, optimizer=optimizer, loss_fn=loss,
-                            autocast=autocast, plan=plan)
+        here = inspect.unwrap(step_memory)  # already inside the isolated call
+        return here(model, *args, optimizer=optimizer, loss_fn=loss, autocast=autocast,
+                    plan=plan)
 
     def peak(batch: int) -> int:
         if batch not in runs:  # the batch built and stepped where it changes nothing here
