@@ -1,0 +1,60 @@
+"""The doctor's cost by the size of the program it watches: chains of N x (Linear(16, 16) +
+ReLU), forward + backward under ``gs.doctor(model)`` against the plain step, interleaved in
+one run, medians of CPU time (one intra-op thread). Linear in N means the ratio stays flat as
+N grows; the target (issue 48) is 1.5x at 4,000 layers.
+
+    .venv/bin/python benchmarks/doctor_layers.py [--layers 250 1000 4000] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import gradscope as gs
+
+
+def chain(n: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    layers = [torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()) for _ in range(n)]
+    return torch.nn.Sequential(*layers), torch.randn(8, 16)
+
+
+def timed(fn, *args) -> float:
+    start = time.process_time()
+    fn(*args)
+    return time.process_time() - start
+
+
+def plain(model: torch.nn.Module, x: torch.Tensor) -> None:
+    model(x).square().mean().backward()
+
+
+def doctored(model: torch.nn.Module, x: torch.Tensor) -> None:
+    with gs.doctor(model) as doc:
+        model(x).square().mean().backward()
+    assert not doc.findings, doc.findings  # a healthy chain
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, nargs="+", default=[250, 1000, 4000])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"{'layers':>7} {'plain s':>9} {'doctor s':>9} {'ratio':>7}")
+    for n in args.layers:
+        model, x = chain(n)
+        plain(model, x)  # warm-up
+        pairs = [(timed(plain, model, x), timed(doctored, model, x))
+                 for _ in range(args.rounds)]
+        ratio = statistics.median(d / p for p, d in pairs)
+        print(f"{n:>7} {statistics.median(p for p, _ in pairs):>9.3f} "
+              f"{statistics.median(d for _, d in pairs):>9.3f} {ratio:>6.2f}x")
+
+
+if __name__ == "__main__":
+    main()
