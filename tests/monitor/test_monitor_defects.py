@@ -228,8 +228,9 @@ def test_parameter_names_are_text_in_the_csv(tmp_path):
     surrogate in a name does not stop the write (exit 3 before)."""
     import csv
 
-    import gradscope as gs
     import torch
+
+    import gradscope as gs
 
     model = torch.nn.Module()
     model.register_parameter("w", torch.nn.Parameter(torch.ones(2)))
