@@ -40,21 +40,26 @@ from typing import Any
 
 import torch
 
-from ..errors import UnsupportedSetupError
+from ..errors import MissingExtraError, UnsupportedSetupError
 from ..monitor.core import GradMonitor
 from ._options import AlertRelay, batch_ids, check_options
 
 
 def _lightning() -> Any:
-    """``lightning.pytorch``, or the older package ``pytorch_lightning``. Imported by name, so
-    the type check reads the same whichever of them (or neither) is installed."""
-    try:
-        return importlib.import_module("lightning.pytorch")
-    except ImportError:
-        return importlib.import_module("pytorch_lightning")
+    """``lightning.pytorch``, or the older package ``pytorch_lightning``, or None when neither
+    is installed (the module still imports: its doctests collect, and the callback says what
+    to install when it is made). Imported by name, so the type check reads the same whichever
+    of them (or neither) is installed."""
+    for name in ("lightning.pytorch", "pytorch_lightning"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return None
 
 
-_Callback: Any = _lightning().Callback
+_LIGHTNING = _lightning()
+_Callback: Any = _LIGHTNING.Callback if _LIGHTNING is not None else object
 
 logger = logging.getLogger("lightning.pytorch")
 
@@ -78,6 +83,11 @@ class GradscopeCallback(_Callback):
     """
 
     def __init__(self, *, log: bool = True, **monitor_options: Any) -> None:
+        if _LIGHTNING is None:
+            raise MissingExtraError(
+                "GradscopeCallback for Lightning needs Lightning, which is not installed; "
+                "pip install lightning"
+            )
         self.options = check_options("Lightning", monitor_options)
         self.log_norm = log
         self.monitor: GradMonitor | None = None

@@ -35,17 +35,24 @@ forward does not take), a spike's ``Incident.samples`` name the examples by thos
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
-from transformers import TrainerCallback
-from transformers.utils import logging
+
+try:  # the module imports without transformers (doctests collect); the callback says so
+    from transformers import TrainerCallback
+    from transformers.utils import logging as hf_logging
+except ImportError:
+    TrainerCallback, hf_logging = object, None  # type: ignore[assignment,misc]
 
 from .._torch.torchcompat import is_functorch_wrapped
+from ..errors import MissingExtraError
 from ..monitor.core import GradMonitor
 from ._options import ID_KEYS, AlertRelay, check_options
 
-logger = logging.get_logger("transformers.trainer")
+logger = (hf_logging.get_logger("transformers.trainer") if hf_logging is not None
+          else logging.getLogger("transformers.trainer"))
 
 
 class GradscopeCallback(TrainerCallback):
@@ -64,6 +71,11 @@ class GradscopeCallback(TrainerCallback):
     """
 
     def __init__(self, **monitor_options: Any) -> None:
+        if hf_logging is None:
+            raise MissingExtraError(
+                "GradscopeCallback for the Hugging Face Trainer needs transformers, which is "
+                "not installed; pip install transformers accelerate"
+            )
         self.options = check_options("Trainer", monitor_options)
         self.monitor: GradMonitor | None = None
         self._alerts = AlertRelay(logger)
