@@ -33,6 +33,7 @@ The documented ``grad_fn._saved_*`` / ``_raw_saved_*`` attributes, ``metadata``,
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import re
 import sys
@@ -133,6 +134,35 @@ def tensor_version(t: torch.Tensor) -> int | None:
     note("tensor_version", "tensors have no _version: checkpoint plans cannot tell modules "
          "that change their input in place")
     return None
+
+
+# ---------------------------------------------------------------------------- profiler, dispatch
+#: The profiler's event type of an allocation (``_EventType.Allocation``), or None where this
+#: torch's profiler has none (memory measured by the profiler is then unavailable).
+PROFILER_ALLOCATION: Any = _get(_C, "_profiler", "_EventType", "Allocation")
+
+
+def current_autograd_node() -> Any:
+    """The autograd node the engine is running on this thread (in a backward), or None
+    (also where this torch cannot say: step memory then names backward ops by aten op only,
+    noted)."""
+    fn = getattr(_C, "_current_autograd_node", None)
+    if fn is None:
+        note("current_autograd_node", "the engine does not name the running node: step "
+             "memory names backward ops by their aten op only")
+        return None
+    return fn()
+
+
+def torch_dispatch_disabled() -> Any:
+    """A context in which no ``TorchDispatchMode`` sees the calls (a kernel measured beside
+    the step recorder's own mode), or a no-op context where this torch has none (noted)."""
+    cls = getattr(_C, "_DisableTorchDispatch", None)
+    if cls is None:
+        note("disable_torch_dispatch", "dispatch modes cannot be paused: a kernel's workspace "
+             "is measured with the step recorder's mode on")
+        return contextlib.nullcontext()
+    return cls()
 
 
 def node_metadata(node: Any) -> dict[str, Any] | None:

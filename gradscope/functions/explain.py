@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .._torch import torchcompat
 from ..errors import ExplainInputError
 from .explain_records import Explanation
 
@@ -105,7 +106,7 @@ def explain(tensor: torch.Tensor, *others: torch.Tensor) -> Explanation:
         storage_nbytes=storage.nbytes(),
         storage_numel=numel,
         data_ptr=ptr,
-        version=tensor._version,
+        version=torchcompat.tensor_version(tensor) or 0,
         is_leaf=tensor.is_leaf,
         requires_grad=tensor.requires_grad,
         grad_fn=None if tensor.grad_fn is None else type(tensor.grad_fn).__name__,

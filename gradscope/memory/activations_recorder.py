@@ -42,9 +42,8 @@ LossFn = Callable[[Any], Any] | None
 def _key(t: torch.Tensor) -> tuple[Any, int]:
     """(identity, bytes) of ``t``'s storage."""
     try:
-        st = t.untyped_storage()
-        return (t.device.type, st._cdata), st.nbytes()
-    except (RuntimeError, NotImplementedError, AttributeError):
+        return (t.device.type, torchcompat.storage_key(t)), t.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError, AttributeError, TypeError):
         return ("tensor", id(t)), t.numel() * t.element_size()
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .._torch import torchcompat
 from ..errors import GradscopeError
 from ..graph.nest import device_of, iter_tensors
 from .activations_recorder import (
@@ -110,8 +111,6 @@ def _quiet_stderr() -> Iterator[None]:
 def cpu_allocations(prof: Any, what: str) -> list[tuple[int, int, int]]:
     """The profiler's CPU allocation and free events, ``(time ns, pointer, bytes)`` in time
     order (a free has negative bytes); ``what`` names the measured code in the error."""
-    from torch._C._profiler import _EventType
-
     results = prof.profiler.kineto_results if prof.profiler is not None else None
     if results is None:
         raise GradscopeError(f"the profiler recorded nothing; cannot measure {what}")
@@ -120,8 +119,8 @@ def cpu_allocations(prof: Any, what: str) -> list[tuple[int, int, int]]:
     while stack:
         e = stack.pop()
         stack.extend(e.children)
-        if e.typed[0] == _EventType.Allocation:
-            f = e.typed[1]
+        if e.typed[0] == torchcompat.PROFILER_ALLOCATION:
+            f: Any = e.typed[1]
             if f.device.type == "cpu":
                 events.append((e.start_time_ns, f.ptr, f.alloc_size))
     events.sort()

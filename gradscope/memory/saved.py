@@ -57,7 +57,7 @@ def _pack(tensor: torch.Tensor) -> torch.Tensor:
     # (and the version counter), so backward reads exactly the same bytes; being a plain
     # tensor, ``gs.trace`` reads it like any saved tensor.
     payload = tensor.detach()
-    payload._gradscope_version = tensor._version  # type: ignore[attr-defined]
+    payload._gradscope_version = torchcompat.tensor_version(tensor)  # type: ignore[attr-defined]
     for listener in _LISTENERS:
         listener.on_pack(tensor, payload)
     return payload
@@ -69,11 +69,12 @@ def _unpack(payload: torch.Tensor) -> torch.Tensor:
         return payload
     # Autograd skips its own version check when hooks are set; do it here so that an in-place
     # change of a saved tensor still fails as it would without gradscope.
-    if payload._version != version:
+    now = torchcompat.tensor_version(payload)
+    if now != version:
         raise RuntimeError(
             "one of the variables needed for gradient computation has been modified by an "
             f"inplace operation: [{payload.type()} {list(payload.shape)}] is at version "
-            f"{payload._version}; expected version {version} instead. Hint: the tensor was "
+            f"{now}; expected version {version} instead. Hint: the tensor was "
             "changed in place after it was saved for backward; use an out-of-place operation"
         )
     return payload
@@ -120,9 +121,8 @@ class _HooksGuard:
 def _storage_of(t: torch.Tensor) -> tuple[Any, int]:
     """(key, bytes) of ``t``'s storage; storage-less tensors count as their own storage."""
     try:
-        st = t.untyped_storage()
-        return (t.device.type, st._cdata), st.nbytes()
-    except (RuntimeError, NotImplementedError, AttributeError):
+        return (t.device.type, torchcompat.storage_key(t)), t.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError, AttributeError, TypeError):
         return ("tensor", id(t)), t.numel() * t.element_size()
 
 

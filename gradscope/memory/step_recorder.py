@@ -28,6 +28,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from .._torch import torchcompat
 from .._torch.stamps import MODULE_KEY
 from .step_records import (
     CATEGORIES,
@@ -157,7 +158,7 @@ class Lifetimes(TorchDispatchMode):
         op = "aten." + str(getattr(func, "__name__", func)).removesuffix(".default")
         module: str | None
         if self.phase == "backward":
-            node = torch._C._current_autograd_node()
+            node = torchcompat.current_autograd_node()
             module = None
             if node is not None:
                 meta = getattr(node, "metadata", None)
@@ -308,7 +309,6 @@ def _kernel_workspace(func: Any, args: Any, kwargs: Any, stand_in: bool = False)
     held when it returned (its outputs), from the profiler's CPU allocation events; 0 when
     a profiler is running already (they do not nest). ``stand_in``: meta (or fake) inputs,
     replaced by zero CPU tensors of their shapes for the measurement."""
-    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
     from torch.utils._pytree import tree_map
 
@@ -320,7 +320,7 @@ def _kernel_workspace(func: Any, args: Any, kwargs: Any, stand_in: bool = False)
     with _quiet_stderr():
         prof.start()
     try:
-        with torch._C._DisableTorchDispatch():
+        with torchcompat.torch_dispatch_disabled():
             if stand_in:
                 args, kwargs = tree_map(_stand_in, (args, kwargs or {}))
             out = func(*args, **(kwargs or {}))
@@ -336,8 +336,9 @@ def _kernel_workspace(func: Any, args: Any, kwargs: Any, stand_in: bool = False)
     while stack:
         ev = stack.pop()
         stack.extend(ev.children)
-        if ev.typed[0] == _EventType.Allocation and ev.typed[1].device.type == "cpu":
-            events.append((ev.start_time_ns, ev.typed[1].ptr, ev.typed[1].alloc_size))
+        fields: Any = ev.typed[1]  # an allocation's fields where the kind says so
+        if ev.typed[0] == torchcompat.PROFILER_ALLOCATION and fields.device.type == "cpu":
+            events.append((ev.start_time_ns, fields.ptr, fields.alloc_size))
     events.sort()
     live: dict[int, int] = {}
     total = high = 0

@@ -17,12 +17,7 @@ ALLOWED = {"gradscope/_torch/torchcompat.py", "gradscope/graph/walk.py"}
 #: files of other issues still reading a private name directly, with how many reads at most:
 #: each waits for its owner to route it through torchcompat (the test fails when a count
 #: grows; a file not there yet, or with fewer reads, passes)
-KNOWN = {
-    "gradscope/functions/explain.py": 1,
-    "gradscope/memory/saved.py": 3,
-    "gradscope/memory/activations_recorder.py": 1,
-    "gradscope/memory/step_recorder.py": 1,
-}
+KNOWN: dict[str, int] = {}  # none left: every read goes through _torch/torchcompat.py
 
 #: torch._X (any private module or function; the ``_foreach_*`` kernels, which torch's own
 #: optimizers and clip_grad_norm_ call, are not internals), or a private tensor/scaler/engine
