@@ -629,8 +629,14 @@ class GradMonitor:
         return self.log.report(width=width)
 
     def to_jsonl(self, path: str | Path) -> Path:
-        """Write one JSON object per logged step (non-finite floats as null; counts are exact)."""
+        """Write JSON Lines, one object per logged step (non-finite floats as ``"nan"``,
+        ``"inf"``, ``"-inf"``; counts are exact); ``gs.read_jsonl`` reads it back."""
         return self.log.to_jsonl(path)
+
+    def to_json(self, path: str | Path) -> Path:
+        """Write the same records as one JSON document (``"steps"``: one per logged step);
+        ``gs.read_jsonl`` reads it back."""
+        return self.log.to_json(path)
 
     def to_csv(self, path: str | Path) -> Path:
         """Write one CSV row per (logged step, parameter)."""

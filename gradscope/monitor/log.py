@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -350,6 +351,11 @@ class MonitorLog:
         """Write one JSON object per logged step (``read_jsonl`` reads it back)."""
         return renderer("monitor_jsonl")(self, Path(path))
 
+    def to_json(self, path: str | Path) -> Path:
+        """Write the log as one JSON document: the records of ``to_jsonl`` under ``"steps"``
+        (``read_jsonl`` reads it back)."""
+        return renderer("monitor_json")(self, Path(path))
+
     def to_csv(self, path: str | Path) -> Path:
         """Write one CSV row per (logged step, parameter)."""
         return renderer("monitor_csv")(self, Path(path))
@@ -407,8 +413,10 @@ class JsonlSink:
 #: the fields of a ParamStats in a JSON Lines record (non-finite floats as "nan", "inf",
 #: "-inf": the envelope's one encoding; a log written before it has null there, beside a
 #: ``"nonfinite"`` map that says which)
-STAT_FIELDS = ("norm", "max_abs", "mean_abs", "nan", "inf", "zero_frac", "update_ratio")
-_FLOAT_FIELDS = ("norm", "max_abs", "mean_abs", "zero_frac", "update_ratio")
+STAT_FIELDS = tuple(f.name for f in fields(ParamStats))
+#: the counts; every other field is a float (or None)
+_COUNT_FIELDS = ("nan", "inf")
+_FLOAT_FIELDS = tuple(f for f in STAT_FIELDS if f not in _COUNT_FIELDS)
 
 
 def _json_or_none(v: float | None) -> float | str | None:
@@ -418,7 +426,7 @@ def _json_or_none(v: float | None) -> float | str | None:
 def _stats_dict(ps: ParamStats) -> dict[str, Any]:
     """The fields of ``STAT_FIELDS``, NaN and infinities as their strings."""
     d = ps.__dict__
-    return {f: d[f] if f in ("nan", "inf") else _json_or_none(d[f]) for f in STAT_FIELDS}
+    return {f: d[f] if f in _COUNT_FIELDS else _json_or_none(d[f]) for f in STAT_FIELDS}
 
 
 def alert_dict(a: Alert) -> dict[str, Any]:
@@ -489,9 +497,61 @@ def _stats_from(d: dict[str, Any]) -> ParamStats:
     return ParamStats(nan=d.get("nan"), inf=d.get("inf"), **values)
 
 
+def _not_a_record(path: str | Path, where: str | int, exc: Exception) -> MonitorError:
+    at = f"line {where}" if isinstance(where, int) else where
+    return MonitorError(
+        f"{path}: {at} is not a gradscope monitor record ({exc}); give a file written by "
+        "GradMonitor.to_jsonl, GradMonitor.to_json or GradMonitor(jsonl=...)"
+    )
+
+
+def _records(f: Any, path: str | Path) -> Iterator[tuple[str | int, dict[str, Any]]]:
+    """The step records of a monitor log, with where each is (a line number, or the
+    ``steps[k]`` of a one-document log): the lines of JSON Lines, or the ``"steps"`` of one
+    document (``to_json``), whose header is given to the first record as its ``"log"``."""
+    first, number = "", 0
+    for number, line in enumerate(f, 1):  # noqa: B007 (used after the loop)
+        if line.strip():
+            first = line
+            break
+    if not first:
+        return
+    try:
+        obj = json.loads(first)
+    except ValueError as exc:  # not one record per line: one document over several lines
+        try:
+            obj = json.loads(first + f.read())
+        except ValueError:
+            raise _not_a_record(path, number, exc) from None
+        if not isinstance(obj, dict) or "steps" not in obj:
+            raise _not_a_record(path, number, exc) from None
+    if isinstance(obj, dict) and isinstance(obj.get("steps"), list):
+        open_document(obj, "monitor")
+        steps = obj["steps"]
+        for k, rec in enumerate(steps):
+            if not isinstance(rec, dict):
+                raise _not_a_record(path, f"steps[{k}]", TypeError("not an object"))
+            yield f"steps[{k}]", ({**rec, "log": obj.get("log", {})} if k == 0 else rec)
+        return
+    if not isinstance(obj, dict):
+        raise _not_a_record(path, number, TypeError("not an object"))
+    yield number, obj
+    for at, line in enumerate(f, number + 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as exc:
+            raise _not_a_record(path, at, exc) from None
+        if not isinstance(rec, dict):
+            raise _not_a_record(path, at, TypeError("not an object"))
+        yield at, rec
+
+
 def read_jsonl(path: str | Path) -> MonitorLog:
     """A ``MonitorLog`` read back from a JSON Lines file that ``GradMonitor.to_jsonl`` (or
-    ``jsonl=``) wrote, or one written before the envelope. Non-finite figures come back as
+    ``jsonl=``) wrote, from the one document ``GradMonitor.to_json`` wrote, or from a log
+    written before the envelope. Non-finite figures come back as
     they were (``"nan"``, ``"inf"``, ``"-inf"``; an older log's nulls as its ``"nonfinite"``
     map says, or NaN)."""
     steps: list[StepStats] = []
@@ -499,11 +559,8 @@ def read_jsonl(path: str | Path) -> MonitorLog:
     incidents: list[Incident] = []
     header: dict[str, Any] = {}
     with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+        for number, obj in _records(f, path):
             try:
-                obj = json.loads(line)
                 if "kind" in obj or "gradscope" in obj:
                     open_document(obj, "monitor")
                 header = obj.get("log", header)
@@ -545,10 +602,7 @@ def read_jsonl(path: str | Path) -> MonitorLog:
                     if not _end_event(incidents, first, length, update=update) and not update:
                         _end_event(incidents, first, length, update=False, any_signal=True)
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise MonitorError(
-                    f"{path}: line {number} is not a gradscope monitor record ({exc}); give a "
-                    "file written by GradMonitor.to_jsonl or GradMonitor(jsonl=...)"
-                ) from None
+                raise _not_a_record(path, number, exc) from None
             steps.append(st)
     names = header.get("names") or list(dict.fromkeys(n for st in steps for n in st.params))
     norm_type = header.get("norm_type", 2.0)

@@ -83,7 +83,7 @@ class Measure:
         inv: torch.Tensor | None = None,
     ) -> None:
         self.inv = inv  # 1 / the GradScaler's scale, when the gradients were still scaled
-        self.matrix = matrix  # [rows, len(cols)]: NORM (+ MAX_ABS, SUM_ABS, NONZERO)
+        self.matrix = matrix  # [rows, len(cols)]: NORM (+ the FULL_STATS rows)
         self.cols = cols  # column j: parameter index cols[j]
         self.grads = grads  # the gradient tensors measured (column order)
         self.versions = [torchcompat.tensor_version(S.local(g)) for g in grads]
@@ -168,15 +168,16 @@ def inverse_scale(scaler: Any, optimizer: Any) -> torch.Tensor | None:
 
 
 def unscaled(matrix: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
-    """The rows of a measurement of scaled gradients, unscaled: norm, max abs and sum |g|
-    scale with the gradients; the non-zero count does not."""
+    """The rows of a measurement of scaled gradients, unscaled: the norm and the
+    ``FULL_STATS`` that scale with the gradients (max abs, sum |g|; not the non-zero count)."""
     out = matrix.to(torch.float64)
     inv = inv.to(out.device)
     if out.shape[0] == 1:
         return out * inv
-    out = out.clone()
-    out[: S.SUM_ABS + 1] *= inv
-    return out
+    scaled = [S.NORM] + [1 + k for k, stat in enumerate(S.FULL_STATS) if stat.scales]
+    scale = torch.ones(out.shape[0], 1, dtype=out.dtype, device=out.device)
+    scale[scaled] = inv
+    return out * scale
 
 
 _WIDE = (torch.float64, torch.complex128)

@@ -8,15 +8,10 @@ from typing import Any
 
 from .log import ParamStats
 from .measure import Recount
-from .stats import (
-    MAX_ABS,
-    NONZERO,
-    NORM,
-    SUM_ABS,
-    combine_calls,
-)
+from .stats import FULL_ROWS, FULL_STATS, NORM, combine_calls, finish
 
 _new = object.__new__
+_FULL_FIELDS = tuple(stat.field for stat in FULL_STATS)
 _set = object.__setattr__
 
 
@@ -50,26 +45,13 @@ def param_stats(
             nan, inf, norm64 = counts[j]
             if nan == 0 and inf == 0:
                 norm = norm64  # finite values whose norm overflowed or underflowed
-        max_abs: float | None = None
-        mean_abs: float | None = None
-        zero_frac: float | None = None
+        fields: dict[str, Any] = dict.fromkeys(_FULL_FIELDS)
         if full:
-            numel = numels[i]
-            nonzero = table[NONZERO][j]
-            max_abs, mean_abs = table[MAX_ABS][j], table[SUM_ABS][j] / numel
-            zero_frac = (numel - nonzero) / numel
+            fields = finish([row[j] for row in table[1:FULL_ROWS]], numels[i])
         ratio: float | None = None
         if with_update:
             ratio = _ratio(upd[j], wgt[j])
-        by_param[i] = _make_stats(
-            norm=norm,
-            max_abs=max_abs,
-            mean_abs=mean_abs,
-            nan=nan,
-            inf=inf,
-            zero_frac=zero_frac,
-            update_ratio=ratio,
-        )
+        by_param[i] = _make_stats(norm=norm, nan=nan, inf=inf, update_ratio=ratio, **fields)
     return {names[i]: by_param[i] for i in sorted(by_param)}
 
 
@@ -91,13 +73,9 @@ def module_stats(
 ) -> dict[str, ParamStats]:
     out = {}
     for i in sorted(mods):
-        norm, max_abs, sum_abs, nonzero, nan, inf, numel = combine_calls(mods[i], norm_type)
+        norm, *raw = combine_calls(mods[i], norm_type)
+        nan, inf, numel = raw[FULL_ROWS - 1 :]
         out[names[i]] = ParamStats(
-            norm=norm,
-            max_abs=max_abs,
-            mean_abs=sum_abs / numel,
-            nan=int(nan),
-            inf=int(inf),
-            zero_frac=(numel - nonzero) / numel,
+            norm=norm, nan=int(nan), inf=int(inf), **finish(raw[: FULL_ROWS - 1], int(numel))
         )
     return out

@@ -33,16 +33,17 @@ one all-gather.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .._torch import torchcompat
 
-# rows of a full-statistics matrix (one column per tensor); NORM alone on other steps
-NORM, MAX_ABS, SUM_ABS, NONZERO = range(4)
-FULL_ROWS = 4
+#: row 0 of a step's matrix (one column per tensor): the norm; alone on steps without full
+#: statistics. Row ``1 + k`` holds ``FULL_STATS[k]`` (below) on full steps.
+NORM = 0
 # rows of the update matrix: norm of the sampled change, norm of the sampled old weights
 UPD, WGT = range(2)
 
@@ -159,50 +160,88 @@ def _abs_sums(ordered: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.segment_reduce(sums, "sum", lengths=to_device(pieces, sums.device))
 
 
-def full_rows(tensors: Sequence[torch.Tensor], order: Sequence[int]) -> torch.Tensor:
-    """``[3, n]`` float64: max abs, sum of |g|, non-zero count (NaN counts as non-zero), per
-    tensor in ``order`` (as returned by ``norms``), each from one more read of the tensors:
-    one ``aminmax`` and one ``count_nonzero`` per tensor, and ``_abs_sums``."""
-    ordered = [tensors[i] for i in order]
-    maxima, nonzero = [], []
-    for t in ordered:
-        if t.numel() == 0:  # an empty shard of a sharded tensor: it adds nothing
-            zero = torch.zeros((), dtype=_F64, device=t.device)
-            maxima.append(zero)
-            nonzero.append(zero)
-            continue
-        maxima.append(_max_abs(t.reshape(-1)))
-        nonzero.append(torch.count_nonzero(t))
-    counts = torch.stack(nonzero).to(_F64)
-    return torch.stack([torch.stack(maxima), _abs_sums(ordered), counts])
+def _max_abs_rows(ordered: Sequence[torch.Tensor]) -> torch.Tensor:
+    """max |t| of each tensor (float64 vector): one ``aminmax`` per tensor (no |t| buffer); an
+    empty tensor (an empty shard) gives 0."""
+    return torch.stack([_max_abs(t.reshape(-1)) for t in ordered])
+
+
+def _nonzero_rows(ordered: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The non-zero count of each tensor (float64 vector; NaN counts as non-zero)."""
+    return torch.stack([torch.count_nonzero(t) for t in ordered]).to(_F64)
 
 
 def _max_abs(flat: torch.Tensor) -> torch.Tensor:
     """max |t| (float64 scalar): one ``aminmax`` of a real tensor (no |t| buffer); a complex
-    tensor's moduli, through one temporary."""
+    tensor's moduli, through one temporary; 0 for an empty tensor."""
+    if flat.numel() == 0:
+        return torch.zeros((), dtype=_F64, device=flat.device)
     if flat.is_complex():
         return flat.abs().amax().to(_F64)
     lo, hi = torch.aminmax(flat)
     return torch.maximum(hi.abs(), lo.abs()).to(_F64)
 
 
+# ---------------------------------------------------------------- the full statistics
+@dataclass(frozen=True)
+class FullStat:
+    """One statistic of full steps: one row of a step's matrix, one ``ParamStats`` field.
+
+    ``rows`` queues the raw value of each tensor of a list (a float64 vector; device work
+    only, empty tensors included). ``combine`` says how the raw values of a tensor's shards on
+    several ranks, and of a module's several calls in one step, add up: ``"max"`` or ``"sum"``.
+    ``scales``: the raw value scales with the gradient (it is divided by a GradScaler's scale
+    while the gradients are still scaled). ``finish`` turns the combined raw value and the
+    tensor's element count into the figure reported under ``field``.
+    """
+
+    field: str
+    rows: Callable[[Sequence[torch.Tensor]], torch.Tensor]
+    combine: str
+    scales: bool
+    finish: Callable[[float, int], float]
+
+
+def _as_is(raw: float, numel: int) -> float:
+    return raw
+
+
+def _per_element(raw: float, numel: int) -> float:
+    return raw / numel
+
+
+def _zero_fraction(nonzero: float, numel: int) -> float:
+    return (numel - nonzero) / numel
+
+
+#: The statistics of full steps, in row order. Adding one is one entry here (and its field,
+#: ``float | None``, on ``log.ParamStats``, which ``tests/monitor/test_stat_table.py`` checks):
+#: the measurement of dense, sparse and module gradients, the GradScaler's unscaling, the
+#: shards' and calls' combination, the records, the JSON Lines and CSV logs follow this table.
+FULL_STATS: tuple[FullStat, ...] = (
+    FullStat("max_abs", _max_abs_rows, "max", True, _as_is),
+    FullStat("mean_abs", _abs_sums, "sum", True, _per_element),
+    FullStat("zero_frac", _nonzero_rows, "sum", False, _zero_fraction),
+)
+#: rows of a full-statistics matrix: the norm and one per ``FULL_STATS`` entry
+FULL_ROWS = 1 + len(FULL_STATS)
+
+
+def full_rows(tensors: Sequence[torch.Tensor], order: Sequence[int]) -> torch.Tensor:
+    """``[len(FULL_STATS), n]`` float64: the raw full statistics of each tensor in ``order``
+    (as returned by ``norms``): for the built-in ones, one ``aminmax``, one |g| sum through a
+    scratch buffer and one ``count_nonzero`` per tensor."""
+    ordered = [tensors[i] for i in order]
+    return torch.stack([stat.rows(ordered) for stat in FULL_STATS])
+
+
 def sparse_stats(grad: torch.Tensor, norm_type: float) -> torch.Tensor:
-    """``[4]`` float64: norm, max abs, sum |g|, non-zero count of a sparse COO gradient, from its
-    coalesced values (its implicit zeros are zeros; nothing is densified)."""
+    """``[FULL_ROWS]`` float64: the norm and the raw full statistics of a sparse COO gradient,
+    from its coalesced values (its implicit zeros are zeros; nothing is densified)."""
     values = grad.coalesce().values().reshape(-1)
     acc = torch.float32 if values.dtype in _HALF else None
     norm = torch.linalg.vector_norm(values, norm_type, dtype=acc).to(_F64)
-    if values.numel() == 0:
-        zero = torch.zeros((), dtype=_F64, device=values.device)
-        return torch.stack([norm, zero, zero, zero])
-    return torch.stack(
-        [
-            norm,
-            values.abs().amax().to(_F64),
-            values.abs().sum(dtype=torch.float32 if acc else None).to(_F64),
-            torch.count_nonzero(values).to(_F64),
-        ]
-    )
+    return torch.cat([norm[None], *(stat.rows([values]) for stat in FULL_STATS)])
 
 
 def _wide(t: torch.Tensor) -> torch.dtype:
@@ -314,25 +353,28 @@ class UpdateSample:
 
 # ---------------------------------------------------------------- module gradient outputs
 def module_row(grad: torch.Tensor, norm_type: float) -> torch.Tensor:
-    """``[7]`` float64 statistics of one module output's gradient: norm, max abs, sum |g|,
-    non-zero count, NaN count, Inf count, numel (combined over calls by ``combine_calls``)."""
+    """``[MODULE_ROW]`` float64 statistics of one module output's gradient: the norm, the raw
+    ``FULL_STATS``, the NaN count, the Inf count and numel (combined over the calls of a step
+    by ``combine_calls``)."""
     g = grad.detach()
     acc = torch.float32 if g.dtype in _HALF else None
     flat = g.reshape(-1)
-    return torch.stack(
+    return torch.cat(
         [
-            torch.linalg.vector_norm(flat, norm_type, dtype=acc).to(_F64),
-            _max_abs(flat),
-            flat.abs().sum(dtype=acc).to(_F64),
-            torch.count_nonzero(flat).to(_F64),
-            torch.isnan(flat).sum().to(_F64),
-            torch.isinf(flat).sum().to(_F64),
-            torch.full((), flat.numel(), dtype=_F64, device=flat.device),
+            torch.linalg.vector_norm(flat, norm_type, dtype=acc).to(_F64)[None],
+            *(stat.rows([flat]) for stat in FULL_STATS),
+            torch.stack(
+                [
+                    torch.isnan(flat).sum().to(_F64),
+                    torch.isinf(flat).sum().to(_F64),
+                    torch.full((), flat.numel(), dtype=_F64, device=flat.device),
+                ]
+            ),
         ]
     )
 
 
-MODULE_ROW = 7
+MODULE_ROW = FULL_ROWS + 3
 
 
 # ---------------------------------------------------------------- host-side arithmetic
@@ -364,10 +406,25 @@ def combine_calls(calls: Sequence[Sequence[float]], norm_type: float) -> list[fl
     cols = list(zip(*calls))
     return [
         pnorm(cols[0], norm_type),
-        max(cols[1], key=_nan_first),
-        math.fsum(cols[2]),
-        *[math.fsum(c) for c in cols[3:]],
+        *[_combine(stat.combine, c) for stat, c in zip(FULL_STATS, cols[1:FULL_ROWS])],
+        *[math.fsum(c) for c in cols[FULL_ROWS:]],  # NaN, Inf, numel
     ]
+
+
+def _combine(kind: str, values: Sequence[float]) -> float:
+    return max(values, key=_nan_first) if kind == "max" else math.fsum(values)
+
+
+def row_kinds(full: bool) -> list[str]:
+    """How each row of a step's matrix combines over shards (``combine_shards``): the norm, then
+    the ``FULL_STATS`` on a full step."""
+    return ["norm"] + ([stat.combine for stat in FULL_STATS] if full else [])
+
+
+def finish(raw: Sequence[float], numel: int) -> dict[str, float]:
+    """The ``FULL_STATS`` figures by field from their combined raw values (``FULL_STATS``
+    order) and the tensor's element count."""
+    return {stat.field: stat.finish(v, numel) for stat, v in zip(FULL_STATS, raw, strict=True)}
 
 
 def combine_shards(
@@ -385,10 +442,8 @@ def combine_shards(
             out.append([pnorm(c, norm_type) for c in cols])
         elif kind == "norm2":
             out.append([pnorm(c, 2.0) for c in cols])
-        elif kind == "max":
-            out.append([max(c, key=_nan_first) for c in cols])
         else:
-            out.append([math.fsum(c) for c in cols])
+            out.append([_combine(kind, c) for c in cols])
     return out
 
 

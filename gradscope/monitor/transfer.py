@@ -42,6 +42,7 @@ from .stats import (
     NORM,
     combine_shards,
     pnorm,
+    row_kinds,
 )
 from .watched import WatchedParams
 
@@ -152,7 +153,7 @@ def transfer(
         packet.put("loss", loss, (1,))
     host = packet.to_host()
 
-    kinds = ["norm"] + (["max", "sum", "sum"] if m.full else [])
+    kinds = row_kinds(m.full)
     kinds += ["norm2", "norm2"] if update is not None else []
     scope: str | None = None
     if sharding is not None:

@@ -10,6 +10,7 @@ import csv
 import math
 import statistics
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from ..output.envelope import dumps
+from ..output.envelope import dumps, envelope
 from ..output.files import write_atomic, write_with
 from ..output.formats import register_renderer
 from ..output.plots import pyplot, save_png
@@ -29,6 +30,7 @@ from .log import (
     Alert,
     MonitorLog,
     first_record,
+    log_header,
     nonfinite_kind,
     step_record,
 )
@@ -272,15 +274,27 @@ def write_jsonl(log: MonitorLog, path: Path) -> Path:
     with the envelope (``{"gradscope": 2, "kind": "monitor", ...}``) and also carries
     ``"log"`` (names, element counts, thresholds...: what ``read_jsonl`` needs to read it back
     and replay the alert rules)."""
+    lines = []
+    for k, obj in enumerate(_step_records(log)):
+        lines.append(dumps(first_record(obj, log) if k == 0 else obj, indent=None) + "\n")
+    return write_atomic(path, "".join(lines))
+
+
+def write_json(log: MonitorLog, path: Path) -> Path:
+    """The same records as ``write_jsonl`` in ONE JSON document: the envelope
+    (``{"gradscope": 2, "kind": "monitor"}``), ``"log"`` (what reading it back needs) and
+    ``"steps"`` (one record per logged step). ``read_jsonl`` reads either form."""
+    body = {"log": log_header(log), "steps": list(_step_records(log))}
+    return write_atomic(path, dumps(envelope("monitor", body)) + "\n")
+
+
+def _step_records(log: MonitorLog) -> Iterator[dict[str, Any]]:
     by_step: dict[int, list[Alert]] = {}
     for a in log.alerts:
         by_step.setdefault(a.step, []).append(a)
     incidents = {inc.step: inc for inc in log.incidents}
-    lines = []
-    for k, st in enumerate(log.steps):
-        obj = step_record(st, by_step.get(st.step, []), incidents.get(st.step))
-        lines.append(dumps(first_record(obj, log) if k == 0 else obj, indent=None) + "\n")
-    return write_atomic(path, "".join(lines))
+    for st in log.steps:
+        yield step_record(st, by_step.get(st.step, []), incidents.get(st.step))
 
 
 #: what starts a formula in a spreadsheet cell (=, +, -, @, and the tab and carriage return
@@ -544,6 +558,7 @@ def _plottable_key(v: float) -> float:
 
 register_renderer("monitor_report", render_report)
 register_renderer("monitor_jsonl", write_jsonl)
+register_renderer("monitor_json", write_json)
 register_renderer("monitor_csv", write_csv)
 register_renderer("monitor_tensorboard", write_tensorboard)
 register_renderer("monitor_plot", plot_png)
