@@ -247,7 +247,7 @@ COMMANDS: dict[str, tuple[list[str], list[str]]] = {
     "render html": (["-o", "x.html"], ["x.html"]),
     "tree": ([], []),
     "tree --loss --backward": (["--loss", "--backward"], []),
-    "report": (["--steps", "3", "--json", "r.jsonl"], ["r.jsonl"]),
+    "report": (["--steps", "3", "--json", "r.json"], ["r.json"]),
     "memory": (["--json", "m.json"], ["m.json"]),
     "memory --step": (["--step"], []),
     "doctor": ([], []),

@@ -91,7 +91,11 @@ def report(
     ] = 20,
     every: Annotated[int, typer.Option("--every", "-k", min=1, help="Log one step in K.")] = 1,
     json_path: Annotated[
-        Path | None, typer.Option("--json", help="Write JSON Lines, one object per logged step.")
+        Path | None,
+        typer.Option("--json", help="Write the log as one JSON document (steps in a list)."),
+    ] = None,
+    jsonl_path: Annotated[
+        Path | None, typer.Option("--jsonl", help="Write JSON Lines, one object per logged step.")
     ] = None,
     csv_path: Annotated[
         Path | None, typer.Option("--csv", help="Write CSV, one row per step and parameter.")
@@ -101,18 +105,20 @@ def report(
         typer.Option("--plot", help="Write a PNG gradient-flow chart (needs matplotlib)."),
     ] = None,
     mkdir: Annotated[
-        bool, typer.Option("--mkdir", help="Create the folders of --json/--csv/--plot if missing.")
+        bool, typer.Option("--mkdir", help="Create the folders of the outputs if missing.")
     ] = False,
 ) -> None:
     """Train FILE for N steps with the gradient monitor, then print the gradient report."""
     if plot_path is not None:
         require_plot()
     # absolute, symlinks followed, non-files and inputs refused: before the model file runs
-    settled = settle([("--json", json_path), ("--csv", csv_path), ("--plot", plot_path)],
+    settled = settle([("--json", json_path), ("--jsonl", jsonl_path), ("--csv", csv_path),
+                      ("--plot", plot_path)],
                      inputs=[("the model file", gs.model_file_path(target))], mkdir=mkdir,
                      suffixes={"--plot": (".png",)})
     outputs = [(o.given, o.path, method) for o, method in
-               zip(settled, ("to_jsonl", "to_csv", "plot"), strict=True) if o is not None]
+               zip(settled, ("to_json", "to_jsonl", "to_csv", "plot"), strict=True)
+               if o is not None]
     err = stderr()
     with model_code():
         mf = gs.load_model_file(target)

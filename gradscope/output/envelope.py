@@ -42,6 +42,8 @@ KINDS: dict[str, int] = {
     "step_memory": 2,
     "doctor": 2,
     "monitor": 2,
+    "numerics": 1,
+    "numerics_compare": 1,
 }
 #: The key of each kind's documents before the envelope (their version was 1).
 LEGACY_KEYS: dict[str, str] = {
@@ -57,7 +59,9 @@ _WRITTEN_BY = {
     "activations": "ActivationReport.write_json() or gradscope memory --json",
     "step_memory": "StepMemory.write_json() or gradscope memory --step --json",
     "doctor": "gs.doctor(...).write_json() or gradscope doctor --json",
-    "monitor": "GradMonitor.to_jsonl() or gradscope report --json",
+    "monitor": "GradMonitor.to_jsonl()/to_json() or gradscope report --jsonl/--json",
+    "numerics": "NumericsRun.save() (gs.record_numerics)",
+    "numerics_compare": "Divergence.write_json() or gradscope compare --json",
 }
 
 

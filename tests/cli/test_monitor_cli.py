@@ -49,7 +49,7 @@ def test_nan_sample_exit_1_names_parameter_and_step(tmp_path) -> None:
     step, bad = first_nonfinite_by_hand("nan_training", 6)
     assert (step, bad) == (3, ["gain"])
     out = tmp_path / "steps.jsonl"
-    proc = run_cli("report", str(SAMPLES / "nan_training.py"), "--steps", "6", "--json", str(out))
+    proc = run_cli("report", str(SAMPLES / "nan_training.py"), "--steps", "6", "--jsonl", str(out))
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "first non-finite: gain at step 3" in proc.stdout
@@ -59,6 +59,34 @@ def test_nan_sample_exit_1_names_parameter_and_step(tmp_path) -> None:
     assert first["step"] == step
     assert [n for n, p in first["params"].items() if p["nan"] or p["inf"]] == bad
     assert {"kind": "nan", "name": "gain"}.items() <= first["alerts"][0].items()
+
+
+def test_json_is_one_document_and_jsonl_one_line_per_step(tmp_path) -> None:
+    """``--json`` means one JSON document, as in ``memory`` and ``doctor``; ``--jsonl`` the
+    JSON Lines log. Both carry the same records and read back to the same log."""
+    doc, lines = tmp_path / "log.json", tmp_path / "log.jsonl"
+    proc = run_cli("report", str(SAMPLES / "nan_training.py"), "--steps", "5",
+                   "--json", str(doc), "--jsonl", str(lines))
+    assert proc.returncode == 1, proc.stderr
+    whole = json.loads(doc.read_text())
+    assert (whole["gradscope"], whole["kind"]) == (2, "monitor")
+    rows = [json.loads(line) for line in lines.read_text().splitlines()]
+    assert len(rows) == 5 and [r["step"] for r in whole["steps"]] == [r["step"] for r in rows]
+    assert whole["log"] == rows[0]["log"]
+    assert whole["steps"][1:] == rows[1:]
+    a, b = gs.read_jsonl(doc), gs.read_jsonl(lines)
+    assert a.steps == b.steps and a.alerts == b.alerts and a.names == b.names
+    assert [i.to_dict() for i in a.incidents] == [i.to_dict() for i in b.incidents]
+
+
+def test_a_monitor_log_that_is_neither_form_is_one_line(tmp_path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{\n  "gradscope": 2,\n  "kind": "monitor"\n')
+    with pytest.raises(gs.MonitorError, match=r"bad.json: line 1 is not a gradscope monitor"):
+        gs.read_jsonl(bad)
+    bad.write_text('{"gradscope": 2, "kind": "monitor", "log": {}, "steps": [3]}')
+    with pytest.raises(gs.MonitorError, match=r"steps\[0\] is not a gradscope monitor record"):
+        gs.read_jsonl(bad)
 
 
 def test_vanishing_sample(capsys, monkeypatch) -> None:

@@ -197,7 +197,7 @@ def chdir_model(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_report_outputs_are_settled_before_the_model_runs(tmp_path):
     here, away = chdir_model(tmp_path)
-    proc = run_cli("report", "m.py", "--steps", "2", "--json", "log.jsonl", cwd=here)
+    proc = run_cli("report", "m.py", "--steps", "2", "--jsonl", "log.jsonl", cwd=here)
     assert proc.returncode == 0, proc.stderr
     assert len((here / "log.jsonl").read_text().splitlines()) == 2
     assert not (away / "log.jsonl").exists()

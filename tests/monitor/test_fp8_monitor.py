@@ -172,7 +172,7 @@ def test_report_shows_the_real_norms_of_a_float8_model(tmp_path, capsys, monkeyp
     out = tmp_path / "steps.jsonl"
     monkeypatch.setenv("COLUMNS", "120")
     with pytest.raises(SystemExit) as exc:
-        main(["report", str(path), "--steps", "3", "--json", str(out)])
+        main(["report", str(path), "--steps", "3", "--jsonl", str(out)])
     stdout, stderr = capsys.readouterr()
     assert (exc.value.code or 0) == 0, stdout + stderr
     assert "no grad" not in stdout and "please report" not in stderr

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_report_prints_the_origin_first_and_exits_1(tmp_path) -> None:
     out = tmp_path / "m.jsonl"
     res = run_cli(
-        "report", "samples/incidents/sqrt_where.py", "--steps", "5", "--json", str(out),
+        "report", "samples/incidents/sqrt_where.py", "--steps", "5", "--jsonl", str(out),
         cwd=ROOT,
     )
     assert res.returncode == 1, res.stderr

@@ -163,7 +163,7 @@ def test_report_says_the_input_held_it_and_exits_1(tmp_path, capsys, monkeypatch
     out = tmp_path / "steps.jsonl"
     monkeypatch.setenv("COLUMNS", "200")
     with pytest.raises(SystemExit) as exc:
-        main(["report", str(path), "--steps", "4", "--json", str(out)])
+        main(["report", str(path), "--steps", "4", "--jsonl", str(out)])
     stdout, stderr = capsys.readouterr()
     assert exc.value.code == 1, stdout + stderr
     first = stdout.splitlines()[0]
