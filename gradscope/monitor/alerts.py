@@ -21,6 +21,7 @@ import functools
 import math
 import statistics
 from collections import deque
+from itertools import repeat
 
 from ..errors import MonitorError
 from .log import (
@@ -106,6 +107,8 @@ class AlertRules:
         self.norm_type = norm_type
         self.numels = numels
         self.tracks: dict[str, _Track] = {}
+        self._divisor: dict[str, float] = {}
+        self._divisor_key: tuple[int, int, float] | None = None
         self.forward_bad = False
         self.nan = self.inf = False
         # logged steps since each kind was last seen (FLAP_WINDOW: long enough for a new event)
@@ -171,23 +174,26 @@ class AlertRules:
             out.append(Alert("spike", st.step, started.signal, started.message()))
         if st.skipped:  # the GradScaler skipped it: scaled overflow, not the model's gradients
             return out
-        out.extend(self._nonfinite(st))
+        # every norm is finite when their p-norm is: no parameter to look at for NaN/Inf
+        out.extend(self._nonfinite(st) if not math.isfinite(st.total_norm) else
+                   self._nonfinite_none())
+        isfinite, divisor = math.isfinite, self._divisors()
         per_elem = {
-            n: _per_element(ps.norm, numels.get(n, 1), norm_type)
+            n: ps.norm / divisor.get(n, 1.0)
             for n, ps in st.params.items()
-            if math.isfinite(ps.norm)
+            if isfinite(ps.norm)
         }
         positive = [v for v in per_elem.values() if v > 0]
         median = statistics.median(positive) if positive else 0.0
         floor = vanish_floor(vanish, st.loss)
         # the model's per-element size this step (NaN when some norm is not finite: no gate)
-        overall = _per_element(st.total_norm, sum(numels.get(n, 1) for n in st.params),
+        overall = _per_element(st.total_norm, sum(map(numels.get, st.params, repeat(1))),
                                norm_type)
         significant = SPIKE_SIGNIFICANT * overall if math.isfinite(overall) else 0.0
         dead, vanishing, exploding = [], [], []
-        low_now = {n: 0 < size and (size < floor or size < vanish_ratio * median)
-                   for n, size in per_elem.items()}
-        tracks = self.tracks
+        low_level = max(floor, vanish_ratio * median)  # below either is low
+        low_now = {n: 0 < size < low_level for n, size in per_elem.items()}
+        tracks, spike_of, patience = self.tracks, self._spike, VANISH_PATIENCE
         for name, ps in st.params.items():
             track = tracks.get(name)
             if track is None:
@@ -196,16 +202,20 @@ class AlertRules:
             if size is None:
                 continue
             # dead: exactly zero (every element zero, when the zero fraction was measured)
-            zero = size == 0 and (ps.zero_frac is None or ps.zero_frac == 1.0)
-            track.zero = track.zero + 1 if zero else 0
+            if size == 0 and (ps.zero_frac is None or ps.zero_frac == 1.0):
+                track.zero += 1
+                if track.zero == patience:
+                    dead.append(name)
+            else:
+                track.zero = 0
             # a bias vanishes with its weight: alone it is a sum over the batch that cancels
-            low = low_now[name] and low_now.get(_weight_of(name), True)
-            track.low = track.low + 1 if low else 0
-            if track.zero == VANISH_PATIENCE:
-                dead.append(name)
-            if track.low == VANISH_PATIENCE:
-                vanishing.append((name, ps.norm, size))
-            spike = self._spike(track, ps.norm, explode, size >= significant)
+            if low_now[name] and low_now.get(_weight_of(name), True):
+                track.low += 1
+                if track.low == patience:
+                    vanishing.append((name, ps.norm, size))
+            else:
+                track.low = 0
+            spike = spike_of(track, ps.norm, explode, size >= significant)
             if spike is not None:
                 exploding.append((name, ps.norm, spike))
         if dead:
@@ -215,6 +225,24 @@ class AlertRules:
         if exploding:
             out.append(_explode_alert(st.step, exploding, explode))
         return out
+
+    def _divisors(self) -> dict[str, float]:
+        """Per parameter, what its norm is divided by to give its per-element size
+        (``_per_element``), computed once per set of element counts and norm type."""
+        key = (id(self.numels), len(self.numels), self.norm_type)
+        if self._divisor_key != key:
+            p = self.norm_type  # the divisor of _per_element, so the sizes are the same floats
+            self._divisor = {n: k ** (1.0 / p) if k > 1 and not math.isinf(p) else 1.0
+                             for n, k in self.numels.items()}
+            self._divisor_key = key
+        return self._divisor
+
+    def _nonfinite_none(self) -> list[Alert]:
+        """``_nonfinite`` of a step whose gradients are all finite."""
+        for kind in ("nan", "inf"):
+            self.quiet[kind] = min(self.quiet[kind] + 1, FLAP_WINDOW)
+            setattr(self, kind, False)
+        return []
 
     def _nonfinite(self, st: StepStats) -> list[Alert]:
         out = []

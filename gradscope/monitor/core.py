@@ -325,9 +325,11 @@ class GradMonitor:
     # ------------------------------------------------------------------ hooks
     def _attach(self) -> None:
         add = self._handles.add
+        self._accumulate_hook = self._clock.accumulate_hook(_graph_task_id,
+                                                            self._backward_started)
         if self._topology.point == "backward":
             for p in self._watched.params:
-                add(p.register_post_accumulate_grad_hook(self._on_accumulate))
+                add(p.register_post_accumulate_grad_hook(self._accumulate_hook))
         if self.optimizer is not None:
             add(self.optimizer.register_step_pre_hook(self._before_step))
             add(self.optimizer.register_step_post_hook(self._after_step))
@@ -426,9 +428,9 @@ class GradMonitor:
             return None
 
     # ------------------------------------------------------------------ the step boundary
-    def _on_accumulate(self, param: torch.Tensor) -> None:
-        if self._clock.new_task(_graph_task_id()):
-            _queue_callback(self._backward_done)
+    def _backward_started(self) -> None:
+        """The first watched gradient of a new backward was accumulated (the clock's hook)."""
+        _queue_callback(self._backward_done)
 
     def _backward_done(self) -> None:
         self._clock.backward_ended()
@@ -607,7 +609,7 @@ class GradMonitor:
         self._incidents.watch(self._watched.params)  # the replay differentiates these
         if self._topology.point == "backward":
             for p in new:
-                self._handles.add(p.register_post_accumulate_grad_hook(self._on_accumulate))
+                self._handles.add(p.register_post_accumulate_grad_hook(self._accumulate_hook))
 
     # ------------------------------------------------------------------ measuring
     def _measure(self, at: str) -> Measure:
@@ -616,7 +618,8 @@ class GradMonitor:
         first = params[0]
         device = local(first).device if self._topology.sharding is not None else first.device
         inv = inverse_scale(self._scaler, self.optimizer)
-        return measure(params, self.norm_type, at, self._clock.full_due(), inv, device)
+        return measure(params, self.norm_type, at, self._clock.full_due(), inv, device,
+                       self._watched.layout)
 
     # ------------------------------------------------------------------ views
     def report(self, *, width: int = 24) -> Any:

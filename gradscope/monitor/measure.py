@@ -10,7 +10,9 @@ norm in the working dtype is not finite or may have underflowed.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import Any
 
 import torch
@@ -19,6 +21,7 @@ import torch
 import gradscope.monitor.stats as S
 
 from .._torch import torchcompat
+from .checks import is_dtensor
 from .distributed import Sharding
 
 #: what one logged step moves to the host, in this order (each optional): the statistics
@@ -81,14 +84,63 @@ class Measure:
         at: str,
         full: bool,
         inv: torch.Tensor | None = None,
+        local: bool = True,
     ) -> None:
         self.inv = inv  # 1 / the GradScaler's scale, when the gradients were still scaled
         self.matrix = matrix  # [rows, len(cols)]: NORM (+ the FULL_STATS rows)
         self.cols = cols  # column j: parameter index cols[j]
         self.grads = grads  # the gradient tensors measured (column order)
-        self.versions = [torchcompat.tensor_version(S.local(g)) for g in grads]
+        # ``local``: some may be DTensors, whose local shard holds the version
+        self.versions = torchcompat.tensor_versions(
+            [S.local(g) for g in grads] if local else grads
+        )
         self.at = at
         self.full = full
+
+
+class Layout:
+    """What a measurement can know once per set of watched parameters: whether the fast path
+    applies (no DTensor, no empty tensor) and the (device, dtype) groups of their gradients. A
+    gradient has its parameter's device and dtype (autograd refuses any other), so the groups
+    are the parameters'; a gradient that is sparse, or missing, sends a step down the general
+    path."""
+
+    __slots__ = ("dense", "groups")
+
+    def __init__(self, params: Sequence[torch.Tensor]) -> None:
+        self.dense = bool(params) and not any(p.numel() == 0 or is_dtensor(p) for p in params)
+        groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+        for i, p in enumerate(params):
+            groups.setdefault((p.device, p.dtype), []).append(i)
+        self.groups = list(groups.values())
+
+
+_grad_of = operator.attrgetter("grad")
+
+
+def _measure_dense(
+    params: Sequence[torch.Tensor], layout: Layout, norm_type: float, at: str, full: bool,
+    inv: torch.Tensor | None,
+) -> Measure | None:
+    """``measure`` without Python work per parameter beyond reading its ``.grad``: every
+    watched parameter has a dense gradient (else None: the general path)."""
+    grads = list(map(_grad_of, params))
+    if any(map(operator.is_, grads, repeat(None))):
+        return None
+    try:
+        norms, order = S.norms(grads, norm_type, layout.groups)
+    except (NotImplementedError, RuntimeError):  # a sparse gradient: no foreach kernel
+        return None
+    if len(layout.groups) > 1:
+        grads = [grads[o] for o in order]
+        order = list(order)
+    matrix = norms[None]
+    if full:
+        matrix = torch.cat([norms.to(torch.float64)[None],
+                            S.full_rows(grads, range(len(grads)))])
+    if inv is not None:
+        matrix = unscaled(matrix, inv)
+    return Measure(matrix, list(order), grads, at, full, inv, local=False)
 
 
 def measure(
@@ -98,10 +150,15 @@ def measure(
     full: bool,
     inv: torch.Tensor | None,
     device: torch.device,
+    layout: Layout | None = None,
 ) -> Measure:
     """Queue the statistics of ``params``' gradients on the device (no host sync). Call it
     under inference mode. Parameters without a gradient (or without elements) get no column;
     ``device`` holds the empty matrix when none has one."""
+    if layout is not None and layout.dense:
+        fast = _measure_dense(params, layout, norm_type, at, full, inv)
+        if fast is not None:
+            return fast
     cols: list[int] = []
     grads: list[torch.Tensor] = []
     tensors: list[torch.Tensor] = []
@@ -123,7 +180,7 @@ def measure(
         matrix = _with_sparse(tensors, sparse, full, norm_type)
     else:
         norms, order = S.norms(tensors, norm_type)
-        if order != list(range(len(order))):
+        if not isinstance(order, range) and order != list(range(len(order))):
             cols = [cols[o] for o in order]
             grads = [grads[o] for o in order]
         if full:
@@ -200,6 +257,9 @@ def recheck(
     isfinite = math.isfinite
     tiny32 = S.underflow_bound(norm_type)
     tiny64 = S.underflow_bound(norm_type, torch.float64)
+    # the usual step, at C speed: every norm finite (their sum is) and none near underflow
+    if not norms or (isfinite(math.fsum(norms)) and min(norms) >= tiny32):
+        return {}
     bad = [
         j
         for j, v in enumerate(norms)

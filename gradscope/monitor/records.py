@@ -33,8 +33,10 @@ def param_stats(
     with_update: bool,
 ) -> dict[str, ParamStats]:
     """``ParamStats`` in model order from the host rows of the step's matrix."""
-    by_param: dict[int, ParamStats] = {}
     norms = table[NORM]
+    if not full and not with_update and not counts:
+        return _norms_only(names, cols, norms)
+    by_param: dict[int, ParamStats] = {}
     if with_update:
         upd, wgt = table[-2], table[-1]
     for j, i in enumerate(cols):
@@ -53,6 +55,22 @@ def param_stats(
             ratio = _ratio(upd[j], wgt[j])
         by_param[i] = _make_stats(norm=norm, nan=nan, inf=inf, update_ratio=ratio, **fields)
     return {names[i]: by_param[i] for i in sorted(by_param)}
+
+
+def _norms_only(
+    names: Sequence[str], cols: Sequence[int], norms: Sequence[float]
+) -> dict[str, ParamStats]:
+    """The usual logged step (norms only, all finite and countable): one ``ParamStats`` per
+    column, each made from one shared template of its other fields."""
+    template = {"nan": 0, "inf": 0, "update_ratio": None, **dict.fromkeys(_FULL_FIELDS)}
+    made = []
+    for norm in norms:
+        ps = _new(ParamStats)
+        _set(ps, "__dict__", {**template, "norm": norm})
+        made.append(ps)
+    if isinstance(cols, range) or all(a < b for a, b in zip(cols, cols[1:])):
+        return dict(zip([names[i] for i in cols], made, strict=True))
+    return {names[i]: made[j] for j, i in sorted(enumerate(cols), key=lambda ji: ji[1])}
 
 
 def _ratio(u: float, w: float) -> float:

@@ -97,18 +97,22 @@ def _acc(dtype: torch.dtype) -> torch.dtype | None:
     return torch.float32 if dtype in _HALF else None
 
 
-def norms(tensors: Sequence[torch.Tensor], norm_type: float) -> tuple[torch.Tensor, list[int]]:
-    """The norm of every tensor: one ``_foreach_norm`` per (device, dtype) group.
+def norms(
+    tensors: Sequence[torch.Tensor], norm_type: float, groups: list[list[int]] | None = None
+) -> tuple[torch.Tensor, Sequence[int]]:
+    """The norm of every tensor: one ``_foreach_norm`` per (device, dtype) group (``groups``:
+    the indices of each group when the caller knows them).
 
     Returns the norms as one vector (float32 for float32/half tensors, float64 once a float64
     group is present) and ``order``: entry ``j`` of the vector is the norm of
     ``tensors[order[j]]``.
     """
-    groups = _groups(tensors)
+    if groups is None:
+        groups = _groups(tensors)
     if len(groups) == 1:
         acc = _acc(tensors[0].dtype)
         out = torch._foreach_norm(list(tensors), norm_type, dtype=acc)
-        return torch.stack(out), groups[0]
+        return torch.stack(out), range(len(tensors))
     parts, order = [], []
     for idx in groups:
         group = [tensors[i] for i in idx]

@@ -3,6 +3,7 @@ on the device until its one transfer (``StepBuffers``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -43,14 +44,22 @@ class StepClock:
         told by this)."""
         self._task = -1
 
-    def new_task(self, task: int) -> bool:
-        """Whether ``task`` (a graph task id) is a backward not seen yet: one callback per
-        backward, by id rather than a flag, so a backward that raised (and never ran its
-        callbacks) cannot block later steps."""
-        if task == self._task:
-            return False
-        self._task = task
-        return True
+    def accumulate_hook(
+        self, task_id: Callable[[], Any], on_new: Callable[[], None]
+    ) -> Callable[[Any], None]:
+        """The post-accumulate-grad hook of every watched parameter: ``on_new()`` for the first
+        parameter of a backward not seen yet (``task_id()``: its graph task), nothing for the
+        others. By id rather than a flag, so a backward that raised (and never ran its
+        callbacks) cannot block later steps. A closure, not a method: every parameter calls it
+        on every backward (10,000 calls a step in a large mixture of experts)."""
+
+        def hook(param: Any) -> None:
+            task = task_id()
+            if task != self._task:
+                self._task = task
+                on_new()
+
+        return hook
 
 
 class Drained(NamedTuple):

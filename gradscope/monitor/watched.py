@@ -33,6 +33,7 @@ import torch
 
 from ..errors import MonitorError, MonitorWarning, UnsupportedSetupError
 from .checks import check_tensor_type, is_dtensor
+from .measure import Layout
 from .stats import sample_size
 
 _on_parameter_registered = torch.nn.modules.module.register_module_parameter_registration_hook
@@ -72,11 +73,12 @@ def _seed(name: str) -> int:
 class WatchedParams:
     """One snapshot of the watched parameters: the model, the patterns asked for, the names
     frozen when the model changed in a way the monitor cannot follow, the names and tensors
-    (model order), their element counts, and the update-ratio sample's seeds and size.
+    (model order), their element counts, the update-ratio sample's seeds and size, and the
+    gradients' layout (``measure.Layout``).
     Immutable: ``refreshed`` returns a new one."""
 
     __slots__ = ("model", "patterns", "frozen", "names", "params", "numels", "numel_of",
-                 "seeds", "update_sample", "sample_k")
+                 "seeds", "update_sample", "sample_k", "layout")
     model: torch.nn.Module
     patterns: tuple[str, ...] | None
     frozen: frozenset[str] | None
@@ -87,6 +89,7 @@ class WatchedParams:
     seeds: tuple[int, ...]
     update_sample: int
     sample_k: int
+    layout: Layout
 
     def __init__(
         self,
@@ -108,6 +111,8 @@ class WatchedParams:
         set_(self, "update_sample", update_sample)
         # per tensor, lowered on a large model with many tensors (the sample's memory bound)
         set_(self, "sample_k", sample_size(self.numels, update_sample))
+        # the gradients' groups and whether a step can take the fast path (measure.Layout)
+        set_(self, "layout", Layout(self.params))
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"WatchedParams is immutable ({name}); use refreshed()")
