@@ -169,8 +169,10 @@ def _measure(mf: Any, model: Any, args: tuple[Any, ...], budget: str | None,
     """The report (and plan) printed and written; the exit code."""
     import gradscope as gs
 
+    from .memory_step import run_tool
+
     loss_fn = mf.batch_loss()  # --scale-batch runs half the batch: its target is cut alike
-    report = mf.call("running the forward", gs.activation_report, model, *args,
+    report = run_tool(mf, "running the forward", gs.activation_report, model, *args,
                      loss_fn=loss_fn, autocast=autocast, batch_scale=scale_batch)
     show(report.render(top=top), console=out)
     data: dict[str, Any] = {}
@@ -184,7 +186,7 @@ def _measure(mf: Any, model: Any, args: tuple[Any, ...], budget: str | None,
         if report.device.startswith("meta"):
             note("the model is on the meta device: the plan is not measured")
         else:
-            verification = mf.call("measuring the plan", plan.verify, model, *args,
+            verification = run_tool(mf, "measuring the plan", plan.verify, model, *args,
                                    loss_fn=loss_fn)
             code = 0 if verification.fits and verification.equal else 1
         show(plan.render(verification, every), console=out)

@@ -33,6 +33,22 @@ def check_options(optimizer: str | None, capacity: str | None) -> None:
             ) from None
 
 
+def run_tool(mf: Any, doing: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``mf.call(doing, fn, ...)`` for a gradscope tool that runs the file's code: what the
+    file's code raised is named at its line, as ``mf.call`` does; a one-line ``GradscopeError``
+    the tool raised on purpose (LBFGS, a frozen model, a captured target) is passed on as it is,
+    not as an error at a line of gradscope."""
+    import gradscope as gs
+
+    try:
+        return mf.call(doing, fn, *args, **kwargs)
+    except gs.ModelFileError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, gs.GradscopeError) and not isinstance(cause, gs.ModelFileError):
+            raise cause from None
+        raise
+
+
 def _is_terminal() -> bool:
     from .process import real_stderr
 
@@ -40,6 +56,16 @@ def _is_terminal() -> bool:
     try:
         return stream is not None and stream.isatty()
     except (OSError, ValueError):
+        return False
+
+
+def _takes_target(mf: Any) -> bool:
+    """Whether the file's ``loss_fn`` takes ``(output, target)`` (and the file gives one)."""
+    import gradscope as gs
+
+    try:
+        return mf.target_builder() is not None
+    except gs.ModelFileError:  # no target at all: the loss itself says so, in one line
         return False
 
 
@@ -69,13 +95,19 @@ def run_step(mf: Any, model: Any, args: tuple[Any, ...], *, optimizer: str | Non
 
     from .common import note, show
 
-    loss_fn = (lambda output: mf.loss(output)) if callable(mf.get("loss_fn")) else None
+    loss_fn: Any = (lambda output: mf.loss(output)) if callable(mf.get("loss_fn")) else None
+    step_target = None
+    if loss_fn is not None and _takes_target(mf) and mf.get("example_target") is not None:
+        # the target goes with the batch (on a meta model it follows the model's stand-ins)
+        step_target = mf.get("example_target")
+        loss_fn = lambda output, t: mf.loss(output, t)  # noqa: E731
     opt = _optimizer(mf, model, optimizer)
-    mem = mf.call("running the training step", gs.step_memory, model, *args, optimizer=opt,
-                  loss_fn=loss_fn, autocast=autocast)
+    mem = run_tool(mf, "running the training step", gs.step_memory, model, *args,
+                   optimizer=opt, loss_fn=loss_fn, autocast=autocast, target=step_target)
     if not mem.device.startswith("meta"):
-        first, steady, method = mf.call("measuring the step", gs.measure_step, model, *args,
-                                        optimizer=opt, loss_fn=loss_fn, autocast=autocast)
+        first, steady, method = run_tool(mf, "measuring the step", gs.measure_step, model,
+                                         *args, optimizer=opt, loss_fn=loss_fn,
+                                         autocast=autocast, target=step_target)
         mem = dataclasses.replace(mem, measured=max(first, steady), measured_method=method)
     show(mem.render(), console=out)
     code = 0
@@ -96,9 +128,9 @@ def run_step(mf: Any, model: Any, args: tuple[Any, ...], *, optimizer: str | Non
                     note(f"batch {batch}: peak {gs.format_bytes(peak)} ({fits})")
 
             terminal = _is_terminal()
-            found = mf.call("searching the largest batch", gs.max_batch, build, model, capacity,
-                            optimizer=opt, loss_fn=raw_loss, autocast=autocast,
-                            build_target=target, progress=tried)
+            found = run_tool(mf, "searching the largest batch", gs.max_batch, build, model,
+                             capacity, optimizer=opt, loss_fn=raw_loss, autocast=autocast,
+                             build_target=target, progress=tried)
             show(found.summary(), console=out)
     if json_out is not None:
         extra: dict[str, Any] = {}

@@ -23,4 +23,10 @@ The peak of a whole training step:
     step_recorder          every storage's life through a step (a dispatch mode; capture)
     step_records           ``StepMemory``, ``MaxBatch`` (plain data)
     step_views             the peak table and the timeline plot
+
+Running the user's code where it changes nothing (every tool above that runs a forward or a
+step):
+    untouched              ``isolated`` (a forked child), ``restored`` (the in-process
+                           fallback: what a run can reach, put back), ``captured_error``
+                           (capture)
 """

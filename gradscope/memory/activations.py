@@ -43,7 +43,7 @@ from .activations_records import (
 )
 from .checkpoint_apply import CheckpointHandle, apply_checkpoints
 from .measure_forward import _measure, measure_forward
-from .step import _restored, isolated
+from .untouched import isolated, restored
 
 _AUTOCAST = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
              "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
@@ -96,9 +96,13 @@ def activation_report(
         )
     if autocast is not None and _AUTOCAST.get(str(autocast).lower()) is None:
         raise GradscopeError(f"autocast={autocast!r}: expected one of bf16, fp16")
+    if batch_scale is not None and (isinstance(batch_scale, bool)
+                                    or not isinstance(batch_scale, (int, float))):
+        raise GradscopeError(f"batch_scale={batch_scale!r}: expected a number, such as 4 "
+                             "(the figures of a batch 4 times larger)")
 
     def run() -> ActivationReport:
-        with _restored(model, None, inputs), _preserved(model):
+        with restored(model, None, inputs), _preserved(model):
             rep = _report(model, inputs, loss_fn)
             if autocast is not None:
                 _autocast_column(rep, model, inputs, loss_fn, _AUTOCAST[str(autocast).lower()],
@@ -108,7 +112,7 @@ def activation_report(
         return rep
 
     # where it changes nothing here: buffers the forward reassigns, its own generators
-    return isolated(run)
+    return isolated(run, "the forward")
 
 
 def _autocast_column(rep: ActivationReport, model: torch.nn.Module, inputs: tuple[Any, ...],
@@ -205,18 +209,34 @@ class CheckpointPlan(Plan):
         ``target="peak"``, the whole step's peak: ``measure_step``, with ``optimizer``),
         compare their outputs (the loss, with ``loss_fn``), and the buffers after a forward
         and backward (BatchNorm's running statistics: the recomputation must not update them
-        twice), each run from the same RNG state and buffers; the model is left as it was."""
+        twice), each run from the same RNG states, buffers, attributes and generators; the
+        model is left as it was (the runs are in a forked child where one can be used, as
+        ``step_memory``'s)."""
         plain: list[torch.Tensor] = []
         planned: list[torch.Tensor] = []
-        with _preserved(model):
-            with _preserved(model):  # the same RNG state and buffers for the second run
-                base, method = _measure(model, inputs, loss_fn, plain)
-            with _preserved(model):
-                plain_buffers = _buffers_after_backward(model, inputs, loss_fn)
-            with self.apply(model):
-                with _preserved(model):
-                    measured, _ = _measure(model, inputs, loss_fn, planned)
-                planned_buffers = _buffers_after_backward(model, inputs, loss_fn)
+
+        def kept() -> Any:  # each run from the same state, put back after it
+            return restored(model, None, inputs)
+
+        def runs() -> tuple[int, str, int, list[torch.Tensor], list[torch.Tensor]]:
+            with kept():
+                with kept():
+                    base, method = _measure(model, inputs, loss_fn, plain)
+                with kept():
+                    plain_buffers = _buffers_after_backward(model, inputs, loss_fn)
+                with self.apply(model):
+                    with kept():
+                        measured, _ = _measure(model, inputs, loss_fn, planned)
+                    with kept():
+                        planned_buffers = _buffers_after_backward(model, inputs, loss_fn)
+            return base, method, measured, plain_buffers, planned_buffers
+
+        def answer() -> tuple[Any, ...]:
+            got = runs()
+            return got + (_all_equal(plain, planned),)
+
+        base, method, measured, plain_buffers, planned_buffers, same = isolated(
+            answer, "the forwards")
         if self.target == "peak":
             from .step import measure_step
 
@@ -224,7 +244,6 @@ class CheckpointPlan(Plan):
                                             loss_fn=loss_fn)[:2]), "profiler"
             measured = max(measure_step(model, *inputs, optimizer=optimizer, loss_fn=loss_fn,
                                         plan=self.modules)[:2])
-        same = _all_equal(plain, planned)
         return Verification(self.predicted, self.baseline, measured, base, method, self.budget,
                             same, _all_equal(plain_buffers, planned_buffers))
 
@@ -295,6 +314,9 @@ def plan_checkpoints(
     """
     if target not in ("activations", "peak"):
         raise GradscopeError(f"target={target!r}: expected 'activations' or 'peak'")
+    if report is not None and not isinstance(report, ActivationReport):
+        raise GradscopeError(f"report= takes the ActivationReport of gs.activation_report(model, "
+                             f"*inputs), got {type(report).__name__}")
     rep = report if report is not None else activation_report(model, *inputs, loss_fn=loss_fn)
     if target == "peak":
         from .checkpoint_peak import plan_for_peak

@@ -35,6 +35,7 @@ from .activations_records import (
     Storage,
 )
 from .saved import _HooksGuard, _leaf_base, _Listener
+from .untouched import captured_error
 
 LossFn = Callable[[Any], Any] | None
 
@@ -319,7 +320,9 @@ def new_objects_collected() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _preserved(model: torch.nn.Module) -> Iterator[None]:
-    """Run forwards without leaving a trace: RNG states and buffers restored afterwards."""
+    """Run forwards without leaving a trace: RNG states and buffers restored afterwards (a
+    buffer copied back only where its values changed: an unchanged one keeps its version
+    counter)."""
     buffers = [(b, b.detach().clone()) for b in model.buffers() if b.device.type != "meta"]
     devices = [d for d in {b.device for b in model.parameters()} if d.type == "cuda"]
     with torch.random.fork_rng(devices=devices), torch.enable_grad():
@@ -328,7 +331,29 @@ def _preserved(model: torch.nn.Module) -> Iterator[None]:
         finally:
             with torch.no_grad():
                 for b, saved in buffers:
-                    b.copy_(saved)
+                    if not _equal(b, saved):
+                        b.copy_(saved)
+
+
+def _equal(now: torch.Tensor, before: torch.Tensor) -> bool:
+    """Whether ``now`` holds ``before``'s values (False where that cannot be told)."""
+    try:
+        return bool(torch.equal(now, before))
+    except Exception:  # noqa: BLE001 - a tensor subclass that cannot compare values
+        return False
+
+
+@contextlib.contextmanager
+def _mismatch_said(where: str, device: torch.device, fake: bool) -> Iterator[None]:
+    """A device mismatch raised in the block (a tensor captured from outside, on another
+    device than the model) becomes one line (``untouched.captured_error``)."""
+    try:
+        yield
+    except Exception as exc:
+        said = captured_error(exc, where, device, fake, target_given=False)
+        if said is None:
+            raise
+        raise said from None
 
 
 def _record(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
@@ -349,8 +374,10 @@ def _record(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
     with new_objects_collected():
         with (fake if fake is not None else contextlib.nullcontext(), rec.installed(), counter,
               cast):
-            out = run(*inputs) if fake is None else run(inputs)
-            root = out if loss_fn is None else loss_fn(out)
+            with _mismatch_said("the forward", device, fake is not None):
+                out = run(*inputs) if fake is None else run(inputs)
+            with _mismatch_said("the loss function", device, fake is not None):
+                root = out if loss_fn is None else loss_fn(out)
             del out
         gc.collect()
     out_keys = {_key(t)[0] for _, t in iter_tensors(root)}

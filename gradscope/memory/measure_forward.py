@@ -23,15 +23,24 @@ from .activations_recorder import (
     _preserved,
     new_objects_collected,
 )
+from .untouched import isolated, restored
 
 
 def measure_forward(model: torch.nn.Module, *inputs: Any, loss_fn: LossFn = None) -> int:
     """Bytes allocated by one forward (and ``loss_fn``) and still held at its end, the
     outputs' storages apart: on the CPU from the profiler's allocation events (matched by
     address), on CUDA from ``torch.cuda.memory_allocated``. Independent of the saved-tensor
-    accounting ``activation_report`` uses; RNG state and buffers are restored afterwards."""
-    with _preserved(model):
-        return _measure(model, inputs, loss_fn)[0]
+    accounting ``activation_report`` uses. Runs where it changes nothing, like
+    ``step_memory``: in a forked child, else here with what the forward can change put back
+    (buffers, reassigned attributes, generators, RNG states, the inputs' ``.grad``)."""
+    if not isinstance(model, torch.nn.Module):
+        raise GradscopeError(f"measure_forward needs an nn.Module, got {type(model).__name__}")
+
+    def run() -> int:
+        with restored(model, None, inputs), _preserved(model):
+            return _measure(model, inputs, loss_fn)[0]
+
+    return int(isolated(run, "the forward"))
 
 
 def _measure(model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,

@@ -4,28 +4,25 @@ by independent means (the profiler's allocation events on the CPU, the CUDA allo
 
 A step runs the forward (and ``loss_fn``), the backward and, with ``optimizer=``,
 ``optimizer.step()`` and ``optimizer.zero_grad(set_to_none=True)``; with an optimizer two steps
-run, the first making the optimizer's state, the second the steady state. Everything is put
-back afterwards (``_restored``): parameter values, the ``.grad`` tensors (the step starts
-from none, as after ``zero_grad``), the optimizer's state and hyper-parameters, buffers, and the
-torch, Python and NumPy random states. The recorder is in ``step_memory_record``.
+run, the first making the optimizer's state, the second the steady state. Each public call runs
+where it changes nothing (``untouched``): in a forked child, else here under ``restored``,
+which puts back what the step can reach (all but the version counters of the parameters the
+optimizer stepped, and changes deep inside objects the modules hold); the step hooks do not
+fire either way. The recorder is in ``step_recorder``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import inspect
 import itertools
-import random
-import sys
 from collections.abc import Callable, Iterator
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any
 
 import torch
 
 from .._torch import dynamo
-from .._torch.isolated import fork_refused, in_child
 from ..errors import GradscopeError
 from ..graph.nest import device_of, iter_tensors
 from .activations_recorder import new_objects_collected
@@ -38,149 +35,40 @@ from .step_recorder import (
     Lifetimes,
 )
 from .step_records import MaxBatch, StepMemory
+from .untouched import (
+    _random_kept,
+    captured_error,
+    isolated,
+    isolating,
+    restored,
+)
 
 LossFn = Callable[[Any], Any] | None
 _AUTOCAST = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
              "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
 
 
-# ====================================================================== isolating
-#: seconds one isolated step may take before its child is ended (a day: a step is never slow
-#: on purpose; the bound only keeps a hung child from hanging the caller for ever)
-ISOLATED_TIMEOUT = 86_400.0
-
-
-def isolated(fn: Callable[[], Any]) -> Any:
-    """``fn()`` where it cannot change this process: in a forked child when that is safe
-    (``gradscope._torch.isolated``: parameters and their version counters, buffers reassigned
-    or not, gradients, inputs' ``.grad``, optimizer state and hooks, every RNG and generator
-    stay exactly as they were), else here, where ``_restored`` puts back what it can reach.
-
-    Raises:
-        whatever ``fn`` raised; ``GradscopeError`` when the child gave no answer.
-    """
-    if fork_refused() is not None:
-        return fn()
-    answer = in_child(fn, ISOLATED_TIMEOUT)
-    if answer.failure is not None:
-        raise GradscopeError(f"the step could not be recorded: {answer.failure}")
-    return answer.value
-
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def isolating(fn: Callable[P, R]) -> Callable[P, R]:
-    """``fn`` whose every call runs in ``isolated``; ``fn`` itself stays reachable as
-    ``.__wrapped__`` (to run several steps in one isolated call)."""
-
-    @functools.wraps(fn)
-    def call(*args: P.args, **kwargs: P.kwargs) -> R:
-        return cast(R, isolated(lambda: fn(*args, **kwargs)))
-
-    return call
-
-
-# ====================================================================== restoring
-@contextlib.contextmanager
-def _restored(model: torch.nn.Module, optimizer: Any, inputs: Any = ()) -> Iterator[None]:
-    """The block leaves what it can reach as before (the in-process fallback of ``isolated``):
-    parameters (copied back only where a value changed), grads, buffers (a buffer the forward
-    reassigned is put back as the same object), the modules' own ``torch.Generator``s,
-    optimizer state and hyper-parameters, the RNG states, and the inputs' ``.grad``. What it
-    cannot undo: the optimizer's hooks ran, and version counters moved where values did."""
-    params = list(model.parameters())
-    if optimizer is not None:
-        known = {id(p) for p in params}
-        for group in optimizer.param_groups:
-            params.extend(p for p in group["params"] if id(p) not in known)
-    values = [(p, p.detach().clone() if p.device.type != "meta" else None) for p in params]
-    grads = [(p, p.grad) for p in params]
-    buffers = [(b, b.detach().clone()) for b in model.buffers() if b.device.type != "meta"]
-    owners = [(m, name, b) for m in model.modules() for name, b in m.named_buffers(recurse=False)]
-    generators = [(g, g.get_state()) for m in model.modules() for g in vars(m).values()
-                  if isinstance(g, torch.Generator)]
-    input_grads = [(t, t.grad) for _, t in iter_tensors(inputs) if t.is_leaf]
-    state = groups = None
-    if optimizer is not None:
-        state = optimizer.state
-        groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
-                  for g in optimizer.param_groups]
-    py_state = random.getstate()
-    np_random = sys.modules.get("numpy.random")
-    np_state = np_random.get_state() if np_random is not None else None
-    devices = [d.index for d in {p.device for p in params} if d.type == "cuda"]
-    with torch.random.fork_rng(devices=devices), torch.enable_grad():
-        try:
-            for p in params:
-                p.grad = None
-            for t, _ in input_grads:  # the step's backward must not add into the user's
-                t.grad = None
-            if optimizer is not None:
-                optimizer.state = _copied_state(state)
-            yield
-        finally:
-            with torch.no_grad():  # copied back only where changed: no version bump else
-                for p, v in values:
-                    if v is not None and _changed(p, v):
-                        p.copy_(v)
-                for b, v in buffers:
-                    if _changed(b, v):
-                        b.copy_(v)
-            for m, name, b in owners:
-                if getattr(m, name, None) is not b:
-                    setattr(m, name, b)
-            for gen, gen_state in generators:
-                gen.set_state(gen_state)
-            for t, g in input_grads:
-                t.grad = g
-            for p, g in grads:
-                p.grad = g
-            if optimizer is not None:
-                optimizer.state = state
-                for g, saved in zip(optimizer.param_groups, groups or [], strict=True):
-                    g.update(saved)
-            random.setstate(py_state)
-            if np_random is not None and np_state is not None:
-                np_random.set_state(np_state)
-
-
-def _changed(now: torch.Tensor, before: torch.Tensor) -> bool:
-    """Whether ``now`` differs from ``before``; True where that cannot be told (fake tensors
-    under ``FakeTensorMode`` have no values to compare): then it is copied back anyway."""
-    try:
-        return not torch.equal(now, before)
-    except Exception:  # noqa: BLE001 - a tensor subclass that cannot compare values
-        return True
-
-
-def _copied_state(state: Any) -> Any:
-    """A copy of an optimizer's ``state`` (the same keys, tensors cloned) that the run may
-    change in place."""
-    from collections import defaultdict
-
-    out: dict[Any, Any] = defaultdict(dict)
-    for p, entry in state.items():
-        out[p] = {k: (v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v))
-                  for k, v in entry.items()}
-    return out
-
-
 # ====================================================================== the step
-def _loss_of(out: Any) -> torch.Tensor:
+_NO_BACKWARD = ("there is no backward to measure: {what} does not require grad (no parameter "
+                "of the model requires grad, or the forward ran under torch.no_grad); unfreeze "
+                "the parameters to train (requires_grad_(True)){hint}")
+
+
+def _loss_of(out: Any, model: torch.nn.Module | None = None) -> torch.Tensor:
+    loss: Any
     if isinstance(out, torch.Tensor):
-        return out if out.dim() == 0 else out.float().sum()
-    loss = out.get("loss") if isinstance(out, dict) else getattr(out, "loss", None)
-    if isinstance(loss, torch.Tensor) and loss.dim() == 0:
-        return loss
-    parts = [t.float().sum() for _, t in iter_tensors(out) if t.requires_grad]
-    if not parts:
-        raise GradscopeError(
-            "the forward's output does not require grad: there is no backward to measure "
-            "(no parameter requires grad, or give loss_fn=)"
-        )
-    return torch.stack(parts).sum()
+        loss = out if out.dim() == 0 or not out.requires_grad else out.float().sum()
+    else:
+        loss = out.get("loss") if isinstance(out, dict) else getattr(out, "loss", None)
+        if not (isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.requires_grad):
+            parts = [t.float().sum() for _, t in iter_tensors(out) if t.requires_grad]
+            loss = torch.stack(parts).sum() if parts else None
+    if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+        frozen = model is not None and not any(p.requires_grad for p in model.parameters())
+        raise GradscopeError(_NO_BACKWARD.format(
+            what="the loss" if isinstance(loss, torch.Tensor) else "the forward's output",
+            hint="" if frozen else ", or give loss_fn= returning the loss"))
+    return loss
 
 
 def _fake_cpu(fake: Any, t: torch.Tensor) -> torch.Tensor:
@@ -209,9 +97,9 @@ class _Step:
     """One training step, told to a recorder phase by phase (``rec`` may be None)."""
 
     def __init__(self, model: torch.nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn,
-                 optimizer: Any, autocast: torch.dtype | None) -> None:
+                 optimizer: Any, autocast: torch.dtype | None, target: Any = None) -> None:
         self.model, self.inputs, self.loss_fn = model, inputs, loss_fn
-        self.optimizer, self.autocast = optimizer, autocast
+        self.optimizer, self.autocast, self.target = optimizer, autocast, target
         self.params: list[torch.Tensor] = list(model.parameters())
         self.state: dict[str, torch.Tensor] | None = None  # fake twins (``fake_twin``)
 
@@ -235,18 +123,11 @@ class _Step:
         self.state = state
         self.params = [twins[id(p)] for p in self.model.parameters()]
         self.inputs = _map_tensors(self.inputs, twin)
+        if self.target is not None:
+            self.target = _map_tensors(self.target, twin)
         if self.optimizer is not None:
-            old = self.optimizer
-            groups = [{**{k: v for k, v in g.items() if k != "params"},
-                       "params": [twin(p)
-                                  for p in g["params"]]} for g in old.param_groups]
-            new = type(old)(groups)
-            for p, entry in old.state.items():
-                if id(p) in twins:
-                    new.state[twins[id(p)]] = {
-                        k: _fake_cpu(fake, v) if isinstance(v, torch.Tensor) else v
-                        for k, v in entry.items()}
-            self.optimizer = new
+            self.optimizer = _twin_optimizer(self.optimizer, twin, twins,
+                                             functools.partial(_fake_cpu, fake))
 
     def call(self) -> Any:
         if self.state is None:
@@ -257,6 +138,17 @@ class _Step:
         return torch.func.functional_call(self.model, self.state, args, kwargs,
                                           tie_weights=True)
 
+    @contextlib.contextmanager
+    def _mismatch_said(self, where: str, device: torch.device) -> Iterator[None]:
+        """A device mismatch raised in the block becomes the one line of ``captured_error``."""
+        try:
+            yield
+        except Exception as exc:
+            said = captured_error(exc, where, device, self.state is not None)
+            if said is None:
+                raise
+            raise said from None
+
     def run(self, rec: Lifetimes | None, hook: Callable[[str], None] | None = None) -> None:
         if rec is not None:
             rec.begin_forward()
@@ -264,9 +156,14 @@ class _Step:
         cast = (torch.autocast(device.type, dtype=self.autocast) if self.autocast is not None
                 else contextlib.nullcontext())
         with cast:
-            out = self.call()
-            loss = _loss_of(out if self.loss_fn is None else self.loss_fn(out))
-        del out
+            with self._mismatch_said("the forward", device):
+                out = self.call()
+            with self._mismatch_said("the loss function", device):
+                fn: Any = self.loss_fn
+                res = (out if fn is None else fn(out) if self.target is None
+                       else fn(out, self.target))
+            loss = _loss_of(res, self.model)
+        del out, res
         if rec is not None:
             rec.end_forward()
             rec.phase = "backward"
@@ -290,6 +187,27 @@ class _Step:
         self.optimizer.zero_grad(set_to_none=True)
 
 
+def _twin_optimizer(old: Any, twin: Callable[[torch.Tensor], torch.Tensor],
+                    twins: dict[int, torch.Tensor],
+                    fake: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """The optimizer ``old`` over the twins of its parameters, its state twinned too: a copy
+    of the object (its class, its own attributes, so a subclass whose constructor takes
+    arguments of its own is rebuilt as it is) with param groups and state of its own."""
+    from collections import defaultdict
+
+    new = object.__new__(type(old))
+    new.__dict__.update(vars(old))
+    new.param_groups = [{**{k: v for k, v in g.items() if k != "params"},
+                         "params": [twin(p) for p in g["params"]]} for g in old.param_groups]
+    state: dict[Any, Any] = defaultdict(dict)
+    for p, entry in old.state.items():
+        if id(p) in twins:
+            state[twins[id(p)]] = {k: fake(v) if isinstance(v, torch.Tensor) else v
+                                   for k, v in entry.items()}
+    new.state = state
+    return new
+
+
 def _state_tensors(optimizer: Any) -> Iterator[torch.Tensor]:
     for entry in optimizer.state.values():
         for v in entry.values():
@@ -310,9 +228,17 @@ def _plan_modules(plan: Any) -> tuple[str, ...]:
     if plan is None:
         return ()
     modules = getattr(plan, "modules", plan)
-    if isinstance(modules, str) or not all(isinstance(m, str) for m in modules):
-        raise GradscopeError("plan= takes a CheckpointPlan (or a list of module names)")
-    return tuple(modules)
+    if isinstance(modules, (list, tuple)) and all(isinstance(m, str) for m in modules):
+        return tuple(modules)
+    raise GradscopeError(
+        f"plan={_short(plan)}: plan= takes a CheckpointPlan (gs.plan_checkpoints) or a list "
+        "of module names, such as plan=['blocks.0', 'blocks.1']"
+    )
+
+
+def _short(value: Any, width: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 @contextlib.contextmanager
@@ -326,13 +252,32 @@ def _applied(model: torch.nn.Module, modules: tuple[str, ...]) -> Iterator[None]
         yield
 
 
-def _check(model: Any, optimizer: Any) -> None:
+def _check(model: Any, optimizer: Any, loss_fn: LossFn = None, target: Any = None) -> None:
     if not isinstance(model, torch.nn.Module):
         raise GradscopeError(f"step_memory needs an nn.Module, got {type(model).__name__}")
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         raise GradscopeError(
             f"optimizer= takes a torch.optim.Optimizer, got {type(optimizer).__name__}"
         )
+    if optimizer is not None and _needs_closure(optimizer):
+        raise GradscopeError(
+            f"optimizer={type(optimizer).__name__}: its step() needs a closure that reruns the "
+            "forward and backward (several times a step), which the step memory does not "
+            "record; measure with an optimizer whose step() takes no closure (SGD or AdamW "
+            "over the same parameters: the same forward and backward), or without optimizer="
+        )
+    if target is not None and loss_fn is None:
+        raise GradscopeError("target= is passed to loss_fn(output, target): give loss_fn= too")
+
+
+def _needs_closure(optimizer: Any) -> bool:
+    """Whether ``optimizer.step()`` cannot be called without a closure (``LBFGS``)."""
+    try:
+        params = inspect.signature(optimizer.step).parameters
+    except (TypeError, ValueError):
+        return False
+    closure = params.get("closure")
+    return closure is not None and closure.default is inspect.Parameter.empty
 
 
 # ====================================================================== public
@@ -344,15 +289,19 @@ def step_memory(
     loss_fn: LossFn = None,
     autocast: str | None = None,
     plan: Any = None,
+    target: Any = None,
 ) -> StepMemory:
     """The peak memory of a training step, and what is live at that moment.
 
     Runs the forward (``loss_fn(output)``; without it, the output's ``loss`` or the sum of its
     tensors), the backward and, with ``optimizer``, ``optimizer.step()`` and ``zero_grad``
     twice (the first step makes the optimizer's state; the second is the steady state),
-    under a recorder that follows every tensor storage's life. Everything is restored
-    afterwards: parameters, gradients, optimizer state, buffers, RNG states. Works on a model
-    built on the ``meta`` device, or under ``FakeTensorMode`` (nothing is allocated).
+    under a recorder that follows every tensor storage's life. Nothing the caller has is
+    changed: the step runs in a forked child, or where it cannot (CUDA initialised,
+    ``GRADSCOPE_FORK=0``...) here, with parameters, gradients, optimizer state, buffers,
+    attributes, generators and RNG states put back (see the module's docstring); the
+    optimizer's step hooks do not fire. Works on a model built on the ``meta`` device, or
+    under ``FakeTensorMode`` (nothing is allocated).
 
     Args:
         model: the module.
@@ -361,6 +310,10 @@ def step_memory(
         loss_fn: applied to the output, giving the loss to differentiate.
         autocast: ``"bf16"`` or ``"fp16"``: the forward under ``torch.autocast``.
         plan: a ``CheckpointPlan`` (or module names) applied for the step, removed after.
+        target: the batch's target: ``loss_fn(output, target)`` is then called. Pass it here
+            rather than closing over it in ``loss_fn``: it is part of the batch (counted with
+            the inputs), and on a meta model it follows the model onto the stand-in tensors
+            the step is measured on (a captured tensor cannot: that is a one-line error).
 
     Returns:
         ``StepMemory``: ``.peak``, ``.peak_phase``, ``.peak_at``, ``.at_peak``,
@@ -377,11 +330,11 @@ def step_memory(
         >>> mem.fits("1GiB")
         True
     """
-    _check(model, optimizer)
+    _check(model, optimizer, loss_fn, target)
     dtype = _cast(autocast)
     modules = _plan_modules(plan)
     device = device_of(model, inputs)
-    step = _Step(model, inputs, loss_fn, optimizer, dtype)
+    step = _Step(model, inputs, loss_fn, optimizer, dtype, target)
     rec = Lifetimes()
     rec.names = dynamo.module_names(model)  # no compile wrapper level
     if modules:
@@ -401,14 +354,15 @@ def step_memory(
     pre = torch.nn.modules.module.register_module_forward_pre_hook(rec.pre)
     post = torch.nn.modules.module.register_module_forward_hook(rec.post)
     try:
-        with _restored(model, optimizer, inputs), _applied(model, modules), (
+        with restored(model, optimizer, inputs), _applied(model, modules), (
                 fake if fake is not None else contextlib.nullcontext()):
             if fake is not None:
                 step.fake_twin(fake)
             rec.register_tensors(step.params + list((step.state or {}).values())
                                  if step.state is not None else
                                  step.params + list(model.buffers()), PARAMS)
-            rec.register_tensors([t for _, t in iter_tensors(step.inputs)], INPUTS)
+            rec.register_tensors([t for _, t in iter_tensors((step.inputs, step.target))],
+                                 INPUTS)
             if step.optimizer is not None:
                 rec.register_tensors(list(_state_tensors(step.optimizer)), STATE)
             for k in (1, 2) if optimizer is not None else (1,):
@@ -433,22 +387,23 @@ def measure_step(
     loss_fn: LossFn = None,
     autocast: str | None = None,
     plan: Any = None,
+    target: Any = None,
 ) -> tuple[int, int, str]:
     """``(first_step, steady_state, method)``: the step's peak bytes measured without the
     recorder: on the CPU the profiler's allocation and free events over each step (the
     running sum's maximum, plus what was live before), on CUDA ``max_memory_allocated`` after
-    ``reset_peak_memory_stats``. Restores everything afterwards, like ``step_memory``."""
-    _check(model, optimizer)
+    ``reset_peak_memory_stats``. Changes nothing, like ``step_memory`` (``target=`` too)."""
+    _check(model, optimizer, loss_fn, target)
     dtype = _cast(autocast)
     modules = _plan_modules(plan)
     device = device_of(model, inputs)
     if device.type == "meta":
         raise GradscopeError("a model on the meta device allocates nothing: build it on a "
                              "real device to measure (step_memory works on meta)")
-    step = _Step(model, inputs, loss_fn, optimizer, dtype)
+    step = _Step(model, inputs, loss_fn, optimizer, dtype, target)
     peaks: list[int] = []
-    with _restored(model, optimizer, inputs), _applied(model, modules), new_objects_collected():
-        before = _live_bytes(model, inputs, optimizer)
+    with restored(model, optimizer, inputs), _applied(model, modules), new_objects_collected():
+        before = _live_bytes(model, (inputs, target), optimizer)
         carried = 0
         for _ in (1, 2) if optimizer is not None else (1,):
             if device.type == "cuda":
@@ -467,7 +422,7 @@ def measure_step(
     return first, peaks[-1], "cuda" if device.type == "cuda" else "profiler"
 
 
-def _live_bytes(model: torch.nn.Module, inputs: tuple[Any, ...], optimizer: Any) -> int:
+def _live_bytes(model: torch.nn.Module, inputs: Any, optimizer: Any) -> int:
     seen: dict[Any, int] = {}
     tensors = list(model.parameters()) + list(model.buffers())
     tensors += [t for _, t in iter_tensors(inputs)]
@@ -536,18 +491,29 @@ def max_batch(
     from .step_records import _capacity
 
     cap = _capacity(capacity)
+    for name, fn in (("build_inputs", build_inputs), ("build_target", build_target),
+                     ("progress", progress)):
+        if fn is not None and not callable(fn):
+            raise GradscopeError(f"{name}= takes a function of the batch size, got "
+                                 f"{type(fn).__name__}")
+    if build_inputs is None:
+        raise GradscopeError("max_batch needs build_inputs(batch), the inputs of a batch of "
+                             "that size")
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise GradscopeError(f"limit={limit!r}: expected a whole number of samples")
+    _check(model, optimizer)
     runs: dict[int, StepMemory] = {}
 
+    devices = [d.index for d in {p.device for p in model.parameters()} if d.type == "cuda"]
+
     def candidate(batch: int) -> StepMemory:
-        inputs = build_inputs(batch)
+        with _random_kept(devices):  # building the batch draws from no RNG of the caller's
+            inputs = build_inputs(batch)
+            target = build_target(batch) if build_target is not None else None
         args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-        loss = loss_fn
-        if build_target is not None and loss_fn is not None:
-            target, two = build_target(batch), cast(Callable[[Any, Any], Any], loss_fn)
-            loss = lambda output: two(output, target)  # noqa: E731
         here = inspect.unwrap(step_memory)  # already inside the isolated call
-        return here(model, *args, optimizer=optimizer, loss_fn=loss, autocast=autocast,
-                    plan=plan)
+        return here(model, *args, optimizer=optimizer, loss_fn=loss_fn, autocast=autocast,
+                    plan=plan, target=target if loss_fn is not None else None)
 
     def peak(batch: int) -> int:
         if batch not in runs:  # the batch built and stepped where it changes nothing here

@@ -412,3 +412,110 @@ def test_max_batch_reports_each_candidate():
                  progress=lambda batch, peak: seen.append((batch, peak)))
     assert seen and seen[0][0] == 1 and all(p > 0 for _, p in seen)
     assert len({b for b, _ in seen}) == len(seen)  # each candidate once
+
+
+META_TARGET_FILE = """
+import torch
+from torch import nn
+import torch.nn.functional as F
+torch.manual_seed(0)
+with torch.device("meta"):
+    model = nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 10))
+example_input = torch.randn(8, 32, device="meta")
+example_target = torch.randint(0, 10, (8,)).to("meta")
+def loss_fn(out, target): return F.cross_entropy(out, target)
+def build_inputs(batch): return torch.randn(batch, 32, device="meta")
+"""
+
+
+def test_a_meta_file_with_a_meta_target_is_measured_and_searched(tmp_path, capsys):
+    """The file's example_target (on meta, like its model) goes to the step with the batch:
+    closed over by the loss it raised FakeTensor's device mismatch (exit 2). The peak and the
+    batch found are those of the same model on the CPU with a real target."""
+    import torch.nn.functional as F
+
+    path = tmp_path / "m.py"
+    path.write_text(META_TARGET_FILE)
+    code, out = _cli(capsys, "memory", str(path), "--step", "--optimizer", "sgd",
+                     "--capacity", "230KiB", "--json", str(tmp_path / "s.json"))
+    assert code == 0, out
+    data = json.loads((tmp_path / "s.json").read_text())
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.Tanh(),
+                                torch.nn.Linear(256, 10))
+    sgd = torch.optim.SGD(model.parameters(), lr=1e-2)
+    ids = torch.randint(0, 10, (8,))
+    real = gs.step_memory(model, torch.randn(8, 32), optimizer=sgd, loss_fn=F.cross_entropy,
+                          target=ids)
+    assert data["peak"] == real.peak
+    ref = gs.max_batch(lambda b: torch.randn(b, 32), model, "230KiB", optimizer=sgd,
+                       loss_fn=F.cross_entropy,
+                       build_target=lambda b: torch.randint(0, 10, (b,)))
+    assert data["max_batch"]["batch"] == ref.batch > 8
+
+
+def test_an_lbfgs_file_exits_2_in_one_line(tmp_path, capsys):
+    path = tmp_path / "m.py"
+    path.write_text(MODEL_FILE + "def optimizer(params): return torch.optim.LBFGS(params)\n")
+    code, out = _cli(capsys, "memory", str(path), "--step")
+    assert code == 2, out
+    assert len(out.strip().splitlines()) == 1 and "LBFGS" in out and "closure" in out
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_batch_search_shows_each_candidate_on_a_terminal_only(tmp_path, capsys,
+                                                                  monkeypatch, terminal):
+    """Each candidate's batch and peak on stderr as it is tried, when stderr is a terminal
+    (a search could run minutes with no output); nothing of it when it is not."""
+    import gradscope_cli.memory_step as memory_step
+
+    monkeypatch.setattr(memory_step, "_is_terminal", lambda: terminal)
+    path = tmp_path / "m.py"
+    path.write_text(MODEL_FILE)
+    code, out = _cli(capsys, "memory", str(path), "--step", "--capacity", "230KiB",
+                     "--json", str(tmp_path / "s.json"))
+    assert code == 0, out
+    lines = [ln for ln in out.splitlines() if ln.startswith("batch ") and ": peak" in ln]
+    if not terminal:
+        assert not lines
+        return
+    found = json.loads((tmp_path / "s.json").read_text())["max_batch"]["batch"]
+    assert lines[0].startswith("batch 1: peak") and any(
+        ln.startswith(f"batch {found}: peak") and "(fits)" in ln for ln in lines)
+    assert all(ln.endswith(("(fits)", "(does not fit)")) for ln in lines)
+
+
+class _Broken(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)[:, 5]  # index 5 of 2: IndexError at this line
+
+
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_an_error_in_the_users_forward_is_raised_at_its_line(fork, monkeypatch):
+    """Raised in the forked child, the user's error came back with a traceback that ended in
+    gradscope's fork runner (the command line said "isolated.py:112: IndexError"); it ends at
+    the user's line, as it does when the step runs in process."""
+    import inspect
+    import traceback
+
+    monkeypatch.setenv("GRADSCOPE_FORK", fork)
+    with pytest.raises(IndexError) as excinfo:
+        gs.step_memory(_Broken(), torch.randn(3, 4))
+    last = traceback.extract_tb(excinfo.value.__traceback__)
+    lines, start = inspect.getsourcelines(_Broken.forward)
+    assert any(f.filename == __file__ and f.name == "forward"
+               and f.lineno == start + len(lines) - 1 for f in last)
+
+
+def test_the_cli_names_the_users_line_of_an_error_in_the_step(tmp_path, capsys):
+    path = tmp_path / "m.py"
+    path.write_text(MODEL_FILE.replace("def loss_fn(out): return out.pow(2).mean()",
+                                       "def loss_fn(out): return out[:, 99].mean()"))
+    line = next(i for i, t in enumerate(MODEL_FILE.splitlines(), 1) if "def loss_fn" in t)
+    code, out = _cli(capsys, "memory", str(path), "--step")
+    assert code == 2 and len(out.strip().splitlines()) == 1
+    assert f"{path}:{line}: IndexError" in out, out
