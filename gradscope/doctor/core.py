@@ -12,7 +12,8 @@ While the block runs, ``doctor_record._DoctorMode`` records every torch call (li
 in-place writes, the nodes made and what they saved); global module hooks keep the module path
 of each call and which modules ran (in which mode); the optimizer's step hooks check the
 training loop. Backward calls (``Tensor.backward``, ``torch.autograd.grad``) are run by the
-doctor: a torch error it can explain is re-raised as ``AutogradError`` (torch's message first),
+doctor: a torch error it can explain is re-raised as ``AutogradError`` (torch's message first;
+an in-place op torch refuses in the forward too, at the op's call),
 and after a good ``backward()`` each parameter left without a gradient gets a ``grad_none``
 finding (``doctor_explain``). Nothing the doctor does changes a value or a gradient; every hook
 and the mode are removed when the block ends, also when it raises.
@@ -21,6 +22,7 @@ and the mode are removed when the block ends, also when it raises.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import Any
 
@@ -28,10 +30,10 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._pytree import tree_map
 
-from .._torch import dynamo
+from .._torch import dynamo, torchcompat
 from .._torch.dynamo import ModuleHooks
 from .._torch.handles import HookHandle
-from .._torch.stamps import outside_gradscope
+from .._torch.stamps import outside_gradscope, user_frame, walk_nodes
 from ..errors import AutogradError, GradscopeError
 from ..graph.graph import Graph
 from ..graph.walk import trace_with_ids
@@ -42,6 +44,7 @@ from .findings import (
     Finding,
     Site,
     findings_json,
+    forward_error_reason,
     torch_error_kind,
 )
 from .recorder import (
@@ -52,6 +55,8 @@ from .recorder import (
 )
 
 _line = user_line
+#: ``node.metadata`` key: the numbers of the eval-mode module runs whose output is this node
+_EVAL_KEY = "gradscope.doctor.eval"
 
 
 def _here() -> str | None:
@@ -91,8 +96,17 @@ class Doctor:
         #: per module run since the last step: (its training flag, the line that called it)
         self.ran: dict[str, tuple[bool, str | None]] = {}
         #: of those that ran in eval mode: the ones whose output carried a gradient (a trained
-        #: parameter before them, or their own): a frozen probe's backbone or teacher does not
+        #: parameter before them, or their own) into a backward() since the last step: a
+        #: frozen probe's backbone or teacher does not, nor a validation forward in eval()
+        #: without no_grad before the training forward (its graph is not backwarded)
         self.graded: set[str] = set()
+        #: the eval-mode runs whose output carried a gradient since the last step: (module
+        #: path, the line that called it), numbered from ``eval_base`` (the number is kept in
+        #: its output node's metadata, so that a backward through that node finds it)
+        self.eval_runs: list[tuple[str, str | None]] = []
+        self.eval_base = 0
+        #: module path -> the line of its eval-mode run a backward went through
+        self.graded_at: dict[str, str | None] = {}
         self.backward_lines = BackwardLines()
         self.steps_since_backward = 0
         #: by bit: the gradients a backward after a step added to stale ones (judged at the
@@ -120,7 +134,8 @@ class Doctor:
 
     # ---------------------------------------------------------------- the block
     def __enter__(self) -> Doctor:
-        mode = _DoctorMode(self.bits, self._backward, self.module_now, self.params)
+        mode = _DoctorMode(self.bits, self._backward, self.module_now, self.params,
+                           on_error=self._forward_error)
         self.mode = mode
         try:
             self.handle.add(ModuleHooks(self._pre_module, self._post_module).install())
@@ -154,6 +169,11 @@ class Doctor:
                     self.add(finding)
             if isinstance(exc, RuntimeError) and not isinstance(exc, AutogradError):
                 kind = torch_error_kind(str(exc))
+                if kind == "inplace_forward":  # in a call the mode did not see (.apply)
+                    at = _raised_at(exc)
+                    finding = explain.forward_inplace(str(exc), at, None)
+                    self.add(finding, key=(kind, finding.line, len(self.findings)))
+                    raise AutogradError(str(exc), finding) from exc
                 if kind is not None:  # a backward the doctor did not run (a C++ extension...)
                     finding = self._explain(kind, exc, [], None)
                     raise AutogradError(str(exc), finding) from exc
@@ -231,23 +251,33 @@ class Doctor:
         if self.stack:
             name = self.stack.pop()
             if (name is not None and not module.training and isinstance(output, torch.Tensor)
-                    and output.requires_grad):
-                self.graded.add(name)
+                    and output.requires_grad and output.grad_fn is not None):
+                meta = torchcompat.node_metadata(output.grad_fn)
+                if meta is not None:  # the node is marked: found again by walking a backward
+                    meta.setdefault(_EVAL_KEY, []).append(len(self.eval_runs) + self.eval_base)
+                    self.eval_runs.append((name, _here()))
 
     def _look_inside(self) -> dict[Site, int]:
         """For each compiled region on the path of a parameter left without a gradient: its
-        module run once more, uncompiled, on its latest inputs, with the mode recording (the
-        RNG forked, buffers the run changed put back, nothing backpropagated), and the
+        module run once more, uncompiled, on its latest inputs, with the mode recording (what
+        it reached put back: parameters, buffers reassigned or changed, plain attributes, its
+        own generators, torch's, Python's and NumPy's RNG; nothing backpropagated), and the
         lineage cuts of what it returned (``CutEvent`` bits): where inside it the path was
         cut. A region that cannot run again (a compiled module outside ``model``, whose
         keyword inputs the doctor does not see, or one that raises) is left out."""
         mode = self.mode
         assert mode is not None
         missing = 0
-        for bit, p in enumerate(self.params):
-            if p.requires_grad and not self.got_grad >> bit & 1:
-                missing |= 1 << bit
+        paused, mode.paused = mode.paused, True  # reading requires_grad is not the model's
+        try:
+            for bit, p in enumerate(self.params):
+                if p.requires_grad and not self.got_grad >> bit & 1:
+                    missing |= 1 << bit
+        finally:
+            mode.paused = paused
         wanted = {site for bit, site in mode.compiled_use.items() if missing >> bit & 1}
+        if not wanted:
+            return {}
         found: dict[Site, int] = {}
         for site in wanted:
             module = self.regions.get(site)
@@ -274,6 +304,8 @@ class Doctor:
             self.carried = explain.still_carried(self.watched, self.carried)
         stale = (explain.stale_grads(self.watched, self.optimizer)
                  if self.optimizer is not None and self.steps_since_backward else {})
+        if self.eval_runs:
+            self._eval_reached(roots)
         try:
             result = func(*args, **kwargs)
         except RuntimeError as exc:
@@ -308,6 +340,35 @@ class Doctor:
             cuts |= c
         self.root_tags = (dep, live, cuts)
 
+    def _eval_reached(self, roots: list[Any]) -> None:
+        """The modules that ran in eval mode whose output this backward goes through: they
+        ran in the step that trains (``graded``)."""
+        for fn in walk_nodes(t.grad_fn for t in roots if t.grad_fn is not None):
+            meta = getattr(fn, "metadata", None)  # the doctor stamped each node made here
+            for number in (meta.get(_EVAL_KEY, ()) if isinstance(meta, dict) else ()):
+                at = number - self.eval_base
+                if 0 <= at < len(self.eval_runs):
+                    name, line = self.eval_runs[at]
+                    self.graded.add(name)
+                    self.graded_at.setdefault(name, line)
+
+    def _forward_error(self, exc: RuntimeError, name: str, args: Any,
+                       caller: Any) -> BaseException | None:
+        """An in-place op torch refused in the forward (a leaf, a view of a leaf, an output of
+        unbind/split, a custom Function's view...): the error to raise in its place, torch's
+        own message explained (None for any other error, which passes through)."""
+        if forward_error_reason(str(exc)) is None:
+            return None
+        site = Site("modified", name, _line(caller), self.module_now())
+        made = None
+        target = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        rec = explain.record_of(target.grad_fn) if target is not None else None
+        if rec is not None:
+            made = Site("made", rec.op, rec.site.line, rec.site.module)
+        finding = explain.forward_inplace(str(exc), site, made)
+        self.add(finding, key=(finding.kind, finding.line, len(self.findings)))
+        return AutogradError(str(exc), finding)
+
     def _explain(self, kind: str, exc: BaseException, roots: list[Any],
                  line: str | None) -> Finding:
         assert self.mode is not None
@@ -321,7 +382,9 @@ class Doctor:
         line = _here()
         if self.mode is not None:
             self.mode.paused = True  # neither the update nor the doctor's checks are the model's
-        for finding, key in explain.check_step(self.watched, optimizer, line, self.ran,
+        # an eval-mode run a backward went through: named at that run's line
+        ran = {**self.ran, **{n: (False, at) for n, at in self.graded_at.items()}}
+        for finding, key in explain.check_step(self.watched, optimizer, line, ran,
                                                self.others, self.graded):
             self.add(finding, key)
         for finding, key in explain.check_accumulate(self.watched, optimizer, self.carried):
@@ -329,6 +392,9 @@ class Doctor:
         self.carried.clear()
         self.ran.clear()
         self.graded.clear()
+        self.graded_at.clear()
+        self.eval_base += len(self.eval_runs)
+        self.eval_runs.clear()
 
     def _other_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if optimizer is not self.optimizer:
@@ -346,40 +412,77 @@ class Doctor:
         return self.watched.param_site(bit)
 
 
+_PLAIN = (torch.Tensor, int, float, bool, complex, str, type(None))
+
+
+@contextlib.contextmanager
+def _attributes_kept(module: torch.nn.Module) -> Any:
+    """The plain attributes of ``module`` and its submodules (tensors that are not buffers,
+    numbers, strings: ``self.last = x.mean()``, ``self.calls += 1``) as they were when the
+    block ends; a tensor attribute the block added is removed."""
+    kept = [(m, {k: v for k, v in vars(m).items() if isinstance(v, _PLAIN)})
+            for m in module.modules()]
+    try:
+        yield
+    finally:
+        for m, attrs in kept:
+            now = vars(m)
+            for k in [k for k, v in now.items() if isinstance(v, torch.Tensor)
+                      and k not in attrs]:
+                del now[k]
+            for k, v in attrs.items():
+                if now.get(k, _PLAIN) is not v:
+                    now[k] = v
+
+
+def _raised_at(exc: BaseException) -> Site | None:
+    """The user's line ``exc`` was raised from (the innermost frame of its traceback outside
+    torch and gradscope), as a ``modified`` site; None when there is none."""
+    line = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if user_frame(tb.tb_frame) is tb.tb_frame:
+            line = f"{os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return Site("modified", None, line) if line is not None else None
+
+
 def _run_again(mode: _DoctorMode, module: torch.nn.Module, args: tuple[Any, ...],
                kwargs: dict[str, Any], autocast: list[tuple[str, torch.dtype]]) -> int | None:
     """The cut-event bits of ``module(*args, **kwargs)`` run eagerly under ``mode`` and the
     ``autocast`` settings of its call (see ``Doctor._look_inside``), or None when it raised."""
+    from ..memory.untouched import restored  # puts back what the run reached (see below)
+
     devices = sorted({p.device.index or 0 for p in module.parameters() if p.device.type == "cuda"})
     paused = mode.paused
     mode.paused = True  # the doctor's own copies are not the model's calls
-    with torch.no_grad():
-        kept = [(b, b.clone()) for b in module.buffers()]
     try:
+        # the parameters' values and .grad, buffers (a reassigned one put back as the same
+        # object, one changed in place copied back only if it changed), the module's own
+        # torch.Generators, torch's, Python's and NumPy's RNG states: as they were
         with contextlib.ExitStack() as stack:
+            stack.enter_context(restored(module, None))
+            stack.enter_context(_attributes_kept(module))
             stack.enter_context(torch.random.fork_rng(devices=devices))
             stack.enter_context(torch.enable_grad())
             for device_type, dtype in autocast:
                 stack.enter_context(torch.autocast(device_type, dtype=dtype))
             mode.paused = False
-            # copies of the tensor inputs (the mode follows their lineage through clone): an
-            # in-place op inside writes to them, never to the step's own tensors again
-            args, kwargs = tree_map(
-                lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (args, kwargs))
-            out = module(*args, **kwargs)
-            mode.paused = True
-        cuts = 0
-        for t in _outputs(out):
-            cuts |= mode.tag(t)[2]
+            try:
+                # copies of the tensor inputs (the mode follows their lineage through clone):
+                # an in-place op inside writes to them, never to the step's own tensors again
+                args, kwargs = tree_map(
+                    lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (args, kwargs))
+                out = module(*args, **kwargs)
+            finally:
+                mode.paused = True  # putting things back is not the model's calls either
+            cuts = 0
+            for t in _outputs(out):
+                cuts |= mode.tag(t)[2]
         return cuts
     except Exception:  # it needs state gone by now: the region stays unseen
         return None
     finally:
-        mode.paused = True
-        with torch.no_grad():  # only what changed: a buffer a graph saved keeps its version
-            for b, old in kept:
-                if not torch.equal(b, old):
-                    b.copy_(old)
         mode.paused = paused
 
 

@@ -30,6 +30,7 @@ from .findings import (
     Finding,
     Site,
     describe_tensor,
+    forward_error_reason,
     names,
     parse_inplace,
 )
@@ -87,6 +88,13 @@ _WHY = {
     "integer": "returns integers or booleans (argmax, a comparison, an integer cast), "
                "through which no gradient flows",
     "nondiff": "is not differentiable, so no gradient flows through it",
+    "indices": "returns these indices without a gradient (only its values output carries "
+               "one), and the path went on through the indices",
+    "nondiff_output": "returns this output without a gradient (only its other outputs carry "
+                      "one), and the path went on through it",
+    "marked_nondiff": "returns this output marked non-differentiable "
+                      "(ctx.mark_non_differentiable in its forward), so no gradient flows "
+                      "through it",
 }
 _CUT_FIX = {
     "no_grad": "run it outside torch.no_grad() / inference_mode() if its parameters should "
@@ -99,6 +107,14 @@ _CUT_FIX = {
     "integer": "use a differentiable stand-in (softmax or a straight-through estimator "
                "instead of argmax, a float mask instead of a comparison)",
     "nondiff": "use a differentiable op in its place",
+    "indices": "use the values output (torch.max(x, dim).values, sort's or topk's values), "
+               "not the indices, where the gradient should flow; for a soft choice weigh by "
+               "softmax instead of picking by index",
+    "nondiff_output": "use the output that carries a gradient where the parameters before "
+                      "it should learn",
+    "marked_nondiff": "don't mark that output non-differentiable (drop it from "
+                      "ctx.mark_non_differentiable and return its gradient from backward) if "
+                      "the parameters before it should learn through it",
 }
 _CUT_FIX["inference_mode"] = _CUT_FIX["no_grad"]
 _MODE_MODULES = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm,
@@ -128,6 +144,11 @@ def _record(fn: Any) -> NodeRecord | None:
     return meta.get(DOCTOR_KEY) if isinstance(meta, dict) else None
 
 
+def record_of(fn: Any) -> NodeRecord | None:
+    """The doctor's ``NodeRecord`` of autograd node ``fn`` (None: not one it saw made)."""
+    return _record(fn) if fn is not None else None
+
+
 def _where(site: Site | None) -> str:
     if site is None or site.line is None:
         return ""
@@ -140,6 +161,8 @@ def explain_error(watched: Watched, mode: _DoctorMode, kind: str, message: str,
     """The finding that explains torch's error ``message`` (of ``kind``) in the backward from
     ``roots`` called at ``line``; ``backward_lines``: the line of each earlier backward."""
     first = (message.strip().splitlines() or [""])[0]
+    if kind == "inplace_forward":
+        return forward_inplace(message, None, None)
     if kind == "inplace":
         found = _inplace(mode, message, roots, node_id)
     elif kind == "backward_twice":
@@ -254,6 +277,58 @@ def _inplace(mode: _DoctorMode, message: str, roots: list[torch.Tensor],
              f"{w.version}){more}, so its backward found version {parsed.found}.")
     return dict(kind="inplace", message=text, op=w.site.op, line=w.site.line,
                 module=w.site.module, fix=fix, sites=(modified, saved_site))
+
+
+# ---------------------------------------------------------------------------- forward
+_FORWARD_WHAT = {
+    "leaf": "modified in place a leaf tensor that requires grad (a parameter, or a tensor "
+            "made with requires_grad=True) while autograd records; torch refuses, since the "
+            "leaf's gradient would be that of its new value",
+    "leaf_view": "modified in place a view of a leaf tensor that requires grad (a parameter, "
+                 "or a tensor made with requires_grad=True) while autograd records",
+    "multi_view": "modified in place an output of {maker}, one of several views of one tensor "
+                  "(unbind, split, chunk...); autograd cannot rebase such a view, so it "
+                  "refuses",
+    "custom_view": "modified in place a view that the custom Function {maker} returned; its "
+                   "backward would be overridden by the view's, so torch refuses",
+    "no_grad_view": "modified in place, with gradients on, a view made under no_grad{made}",
+    "inference": "modified in place, outside inference_mode, a tensor made under "
+                 "torch.inference_mode(){made}",
+}
+_FORWARD_FIX = {
+    "leaf": "do it under `with torch.no_grad():` (as nn.init and optimizers do) when it sets "
+            "the value; if the change should be differentiated, apply it out of place "
+            "(w = w * 2) or to a .clone() of the leaf",
+    "leaf_view": "do it under `with torch.no_grad():` when it sets the value (initialisation); "
+                 "if it should be differentiated, modify a .clone() of the leaf",
+    "multi_view": "use the out-of-place op (y = y + 1 rather than y += 1), or .clone() the "
+                  "output before changing it in place",
+    "custom_view": "clone the output of the custom Function before the in-place op (or return "
+                   "a new tensor, not a view of an input, from its forward)",
+    "no_grad_view": "make the view and the in-place op both inside the no_grad block (the "
+                    "change is not tracked) or both outside it (it is)",
+    "inference": "make a .clone() of the tensor outside inference_mode before the in-place "
+                 "op, or create it outside inference_mode",
+}
+
+
+def forward_inplace(message: str, site: Site | None, made: Site | None) -> Finding:
+    """The finding for an in-place op torch refused in the forward (``message``: its error):
+    ``site``, where the in-place op ran (None when the doctor did not see it), ``made``, where
+    the tensor it modified was made (the view, the multi-output op, the ``.apply``)."""
+    reason = forward_error_reason(message) or "leaf"
+    maker = made.op if made is not None and made.op else "the op that made it"
+    what = _FORWARD_WHAT[reason].format(
+        maker=maker + _where(made), made=f" (by {made.op}{_where(made)})" if made else "")
+    if site is None:
+        who = "An in-place op the doctor did not see"
+    else:
+        who = f"{site.op or 'An in-place op'}{_where(site)}"
+    first = (message.strip().splitlines() or [""])[0]
+    sites = tuple(s for s in (site, made) if s is not None)
+    return Finding("inplace_forward", f"{who} {what}.", site.op if site else None,
+                   site.line if site else None, site.module if site else None,
+                   _FORWARD_FIX[reason], reason=reason, sites=sites, torch_error=first)
 
 
 # ---------------------------------------------------------------------------- backward twice
@@ -399,6 +474,15 @@ def check_grad_none(watched: Watched, mode: _DoctorMode, got_grad: int,
             found.append(_cut(name, event))
             continue
         site = mode.frozen_use.get(bit)
+        if site is None:  # cut by nothing the doctor saw (a tensor made outside the block)
+            found.append(Finding(
+                "grad_none", f"{name} influences the loss, but no gradient path from the loss "
+                "reaches it, and the doctor did not see the op that cut it (a tensor made "
+                "before the block, or by code it does not watch); its .grad stayed None.",
+                None, None, owner, "compute the path from the parameter to the loss inside "
+                "the block, with gradients enabled and without .detach()", reason="cut",
+                param=name))
+            continue
         found.append(Finding(
             "grad_none", f"{name} influences the loss, but it had requires_grad=False when "
             f"the forward used it{_where(site)} (frozen then, unfrozen since), so no graph "
@@ -450,7 +534,7 @@ def _unused(mode: _DoctorMode, bit: int, name: str, owner: str | None,
                        "output never reached the loss (dropped, or overwritten); its .grad "
                        "stayed None.", site.op, site.line, site.module, fix, reason="unused",
                        param=name, sites=(Site("used", site.op, site.line, site.module),))
-    what = (f"module {owner} was never called in the forward" if not ran and owner else
+    what = (f"module {owner} was never called in the step" if not ran and owner else
             "no op of the forward used it")
     return Finding("grad_none", f"{name} never reached the loss: {what}; its .grad stayed "
                    "None.", None, None, owner, fix, reason="unused", param=name)

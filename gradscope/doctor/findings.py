@@ -2,7 +2,8 @@
 
 ``gs.doctor(model, optimizer=...)`` (``gradscope.doctor.core``) watches a forward and backward
 and fills one ``Finding`` per thing that went wrong: an autograd error it explains (``inplace``,
-``backward_twice``, ``no_grad_fn``), a parameter left without a gradient (``grad_none``, with a
+``backward_twice``, ``no_grad_fn``; ``inplace_forward``, an in-place op torch refused in the
+forward), a parameter left without a gradient (``grad_none``, with a
 ``reason``), or a training-loop slip (``not_in_optimizer``, ``frozen_in_optimizer``,
 ``grads_accumulate``, ``eval_mode``). Each finding names the op, the user's line
 (``"file.py:NN"``), the module path and a concrete fix; ``sites`` lists every place involved
@@ -24,11 +25,23 @@ from ..output.files import write_atomic
 
 #: every kind of finding, in the order a report lists them
 KINDS = (
-    "inplace", "backward_twice", "no_grad_fn", "grad_none", "not_in_optimizer",
+    "inplace", "inplace_forward", "backward_twice", "no_grad_fn", "grad_none",
+    "not_in_optimizer",
     "frozen_in_optimizer", "grads_accumulate", "eval_mode",
 )
 #: why a parameter has no gradient (``Finding.reason`` of ``grad_none``)
 GRAD_NONE_REASONS = ("unused", "no_grad", "cut", "frozen_upstream", "compiled")
+#: which in-place op torch refused in the forward (``Finding.reason`` of ``inplace_forward``),
+#: by the words of torch's message
+FORWARD_ERRORS = (
+    ("leaf_view", "a view of a leaf Variable that requires grad is being used in an in-place"),
+    ("leaf", "a leaf Variable that requires grad is being used in an in-place"),
+    ("leaf", "a leaf Variable that requires grad has been used in an in-place"),
+    ("multi_view", "This view is the output of a function that returns multiple views"),
+    ("custom_view", "This view was created inside a custom Function"),
+    ("no_grad_view", "A view was created in no_grad mode and is being modified inplace"),
+    ("inference", "Inplace update to inference tensor outside InferenceMode"),
+)
 
 #: torch's messages, by the kind of finding that explains them
 _TORCH_ERRORS = (
@@ -36,12 +49,28 @@ _TORCH_ERRORS = (
     ("backward_twice", "Trying to backward through the graph a second time"),
     ("backward_twice", "access saved tensors after they have already been freed"),
     ("no_grad_fn", "does not require grad and does not have a grad_fn"),
+    *(("inplace_forward", text) for _, text in FORWARD_ERRORS),
 )
+
+
+def forward_error_reason(message: str) -> str | None:
+    """Which in-place op torch refused in the forward (a ``FORWARD_ERRORS`` reason: ``leaf``,
+    ``leaf_view``, ``multi_view``, ``custom_view``, ``no_grad_view``, ``inference``), or None.
+
+    Example:
+        >>> forward_error_reason("a leaf Variable that requires grad is being used in an "
+        ...                      "in-place operation.")
+        'leaf'
+    """
+    for reason, text in FORWARD_ERRORS:
+        if text in message:
+            return reason
+    return None
 
 
 def torch_error_kind(message: str) -> str | None:
     """The finding kind that explains torch's error ``message`` (``inplace``, ``backward_twice``,
-    ``no_grad_fn``), or None for any other error.
+    ``no_grad_fn``, ``inplace_forward``), or None for any other error.
 
     Example:
         >>> torch_error_kind("element 0 of tensors does not require grad and does not have "
@@ -132,7 +161,8 @@ class Finding:
         line: ``"file.py:NN"`` of that op in the user's code, or None when no line is known.
         module: the module path the op ran in (``encoder.layers.0``), or None.
         fix: what to change, concretely.
-        reason: for ``grad_none``, one of ``GRAD_NONE_REASONS``; else None.
+        reason: for ``grad_none``, one of ``GRAD_NONE_REASONS``; for ``inplace_forward``, one
+            of the ``FORWARD_ERRORS`` reasons; else None.
         param: the parameter's name (``grad_none``, and the first of those named otherwise).
         sites: every place involved, the one ``line`` names first.
         torch_error: the first line of torch's error this finding explains, or None.

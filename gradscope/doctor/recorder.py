@@ -8,7 +8,11 @@ For every torch call in the block, a ``TorchFunctionMode`` (``_DoctorMode``) kee
   ``live``, the bits of parameters a gradient can still reach it from; ``cuts``, a bitset over the
   *cut events* upstream of it. A cut event is one call where some parameter's bit was live in the
   inputs but not in the outputs: the op, its line, its module and why (``no_grad``,
-  ``inference_mode``, ``detach``, ``data``, ``item``, ``integer``, ``nondiff``). Memory is three
+  ``inference_mode``, ``detach``, ``data``, ``item``, ``integer``, ``nondiff``), or in some of
+  its outputs only (``indices``: ``max(dim)``'s indices beside values that carry the gradient;
+  ``nondiff_output``). Ops inside a custom Function's forward (grad off) cut nothing; an output
+  the Function marked non-differentiable is found at its first use and cut at the ``.apply``
+  line (``marked_nondiff``). Memory is three
   ints per live tensor (a bit per parameter) and one record per cut event, never sets of tensors.
   Python numbers, lists and arrays that ``.item()`` / ``.tolist()`` / ``.numpy()`` return keep
   their lineage while the same object is handed to a later torch call.
@@ -22,6 +26,10 @@ For every torch call in the block, a ``TorchFunctionMode`` (``_DoctorMode``) kee
   ``saved_tensors_hooks``: with hooks torch no longer checks versions, and the doctor must leave
   torch's error as it is. While the user has saved-tensor hooks of their own (checkpointing,
   offloading), saved tensors are not read (unpacking would run their hooks).
+
+- **forward errors**: an in-place op torch refuses while the forward runs (a leaf, a view of
+  one, an output of ``unbind``/``split``, a custom Function's view) goes to ``on_error``, which
+  gives the error to raise in its place (torch's, explained).
 
 The user's line is ``stamps.user_frame``'s: the innermost frame outside torch and gradscope.
 """
@@ -233,11 +241,19 @@ class _DoctorMode(TorchFunctionMode):
 
     def __init__(self, bits: dict[int, int], on_backward: Callable[..., Any],
                  module_now: Callable[[], str | None],
-                 params: list[torch.Tensor] | None = None) -> None:
+                 params: list[torch.Tensor] | None = None,
+                 on_error: Callable[[RuntimeError, str, Any, Any], BaseException | None]
+                 | None = None) -> None:
         super().__init__()
         self.bits = bits  # id(parameter) -> its bit
         self.params = params or []  # by bit
         self.on_backward = on_backward
+        #: a torch error a forward call raised: ``on_error(exc, op name, args, caller frame)``
+        #: returns the error to raise in its place (torch's, explained), or None
+        self.on_error = on_error
+        #: tensors a custom Function's forward made -> where its ``.apply`` was called (an
+        #: output it marked non-differentiable is cut there)
+        self.custom_made: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.module_now = module_now
         self.iteration = 0
         self.index = 0
@@ -290,7 +306,13 @@ class _DoctorMode(TorchFunctionMode):
             self._give_up(name, exc)
             return func(*args, **kwargs)
         grad_on = torch.is_grad_enabled()
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except RuntimeError as exc:
+            raised = self.on_error(exc, name, args, sys._getframe(1)) if self.on_error else None
+            if raised is not None:
+                raise raised from exc
+            raise
         try:
             self._record(func, name, args, kwargs, ins, versions, grad_on, out,
                          sys._getframe(1))
@@ -313,9 +335,21 @@ class _DoctorMode(TorchFunctionMode):
                 site.append(Site("op", name, user_line(caller), self.module_now()))
             return site[0]
 
+        # inside a custom Function's forward (its ops run with grad off): no cut, the
+        # gradient goes on through the Function's own backward (its .apply line, if so)
+        inside = None if grad_on else self._custom_node(caller)
         dep = live = cuts = 0
         for t in ins:
             d, lv, c = self.tag(t)
+            if lv and not t.requires_grad and inside is None and id(t) not in self.bits:
+                # live by its lineage, yet without a gradient: a cut no call showed (a custom
+                # Function's output it marked non-differentiable), found at its first use
+                made = self.custom_made.get(t)
+                unseen = "marked_nondiff" if made is not None else "nondiff"
+                c |= 1 << self._event(lv, unseen, made.op if made else name,
+                                      made if made else where())
+                lv = 0
+                self.tags[t] = (d, 0, c)
             dep |= d
             live |= lv
             cuts |= c
@@ -325,7 +359,8 @@ class _DoctorMode(TorchFunctionMode):
             hd, hc = self._host_in(args, kwargs)
             dep |= hd
             cuts |= hc
-        if dep & ~self.touched:
+        getter = _is_getter(func, name)  # .shape, .requires_grad...: no use of the tensor
+        if dep & ~self.touched and not getter:
             for bit in _bits(dep & ~self.touched):
                 self.first_use[bit] = where()
             self.touched |= dep
@@ -339,14 +374,14 @@ class _DoctorMode(TorchFunctionMode):
         made = outs + written if written else outs  # ``y[:, 0] = 0`` returns None: y's node
         if grad_on and made:
             self._new_nodes(made, name, where)
-        elif not grad_on:
-            self._custom_node(caller)
-        if not dep:
+        if not dep or (getter and not outs):  # a flag read carries no lineage (True is one)
             return
-        live_out = 0
-        for t in outs:
-            if t.requires_grad:
-                live_out = live
+        if inside is not None:
+            for t in outs:
+                self.tags[t] = (dep, live, cuts)
+                self.custom_made[t] = inside
+            return
+        live_out = live if any(t.requires_grad for t in outs) else 0
         lost = live & ~live_out
         if lost and (outs or isinstance(out, _HOST_TYPES) or type(out).__module__ == "numpy"):
             why = _CUT_OPS.get(getattr(func, "__name__", ""), None)
@@ -356,8 +391,15 @@ class _DoctorMode(TorchFunctionMode):
                 why = "integer" if any(not (t.is_floating_point() or t.is_complex())
                                        for t in outs) or not outs else "nondiff"
             cuts |= 1 << self._event(lost, why, name, where())
+        part = 0  # outputs without a gradient beside ones with it: max(dim)'s indices
+        if live_out and any(not t.requires_grad for t in outs):
+            ints = any(not (t.is_floating_point() or t.is_complex())
+                       for t in outs if not t.requires_grad)
+            part = 1 << self._event(live_out, "indices" if ints else "nondiff_output", name,
+                                    where())
         for t in outs:
-            self.tags[t] = (dep, live_out if t.requires_grad else 0, cuts)
+            self.tags[t] = ((dep, live_out, cuts) if t.requires_grad
+                            else (dep, 0, cuts | part))
         if not outs and out is not None:
             if len(self.host) >= _HOST_KEPT:
                 del self.host[next(iter(self.host))]
@@ -419,21 +461,25 @@ class _DoctorMode(TorchFunctionMode):
                          tuple(t.shape)))
         del log[:-_WRITES_KEPT]
 
-    def _custom_node(self, caller: Any) -> None:
+    def _custom_node(self, caller: Any) -> Site | None:
         """Inside a custom Function's forward (its ops run with grad disabled): stamp its node
-        with the ``.apply`` call's line, before a later op would take it for its own. What it
-        saves is read back at explain time (``save_for_backward`` may come later)."""
+        with the ``.apply`` call's line, before a later op would take it for its own, and
+        return that site (None outside one). What it saves is read back at explain time
+        (``save_for_backward`` may come later)."""
         found = custom_apply(caller)
         if found is None:
-            return
+            return None
         ctx, apply_frame = found
         meta = torchcompat.node_metadata(ctx)
-        if meta is None or DOCTOR_KEY in meta:
-            return
-        name = f"{type(ctx).__name__.removesuffix('Backward')}.apply"
-        line = user_line(apply_frame) if apply_frame is not None else None
-        meta[DOCTOR_KEY] = NodeRecord(self.iteration, name,
-                                      Site("made", name, line, self.module_now()), self.index)
+        if meta is None:
+            return None
+        record = meta.get(DOCTOR_KEY)
+        if record is None:
+            name = f"{type(ctx).__name__.removesuffix('Backward')}.apply"
+            line = user_line(apply_frame) if apply_frame is not None else None
+            record = meta[DOCTOR_KEY] = NodeRecord(
+                self.iteration, name, Site("made", name, line, self.module_now()), self.index)
+        return record.site
 
     def _new_nodes(self, outs: list[torch.Tensor], name: str, where: Callable[[], Site]) -> None:
         """Stamp the nodes this call made with a ``NodeRecord`` (saved tensors included)."""
@@ -462,6 +508,12 @@ class _DoctorMode(TorchFunctionMode):
             meta[DOCTOR_KEY] = record
             self.last_seq = max(self.last_seq, seq)
             stack.extend(nxt for nxt, _ in fn.next_functions)
+
+
+def _is_getter(func: Any, name: str) -> bool:
+    """A tensor attribute read other than ``.data`` (``.shape``, ``.requires_grad``, ``.grad``):
+    reading a parameter's attributes is not using it in the forward."""
+    return getattr(func, "__name__", None) == "__get__" and name != "Tensor.data"
 
 
 def _bits(mask: int) -> list[int]:

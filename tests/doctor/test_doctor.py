@@ -65,7 +65,8 @@ def lines_of(findings) -> set[str]:
 
 ERRORS = [("inplace", v) for v in load("inplace").VARIANTS] + \
     [("backward_twice", v) for v in load("backward_twice").VARIANTS] + \
-    [("no_grad_fn", v) for v in load("no_grad_fn").VARIANTS]
+    [("no_grad_fn", v) for v in load("no_grad_fn").VARIANTS] + \
+    [("inplace_forward", v) for v in load("inplace_forward").VARIANTS]
 
 
 @pytest.mark.parametrize(("name", "variant"), ERRORS)
@@ -415,3 +416,112 @@ def test_a_leaf_changed_through_detach_is_explained_without_a_model():
     lines = {f"test_doctor.py:{first + i}" for i, text in enumerate(here[0])
              if "(x * x).sum()" in text or ".zero_()" in text}
     assert set(f.lines) == lines and "a leaf tensor" in f.message and f.op == "zero_"
+
+
+class _StatefulCut(torch.nn.Module):
+    """A compiled block with state a second run would change: a buffer its forward reassigns
+    (``self.ema = ...``), a counter, its own ``torch.Generator``, draws from Python's and
+    NumPy's RNG; and a cut inside (so the doctor runs it again, uncompiled)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.register_buffer("ema", torch.zeros(4))
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+        self.gen = torch.Generator().manual_seed(7)
+        self.calls = 0
+        self.last = torch.zeros(())
+
+    def forward(self, x):
+        import random
+
+        np = pytest.importorskip("numpy")
+        self.ema = 0.9 * self.ema + 0.1 * x.mean(0)
+        self.count = self.count + 1
+        self.calls += 1
+        self.last = x.detach().mean()
+        noise = torch.rand(4, generator=self.gen) + random.random() + float(np.random.rand())
+        return (self.a(x) + noise).detach().sum(1, keepdim=True)  # the cut
+
+
+def test_running_a_compiled_region_again_leaves_every_state_as_it_was(fresh_dynamo):
+    """The doctor's uncompiled re-run of a compiled module (for a parameter cut inside) puts
+    back what it reached: the buffers the forward reassigned (the same tensor objects again,
+    bitwise), plain attributes, the module's own Generator, Python's and NumPy's RNG, torch's
+    RNG."""
+    import random
+
+    np = pytest.importorskip("numpy")
+    torch.manual_seed(0)
+    block = _StatefulCut()
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.compile(block, backend="eager"))
+    x = torch.randn(8, 4)
+    random.seed(3)
+    np.random.seed(3)
+    with gs.doctor(net) as doc:
+        out = net(x)
+        (out.sum() + net[0](x).sum() * 0).backward()
+        ema, count, last = block.ema, block.count, block.last
+        ema_bits, gen_state = ema.clone(), block.gen.get_state()
+        py, npy, rng = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    assert [f.reason for f in doc.findings] == ["cut", "cut"]  # it did run the block again
+    assert block.ema is ema and block.count is count  # the same objects, put back
+    assert torch.equal(block.ema, ema_bits) and int(block.count) == 1
+    assert block.last is last and block.calls == 1  # plain attributes too
+    assert torch.equal(block.gen.get_state(), gen_state)
+    assert random.getstate() == py and torch.equal(torch.random.get_rng_state(), rng)
+    after = np.random.get_state()
+    assert after[0] == npy[0] and (after[1] == npy[1]).all() and after[2:] == npy[2:]
+    assert dict(block.named_buffers()) == {"ema": ema, "count": count}
+
+
+def test_a_validation_forward_in_eval_before_the_step_is_no_eval_mode():
+    """A validation pass in eval() without no_grad (its graph never backwarded), then
+    model.train() and the training step: no eval_mode finding. The training forward itself in
+    eval() still is one."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5),
+                              torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x = torch.randn(16, 4)
+    with gs.doctor(net, optimizer=opt) as doc:
+        for _ in range(2):
+            net.eval()
+            val = net(x).pow(2).mean()  # validation, no no_grad: its graph is dropped
+            net.train()
+            opt.zero_grad()
+            net(x).pow(2).mean().backward()
+            opt.step()
+    assert val.requires_grad and doc.findings == []
+    with gs.doctor(net, optimizer=opt) as doc:
+        net.train()
+        net(x).pow(2).mean()  # a forward in train mode whose graph is dropped
+        net.eval()
+        opt.zero_grad()
+        net(x).pow(2).mean().backward()  # the step trains through eval-mode dropout
+        line = f"test_doctor.py:{inspect.currentframe().f_lineno - 1}"
+        opt.step()
+    assert [(f.kind, f.line) for f in doc.findings] == [("eval_mode", line)]
+
+
+def test_a_module_never_called_is_said_so_in_the_sample():
+    doc, err, model = run(load("grad_none"), "never_called", doctored=True)
+    assert err is None and [f.param for f in doc.findings] == ["aux.weight", "aux.bias"]
+    for f in doc.findings:
+        assert "module aux was never called in the step" in f.message, f
+        assert "requires_grad" not in f.message and f.line is None
+
+
+def test_reading_a_parameters_flags_is_not_using_it():
+    """Reading ``p.requires_grad`` (a ``True``, the one Python object every ``keepdim=True``
+    also is) neither counts as using the parameter nor hands its lineage to a later call."""
+    torch.manual_seed(0)
+    net = torch.nn.ModuleDict({"aux": torch.nn.Linear(4, 4), "head": torch.nn.Linear(4, 4)})
+    with gs.doctor(net) as doc:
+        trainable = [n for n, p in net.named_parameters() if p.requires_grad]
+        out = net["head"](torch.randn(3, 4)).sum(1, keepdim=True)
+        out.sum().backward()
+    assert len(trainable) == 4 and net["aux"].weight.grad is None  # torch's own answer
+    assert [(f.param, f.reason) for f in doc.findings] == [("aux.weight", "unused"),
+                                                           ("aux.bias", "unused")]
+    assert all("module aux was never called in the step" in f.message for f in doc.findings)
