@@ -1,6 +1,7 @@
 """GradMonitor benchmark: the cost of a monitored training step at real sizes, in one run.
 
     .venv/bin/python benchmarks/monitor.py [--rounds R] [--steps K] [--threads T] [--models ...]
+    .venv/bin/python benchmarks/monitor.py --tensors [--layers ...]   (monitor_tensors.py)
 
 Two models of the sizes people train (built from code, nothing downloaded):
 
@@ -486,7 +487,14 @@ def main() -> None:
     ap.add_argument("--no-spike-costs", action="store_true", help="skip the spike rows")
     ap.add_argument("--spikes-only", action="store_true",
                     help="only the spike rows (benchmarks/monitor_spikes.py)")
-    args = ap.parse_args()
+    ap.add_argument("--tensors", action="store_true",
+                    help="only the tensor-count sweep (benchmarks/monitor_tensors.py)")
+    args, rest = ap.parse_known_args()
+    if args.tensors:
+        _load("monitor_tensors").main(rest)
+        return
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     torch.set_num_threads(args.threads)
     print(
         f"torch {torch.__version__}, {args.threads} thread(s); ratio = CPU time of a variant "
@@ -544,13 +552,17 @@ def main() -> None:
             _print_spikes(task, args)
 
 
-def _print_spikes(task: Task, args: argparse.Namespace) -> None:
-    """The spike rows (benchmarks/monitor_spikes.py, loaded by path)."""
-    spec = importlib.util.spec_from_file_location("monitor_spikes",
-                                                  Path(__file__).with_name("monitor_spikes.py"))
+def _load(name: str) -> Any:
+    """A sibling benchmark module, loaded by path."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    mod.print_spikes(task, Runner, args.rounds, args.steps)
+    return mod
+
+
+def _print_spikes(task: Task, args: argparse.Namespace) -> None:
+    """The spike rows (benchmarks/monitor_spikes.py)."""
+    _load("monitor_spikes").print_spikes(task, Runner, args.rounds, args.steps)
 
 
 def _print_replay(task: Task, args: argparse.Namespace) -> None:

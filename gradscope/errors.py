@@ -18,7 +18,7 @@ Hierarchy::
     ├── ExplainInputError       ``gs.explain`` got something that is not a strided tensor
     ├── MonitorError            ``GradMonitor`` was given arguments or a set-up it cannot use
     │   └── UnsupportedSetupError   a training set-up it cannot measure (a tensor subclass,
-    │                               DTensors sharded over several mesh dimensions...)
+    │                               a DTensor with a Partial placement...)
     ├── MemoryHooksError        saved-tensor hooks could not be installed or removed in order
     ├── BudgetError             a checkpoint budget that cannot be read or reached
     ├── AutogradError           an autograd error in a ``gs.doctor`` block, explained (also a

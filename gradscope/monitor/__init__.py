@@ -54,9 +54,11 @@ Which gradients, and when the step ends:
       that method of the scaler instance, and unwraps it on ``remove()``).
 
 Across processes (``torch.distributed`` initialised) the figures are global or labelled:
-    * DTensor parameters (FSDP2 ``fully_shard``): each rank measures its shards; one
-      all-gather over the sharding mesh dimension per logged step combines them (sums of
-      p-th powers and of |g|, counts, maxima), so every rank reports the whole tensors;
+    * DTensor parameters (FSDP2 ``fully_shard``, tensor parallel, FSDP2 x TP, any mesh) and
+      plain ones beside them: each rank measures its shards; one all-gather over the world
+      per logged step carries them, and each parameter is made whole from one replica's
+      shards (sums of p-th powers and of |g|, counts, maxima), the largest of its replicas
+      kept (``distributed.Sharding``), so every rank reports the whole tensors;
     * other parameters: whether the ranks' gradients are identical (DDP however it was
       wrapped; hand-written all-reduce data parallelism) is detected at every logged step from
       a checksum of the per-parameter norms (one all-gather of three numbers per rank), or

@@ -161,7 +161,7 @@ class GradMonitor:
 
     Raises:
         MonitorError: arguments it cannot use; ``UnsupportedSetupError`` for a set-up it cannot
-            measure (a tensor subclass, DTensors sharded over several mesh dimensions, ...).
+            measure (a tensor subclass, a DTensor with a Partial placement, ...).
 
     Example:
         >>> model = torch.nn.Linear(4, 2)

@@ -1,7 +1,9 @@
 """The monitor across processes: DTensor sharding, the all-gathers, the replication check.
 
-* DTensor parameters (FSDP2 ``fully_shard``): each rank measures its shards; one all-gather
-  over the sharding mesh dimension per logged step combines them (``Sharding``).
+* DTensor parameters (FSDP2 ``fully_shard``, tensor parallel, both on a 2-D mesh, plain
+  parameters beside them): each rank measures its shards; one all-gather over the world per
+  logged step carries them, and each parameter is made whole from the ranks that hold its
+  elements once (``Sharding``).
 * other parameters: whether the ranks' gradients are identical is detected from a checksum of
   the per-parameter norms (``checksum``, ``replicated``), or declared with ``replicated=``.
 
@@ -13,14 +15,17 @@ the module's ``_gather_into``, read when the topology is made).
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed
 
-from ..errors import UnsupportedSetupError
+from ..errors import MonitorWarning, UnsupportedSetupError
 from .checks import is_dtensor
+from .stats import combine_shards, nan_first
 
 _DIST_AVAILABLE = torch.distributed.is_available()
 
@@ -55,82 +60,130 @@ def all_gather(t: torch.Tensor, group: Any, gather: Callable[..., Any]) -> torch
     return out
 
 
+def _shard_like(placement: Any) -> bool:
+    """A placement whose ranks hold different elements (``Shard``, and the ``_StridedShard``
+    FSDP2 gives a tensor-parallel weight on a 2-D mesh)."""
+    return bool(placement.is_shard()) or "Shard" in type(placement).__name__
+
+
 class Sharding:
-    """How DTensor parameters are sharded: the process group their shards are reduced over, and
-    which of them are sharded on it (the others are replicated there)."""
+    """How the watched parameters are held across the ranks: per parameter, its replicas, each
+    the ranks (global ranks: indices into an all-gather over the default group) whose shards
+    hold each of its elements exactly once. A DTensor's sharded mesh dimensions make a
+    replica's shards, its replicated ones the replicas; a plain tensor is one replica per rank.
+    Any mesh, any number of dimensions, DTensors on several meshes and plain tensors beside
+    them (tensor parallel with a LayerNorm left out of the plan, FSDP2 x TP on a 2-D mesh).
+    One all-gather of the step's table over the world carries every rank's rows; ``combine``
+    makes each parameter whole from one replica's shards, and takes the largest figure of its
+    replicas (NaN first): replicas that agree give their figure, and one that went bad is seen
+    on every rank."""
 
     def __init__(self, names: Sequence[str], params: Sequence[torch.Tensor]) -> None:
-        first = params[0]
-        mesh = first.device_mesh  # type: ignore[attr-defined]
-        shard_dims: set[int] = set()
+        self.group = None  # the world
+        self.world = torch.distributed.get_world_size()
+        everyone = tuple((r,) for r in range(self.world))
+        self.layout: list[tuple[tuple[int, ...], ...]] = []
         for name, p in zip(names, params, strict=True):
-            if p.device_mesh != mesh:  # type: ignore[attr-defined]
-                raise UnsupportedSetupError(
-                    f"parameter {name} lives on another device mesh than {names[0]}; use one "
-                    "GradMonitor per mesh, selecting its parameters with params=..."
-                )
+            if not is_dtensor(p):
+                self.layout.append(everyone)
+                continue
+            grid = p.device_mesh.mesh  # type: ignore[attr-defined]
+            shard, rep = [], []
             for dim, placement in enumerate(p.placements):  # type: ignore[attr-defined]
-                if placement.is_shard():
-                    shard_dims.add(dim)
-                elif not placement.is_replicate():
+                if _shard_like(placement):
+                    shard.append(dim)
+                elif placement.is_replicate():
+                    rep.append(dim)
+                else:
                     raise UnsupportedSetupError(
-                        f"parameter {name} has a {placement} placement; GradMonitor reduces "
-                        "Shard and Replicate DTensors only"
+                        f"parameter {name} has a {placement} placement; GradMonitor combines "
+                        "sharded and replicated DTensors (make the parameter Shard or "
+                        "Replicate, or leave it out with params=...)"
                     )
-        if len(shard_dims) > 1:
-            raise UnsupportedSetupError(
-                f"the parameters are sharded over {len(shard_dims)} mesh dimensions; "
-                "GradMonitor reduces shards over one (FSDP2, HSDP); monitor a 1-D sub-mesh"
+            n_shards = math.prod(grid.shape[d] for d in shard)
+            ranks = grid.permute(*rep, *shard).reshape(-1, n_shards).tolist()
+            self.layout.append(tuple(tuple(int(r) for r in row) for row in ranks))
+        self.sharded = [len(replicas[0]) > 1 for replicas in self.layout]
+        self.plain = [i for i, p in enumerate(params) if not is_dtensor(p)]
+        self.names = list(names)
+        self.warned = False
+
+    def differing(self, norms: Sequence[Sequence[float]], cols: Sequence[int]) -> list[str]:
+        """The plain parameters whose norms differ between the ranks (``norms[r][j]``: rank
+        ``r``'s norm of column ``j``): not replicas (expert parallel, or a bug), so their
+        figures are the largest rank's. Replicated gradients are bitwise equal (an all-reduce
+        gives every rank the same bits)."""
+        if not self.plain:
+            return []
+        plain = set(self.plain)
+        out = []
+        for j, c in enumerate(cols):
+            if c in plain:
+                values = [row[j] for row in norms]
+                # a non-finite norm on some rank is an incident, not a sign of other tensors
+                if all(map(math.isfinite, values)) and min(values) != max(values):
+                    out.append(self.names[c])
+        return out
+
+    def warn_differing(self, names: Sequence[str]) -> None:
+        """Say once that the plain parameters ``names`` differ between the ranks."""
+        if names and not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"GradMonitor: the plain (non-DTensor) parameters {', '.join(names[:3])}"
+                f"{' and more' if len(names) > 3 else ''} have different gradients on different "
+                "ranks, so they are not replicas (expert parallel?); their figures are the "
+                "largest rank's. Monitor them with their own GradMonitor (params=...) to see "
+                "each rank's",
+                MonitorWarning,
+                stacklevel=2,
             )
-        self.dim = next(iter(shard_dims), None)
-        self.group = mesh.get_group(self.dim) if self.dim is not None else None
-        self.sharded = [
-            self.dim is not None and p.placements[self.dim].is_shard()  # type: ignore[attr-defined]
-            for p in params
-        ]
-        self.world = torch.distributed.get_world_size(self.group) if self.group else 1
+
+    def combine(
+        self,
+        per_rank: Sequence[Sequence[Sequence[float]]],
+        kinds: Sequence[str],
+        norm_type: float,
+        cols: Sequence[int],
+    ) -> list[list[float]]:
+        """The rows of whole tensors from every rank's rows (``per_rank[r][i][j]``: row ``i``,
+        column ``j`` on rank ``r``; column ``j`` is parameter ``cols[j]``); ``kinds[i]`` says
+        how row ``i`` combines over shards (``stats.combine_shards``)."""
+        groups: dict[tuple[tuple[int, ...], ...], list[int]] = {}
+        for j, c in enumerate(cols):
+            groups.setdefault(self.layout[c], []).append(j)
+        out = [[0.0] * len(cols) for _ in kinds]
+        rows = range(len(kinds))
+        for replicas, js in groups.items():
+            wholes = [
+                combine_shards([[[per_rank[r][i][j] for j in js] for i in rows] for r in shards],
+                               kinds, norm_type)
+                for shards in replicas
+            ]
+            for i in rows:
+                for k, j in enumerate(js):
+                    out[i][j] = max((w[i][k] for w in wholes), key=nan_first)
+        return out
 
 
 def sharding_of(
     chosen: Sequence[tuple[str, torch.Tensor]], replicated: bool | None
 ) -> tuple[Sharding | None, bool | None]:
-    """The sharding of the watched parameters (None unless they are sharded DTensors), and
+    """The sharding of the watched parameters (None unless some are sharded DTensors), and
     ``replicated`` (True when they are DTensors replicated on every rank)."""
     flags = [is_dtensor(p) for _, p in chosen]
     if not any(flags):
         return None, replicated
-    if not all(flags):
-        plain = next(n for (n, _), f in zip(chosen, flags, strict=True) if not f)
-        raise UnsupportedSetupError(
-            f"some watched parameters are DTensors and some (such as {plain}) are not; "
-            "monitor the sharded and the plain ones with two GradMonitors (params=...)"
-        )
     if not initialised():
         raise UnsupportedSetupError(
             "the parameters are DTensors but torch.distributed is not initialised; build "
             "the GradMonitor after init_process_group and fully_shard"
         )
     sharding = Sharding([n for n, _ in chosen], [p for _, p in chosen])
-    if sharding.dim is None:  # replicated DTensors: every rank holds all of every tensor
+    if all(flags) and not any(sharding.sharded):
+        # replicated DTensors: every rank holds all of every tensor
         return None, True if replicated is None else replicated
     return sharding, replicated
-
-
-def combine_replicated(
-    whole: list[list[float]],
-    per_rank: list[list[list[float]]],
-    sharded: Sequence[bool],
-    cols: Sequence[int],
-) -> list[list[float]]:
-    """``whole`` (the shards' rows combined) with the columns of parameters that are
-    replicated on the sharding dimension taken from one rank (every rank holds all of them)."""
-    if all(sharded[c] for c in cols):
-        return whole
-    for i, row in enumerate(whole):
-        for j, c in enumerate(cols):
-            if not sharded[c]:
-                row[j] = per_rank[0][i][j]
-    return whole
 
 
 _CHECK_WEIGHTS: dict[tuple[int, torch.device], torch.Tensor] = {}

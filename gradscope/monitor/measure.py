@@ -250,22 +250,26 @@ def recheck(
     norm_type: float,
     sharding: Sharding | None,
     gather: Callable[[torch.Tensor, Any], torch.Tensor],
+    suspect: list[int] | None = None,
 ) -> dict[int, Recount]:
     """Exact NaN/Inf counts and the float64 norm of the columns whose norm is not finite or so
     small that it may have underflowed in the working dtype (a second transfer, on such steps
-    only): column -> (nan, inf, norm in float64)."""
+    only): column -> (nan, inf, norm in float64). ``suspect``: with ``sharding``, those
+    columns as every rank's own norms say (``transfer.suspects``): the same on all ranks."""
     isfinite = math.isfinite
     tiny32 = S.underflow_bound(norm_type)
     tiny64 = S.underflow_bound(norm_type, torch.float64)
-    # the usual step, at C speed: every norm finite (their sum is) and none near underflow
-    if not norms or (isfinite(math.fsum(norms)) and min(norms) >= tiny32):
-        return {}
-    bad = [
-        j
-        for j, v in enumerate(norms)
-        if not isfinite(v)
-        or v < (tiny64 if S.local(m.grads[j]).dtype in _WIDE else tiny32)
-    ]
+    if suspect is not None:
+        bad = suspect
+    elif not norms or (isfinite(math.fsum(norms)) and min(norms) >= tiny32):
+        return {}  # the usual step, at C speed: every norm finite and none near underflow
+    else:
+        bad = [
+            j
+            for j, v in enumerate(norms)
+            if not isfinite(v)
+            or v < (tiny64 if S.local(m.grads[j]).dtype in _WIDE else tiny32)
+        ]
     if not bad:
         return {}
     tensors = [S.local(m.grads[j]).detach() for j in bad]
@@ -283,14 +287,36 @@ def recheck(
         flat = counts.reshape(-1).tolist()
     if sharding is not None:
         per_rank = nest(flat, (sharding.world, 3, len(bad)))
-        values = S.combine_shards(per_rank, ["sum", "sum", "norm"], norm_type)
+        values = sharding.combine(per_rank, ["sum", "sum", "norm"], norm_type,
+                                  [m.cols[j] for j in bad])
     else:
         values = nest(flat, (3, len(bad)))
     out: dict[int, Recount] = {}
     for k, j in enumerate(bad):
-        if changed[k]:
-            # a finite norm in the working dtype proved the gradient finite
-            out[j] = (0, 0, norms[j]) if isfinite(norms[j]) else (None, None, norms[j])
-        else:
+        if not changed[k]:
             out[j] = (int(values[0][k]), int(values[1][k]), values[2][k])
+        elif isfinite(norms[j]):  # a finite norm in the working dtype proved it finite
+            out[j] = (0, 0, norms[j])
+        elif _overflowed(norms[j], values[0][k], values[1][k], values[2][k], norm_type):
+            out[j] = (0, 0, values[2][k])
+        else:
+            out[j] = (None, None, norms[j])
     return out
+
+
+#: a float32 p-norm (float32 and half gradients are reduced in float32) overflows above this
+_F32_MAX = torch.finfo(torch.float32).max
+
+
+def _overflowed(norm: float, nan: float, inf: float, norm64: float, norm_type: float) -> bool:
+    """Whether an infinite norm of a gradient changed in place since (``grad.mul_(1.0)``, a
+    hand-written unscale by 1) is the overflow of finite values, as the gradient is now:
+    finite, and so large that the sum of its |g|^p overflows float32 too (1.8e19 for p = 2).
+    An in-place op does not turn an infinity into a finite value that large (clipping, the
+    usual change, makes it NaN or leaves it infinite, and shrinks finite ones), so the figure
+    is the gradient's as it is now; otherwise it stays not countable."""
+    if not math.isinf(norm) or nan or inf or not math.isfinite(norm64) or norm_type <= 0:
+        return False
+    if math.isinf(norm_type):
+        return False  # the max of finite values does not overflow
+    return norm64 >= 0.99 * _F32_MAX ** (1.0 / norm_type)

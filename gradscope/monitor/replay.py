@@ -550,3 +550,23 @@ def _preserved(model: torch.nn.Module, cuda_devices: list[int]) -> Iterator[None
                     b.copy_(copy)
         for m, mode in modes:
             m.training = mode
+
+
+#: the keys of a dict batch that hold the examples' own ids
+ID_KEYS = ("id", "idx")
+
+
+def ids_in(batch: Any) -> Any:
+    """The examples' ids a dict batch carries (under ``"id"`` or ``"idx"``), as they are (a
+    tensor stays on its device: no host transfer), or None."""
+    if not isinstance(batch, dict):
+        return None
+    for key in ID_KEYS:
+        ids = batch.get(key)
+        if ids is not None and not isinstance(ids, (str, bytes)):
+            try:
+                len(ids)
+            except TypeError:  # a 0-d tensor, a number: not one id per example
+                continue
+            return ids
+    return None

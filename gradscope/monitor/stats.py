@@ -416,7 +416,7 @@ def combine_calls(calls: Sequence[Sequence[float]], norm_type: float) -> list[fl
 
 
 def _combine(kind: str, values: Sequence[float]) -> float:
-    return max(values, key=_nan_first) if kind == "max" else math.fsum(values)
+    return max(values, key=nan_first) if kind == "max" else math.fsum(values)
 
 
 def row_kinds(full: bool) -> list[str]:
@@ -451,5 +451,6 @@ def combine_shards(
     return out
 
 
-def _nan_first(v: float) -> float:
+def nan_first(v: float) -> float:
+    """The key of a ``max`` that NaN wins."""
     return math.inf if v != v else v

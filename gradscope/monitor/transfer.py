@@ -1,7 +1,7 @@
 """The end of a logged step: reduce across ranks, ONE transfer to the host, one ``StepStats``.
 
 ``transfer`` packs into one ``Packet`` what a logged step moves to the host: the statistics
-table (all-gathered over the sharding mesh dimension for DTensor parameters), the ranks'
+table (all-gathered over the world for DTensor parameters, made whole per parameter), the ranks'
 replication checksums and the probe measured at ``optimizer.step()`` (while whether the ranks
 hold the same gradients is still being detected), the module rows, the activation flags, and
 the update rows an earlier step left on the device (``Deferred``). After the one ``.tolist()``
@@ -24,7 +24,6 @@ import torch
 from .distributed import (
     Topology,
     checksum,
-    combine_replicated,
     initialised,
     same_on_all_ranks,
 )
@@ -40,9 +39,9 @@ from .records import module_stats, param_stats, update_ratios
 from .stats import (
     MODULE_ROW,
     NORM,
-    combine_shards,
     pnorm,
     row_kinds,
+    underflow_bound,
 )
 from .watched import WatchedParams
 
@@ -52,7 +51,7 @@ class Deferred:
     ``optimizer.step()`` (the incident watch needed the norms then): left on the device and
     moved with the next transfer. ``rows``: ``[2, n]`` (or all ranks' rows, flattened)."""
 
-    __slots__ = ("step", "rows", "cols", "names", "world", "sharded")
+    __slots__ = ("step", "rows", "cols", "names", "world", "sharding")
 
     def __init__(
         self, step: int, rows: torch.Tensor, m: Measure, watched: WatchedParams,
@@ -63,7 +62,7 @@ class Deferred:
         self.cols = list(m.cols)
         self.names = watched.names
         self.world = sharding.world if sharding is not None else None
-        self.sharded = sharding.sharded if sharding is not None else None
+        self.sharding = sharding
         self.rows = topology.gather(rows, sharding.group) if sharding is not None else rows
 
     def shape(self) -> tuple[int, ...]:
@@ -73,9 +72,8 @@ class Deferred:
     def ratios(self, host: list[Any]) -> dict[str, float]:
         """The update ratios by parameter name, from this step's rows on the host."""
         rows = host
-        if self.world is not None and self.sharded is not None:
-            whole = combine_shards(host, ["norm2", "norm2"], 2.0)
-            rows = combine_replicated(whole, host, self.sharded, self.cols)
+        if self.sharding is not None:
+            rows = self.sharding.combine(host, ["norm2", "norm2"], 2.0, self.cols)
         return update_ratios(self.names, self.cols, rows)
 
     def to_host(self) -> dict[str, float]:
@@ -89,7 +87,8 @@ class HostStep:
     shards combined), the scope, the module rows by module, the first non-finite activation's
     index, and the update ratios of a deferred earlier step."""
 
-    __slots__ = ("m", "table", "with_update", "scope", "mods", "first_bad", "previous", "loss")
+    __slots__ = ("m", "table", "with_update", "scope", "mods", "first_bad", "previous", "loss",
+                 "suspect")
 
     def __init__(self, m: Measure, table: list[list[float]], with_update: bool) -> None:
         self.m = m
@@ -100,6 +99,8 @@ class HostStep:
         self.first_bad: int | None = None
         self.previous: tuple[int, dict[str, float]] | None = None
         self.loss: float | None = None
+        #: sharded: the columns to recheck, from every rank's own norms (the same on all)
+        self.suspect: list[int] | None = None
 
     def finite(self) -> bool:
         """Whether every measured gradient's norm is finite."""
@@ -156,11 +157,13 @@ def transfer(
     kinds = row_kinds(m.full)
     kinds += ["norm2", "norm2"] if update is not None else []
     scope: str | None = None
+    suspect: list[int] | None = None
     if sharding is not None:
-        per_rank = host["table"]
-        whole = combine_shards(per_rank, kinds, norm_type)
-        table = combine_replicated(whole, per_rank, sharding.sharded, m.cols)
+        table = sharding.combine(host["table"], kinds, norm_type, m.cols)
         scope = topology.sharded_scope(sharding.world)
+        own = [rank[NORM] for rank in host["table"]]
+        suspect = suspects(own, norm_type)
+        sharding.warn_differing(sharding.differing(own, m.cols))
     else:
         table = host["table"]
     if checking:
@@ -176,6 +179,7 @@ def transfer(
         scope = topology.scope(bool(topology.replicated))
     out = HostStep(m, table, update is not None)
     out.scope = scope
+    out.suspect = suspect
     for (i, _), row in zip(module_calls, host.get("modules", ()), strict=True):
         out.mods.setdefault(i, []).append(row)
     if flags:
@@ -187,6 +191,18 @@ def transfer(
     if loss is not None:
         out.loss = float(host["loss"][0])
     return out
+
+
+def suspects(norms: Sequence[Sequence[float]], norm_type: float) -> list[int]:
+    """The columns whose norm on some rank is not finite or may have underflowed, from every
+    rank's own norms (``norms[r][j]``): what all the ranks see alike, so that they all take
+    part in the recheck's collective or none does."""
+    tiny = underflow_bound(norm_type)
+    bad: set[int] = set()
+    for row in norms:
+        if row and not (math.isfinite(math.fsum(row)) and min(row) >= tiny):
+            bad.update(j for j, v in enumerate(row) if not math.isfinite(v) or v < tiny)
+    return sorted(bad)
 
 
 def finish(
@@ -206,7 +222,8 @@ def finish(
     skips every step whose gradients are not all finite."""
     m, table = h.m, h.table
     sharding = topology.sharding if initialised() else None
-    counts = recheck(m, watched.params, table[NORM], norm_type, sharding, topology.gather)
+    counts = recheck(m, watched.params, table[NORM], norm_type, sharding, topology.gather,
+                     h.suspect)
     if scaler_skips:
         skipped = not h.finite()
     params = param_stats(

@@ -106,3 +106,24 @@ def test_the_gradient_is_measured_as_the_backward_left_it() -> None:
     # measured at the end of the backward: the gradient the backward made, finite
     assert mon.history[-1].params["weight"].nan == 0
     mon.remove()
+
+
+def test_a_huge_gradient_touched_in_place_after_backward_is_no_inf() -> None:
+    """Issue 47: gradients of about 1e20 (finite, but their float32 norm overflows), then
+    ``grad.mul_(1.0)`` between backward() and step(): no false ``inf`` alert, and the norm
+    is the gradient's float64 norm."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    mon = gs.GradMonitor(model, optimizer=opt)
+    (model(torch.ones(2, 4)).sum() * 1e20).backward()
+    truth = model.weight.grad.double().norm().item()
+    assert torch.isinf(torch.linalg.vector_norm(model.weight.grad))  # float32 overflows
+    model.weight.grad.mul_(1.0)  # touched in place: its version moves
+    opt.step()
+    ps = mon.history[-1].params["weight"]
+    assert (ps.nan, ps.inf) == (0, 0)
+    assert ps.norm == pytest.approx(truth, rel=1e-6)
+    assert not [a for a in mon.alerts if a.kind in ("inf", "nan")]
+    assert not mon.incidents
+    mon.remove()
