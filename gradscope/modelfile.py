@@ -584,8 +584,10 @@ class ModelFile:
         return module, inputs
 
     def _batches(self, example: Any, wants_target: bool) -> Iterator[tuple[Any, Any, Any]]:
-        """``(inputs, target, ids)`` (target None when loss_fn takes only the output, ids
-        None when the batch gave none)."""
+        """``(inputs, target, ids)`` (target None when loss_fn takes only the output; ids: the
+        third item of a triple, or a dict batch's ``"id"``/``"idx"``, else None)."""
+        from .monitor.replay import ids_in
+
         source = self.get("batches")
         if source is None:
             target = self.get("example_target")
@@ -598,10 +600,10 @@ class ModelFile:
         items = self.call("calling batches()", source) if callable(source) else source
         it = iter(items)
         if not wants_target:
-            return ((x, None, None) for x in it)
-        return (self._pair(item) for item in it)
+            return ((x, None, ids_in(x)) for x in it)
+        return (self._pair(item, ids_in) for item in it)
 
-    def _pair(self, item: Any) -> tuple[Any, Any, Any]:
+    def _pair(self, item: Any, ids_in: Callable[[Any], Any]) -> tuple[Any, Any, Any]:
         if isinstance(item, (tuple, list)) and len(item) in (2, 3):
             ids = item[2] if len(item) == 3 else None
             if ids is not None and (isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__")):
@@ -610,7 +612,7 @@ class ModelFile:
                     "third item, the batch's example ids; give one id per example (a list or "
                     "a tensor), or yield (inputs, target) pairs"
                 )
-            return item[0], item[1], ids
+            return item[0], item[1], ids_in(item[0]) if ids is None else ids
         raise ReportError(
             f"{self.path}: batches() gave a {type(item).__name__}, but loss_fn takes "
             "(output, target), so each batch must be an (inputs, target) pair or an "

@@ -47,26 +47,6 @@ def incident_lines(incidents: list[Any], start: int) -> list[str]:
     return [f"gradscope incident: {inc.summary()}" for inc in incidents[start:]]
 
 
-#: the keys of a dict batch that hold the examples' own ids
-ID_KEYS = ("id", "idx")
-
-
-def batch_ids(batch: Any) -> Any:
-    """The examples' ids a dict batch carries (under ``"id"`` or ``"idx"``), as they are (a
-    tensor stays on its device: no host transfer), or None."""
-    if not isinstance(batch, dict):
-        return None
-    for key in ID_KEYS:
-        ids = batch.get(key)
-        if ids is not None and not isinstance(ids, (str, bytes)):
-            try:
-                len(ids)
-            except TypeError:  # a 0-d tensor, a number: not one id per example
-                continue
-            return ids
-    return None
-
-
 class AlertRelay:
     """Passes a monitor's new alerts and incidents to a framework's logger, each once, as a
     warning."""

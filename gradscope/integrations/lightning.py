@@ -42,7 +42,8 @@ import torch
 
 from ..errors import MissingExtraError, UnsupportedSetupError
 from ..monitor.core import GradMonitor
-from ._options import AlertRelay, batch_ids, check_options
+from ..monitor.replay import ids_in
+from ._options import AlertRelay, check_options
 
 
 def _lightning() -> Any:
@@ -118,7 +119,7 @@ class GradscopeCallback(_Callback):
         if mon is None:
             return
         mon.replay_run(_Step(pl_module, batch, batch_idx, trainer.accumulate_grad_batches))
-        ids = batch_ids(batch)
+        ids = ids_in(batch)
         if ids is not None:
             mon.observe_batch_ids(ids)
 

@@ -49,7 +49,8 @@ except ImportError:
 from .._torch.torchcompat import is_functorch_wrapped
 from ..errors import MissingExtraError
 from ..monitor.core import GradMonitor
-from ._options import ID_KEYS, AlertRelay, check_options
+from ..monitor.replay import ID_KEYS
+from ._options import AlertRelay, check_options
 
 logger = (hf_logging.get_logger("transformers.trainer") if hf_logging is not None
           else logging.getLogger("transformers.trainer"))

@@ -236,3 +236,29 @@ def test_a_spike_in_a_file_with_ids_names_the_example_and_exits_1(capsys, monkey
         loss.backward()
         opt.step()
     assert [st.loss for st in log.steps] == pytest.approx(losses, rel=1e-6)
+
+
+def test_ids_in_a_dict_batch_name_the_example(capsys, monkeypatch, tmp_path) -> None:
+    """Issue 47: the same file with dict batches, ``{"x": ..., "id": [...]}`` (the model takes
+    the ids as a keyword it ignores): the spike names the example by the dict's ``"id"``."""
+    source = (SAMPLES / "spikes" / "bad_example.py").read_text()
+    source = source.replace(
+        "model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))",
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.mlp = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))\n\n"
+        "    def forward(self, x, id=None):\n"
+        "        return self.mlp(x)\n\n\n"
+        "model = Net()",
+    )
+    source = source.replace(
+        '        yield x, y, [f"ex-{step * BATCH + i:05d}" for i in range(BATCH)]',
+        '        yield {"x": x, "id": [f"ex-{step * BATCH + i:05d}" for i in range(BATCH)]}, y',
+    )
+    assert '"id":' in source and "class Net" in source
+    path = tmp_path / "dict_ids.py"
+    path.write_text(source)
+    code, out, _ = cli(capsys, monkeypatch, "report", str(path), "--steps", "32")
+    assert code == 1
+    assert "sample ex-00963 of micro-batch 0 carries 100% of the gradient" in out, out
