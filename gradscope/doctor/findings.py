@@ -22,6 +22,7 @@ from typing import Any
 
 from ..output.envelope import dumps, envelope, open_document
 from ..output.files import write_atomic
+from ..output.formats import Shown
 
 #: every kind of finding, in the order a report lists them
 KINDS = (
@@ -248,10 +249,12 @@ DOCTOR_ROLES = {
 
 
 @dataclass(frozen=True)
-class DoctorReport:
+class DoctorReport(Shown):
     """What one ``gs.doctor`` block found: its findings (none for a healthy step), how many
     backward calls and optimizer steps it watched, and ``notes`` (why it stopped watching, if
     it did)."""
+
+    VIEW = "doctor"
 
     findings: tuple[Finding, ...]
     backwards: int = 0
@@ -300,15 +303,3 @@ class DoctorReport:
         """Write ``to_json()`` to ``path`` atomically (the old file is kept if it fails)."""
         write_atomic(path, self.to_json() + "\n")
 
-    def __str__(self) -> str:
-        """The text of ``render()``: ``print(report)`` shows what the terminal would."""
-        return str(self.render())
-
-    def render(self) -> Any:
-        """A rich renderable: one panel per finding (``gradscope doctor`` prints it)."""
-        from ..output.formats import renderer
-
-        return renderer("doctor")(self)
-
-    def __rich__(self) -> Any:
-        return self.render()

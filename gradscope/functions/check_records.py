@@ -8,7 +8,8 @@ output, so ``CheckFailure.index == (input_element, output_element)``, flat (row-
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from ..output.formats import Shown
 
 ORDER_NAME = {1: "gradcheck (first derivatives)", 2: "gradgradcheck (second derivatives)"}
 
@@ -89,7 +90,7 @@ class JacobianBlock:
 
 
 @dataclass
-class CheckResult:
+class CheckResult(Shown):
     """What ``gs.check`` found. Render it with rich (``console.print(result)``).
 
     Attributes:
@@ -102,6 +103,8 @@ class CheckResult:
         messages: order -> torch's own message, for the orders that failed.
         jacobians: the Jacobian blocks computed (small ones, or those of a failing order).
     """
+
+    VIEW = "check"
 
     name: str
     ok: bool
@@ -140,15 +143,3 @@ class CheckResult:
         block = self.block(f)
         return block.element(f.index) if block is not None else f"({f.index[0]}, {f.index[1]})"
 
-    def __str__(self) -> str:
-        """The text of ``render()``: ``print(report)`` shows what the terminal would."""
-        return str(self.render())
-
-    def render(self) -> Any:
-        """A rich renderable: verdict, notes, failures, and small Jacobians side by side."""
-        from ..output.formats import renderer
-
-        return renderer("check")(self)
-
-    def __rich__(self) -> Any:
-        return self.render()

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..errors import FormatError
 from ..output.files import write_atomic
-from ..output.formats import renderer
+from ..output.formats import Shown, renderer
 
 
 @dataclass
-class Explanation:
+class Explanation(Shown):
     """A tensor's metadata, its storage, and where each of its elements lives in that storage.
 
     Attributes:
@@ -38,6 +37,8 @@ class Explanation:
         storage_values: the storage's values (as floats) when it is small enough to draw.
     """
 
+    VIEW = "explain"
+
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     storage_offset: int
@@ -59,17 +60,6 @@ class Explanation:
     storage_values: list[float] | None = None
 
     # ------------------------------------------------------------------ rendering
-    def __str__(self) -> str:
-        """The text of ``render()``: ``print(report)`` shows what the terminal would."""
-        return str(self.render())
-
-    def render(self) -> Any:
-        """A rich renderable: the metadata table and the index -> storage picture."""
-        return renderer("explain")(self)
-
-    def __rich__(self) -> Any:
-        return self.render()
-
     def to_svg(self) -> str:
         """The index -> storage picture, with the metadata, as SVG text."""
         return str(renderer("explain_svg")(self))

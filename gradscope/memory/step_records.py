@@ -26,6 +26,7 @@ from typing import Any
 from ..errors import GradscopeError
 from ..graph.nodes import format_bytes
 from ..output.envelope import dumps, envelope, open_document, write_json
+from ..output.formats import Shown
 from .activations_types import parse_size
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries",
@@ -74,7 +75,7 @@ class TimelinePoint:
 
 
 @dataclass
-class StepMemory:
+class StepMemory(Shown):
     """The memory of a training step (``gs.step_memory``).
 
     Attributes:
@@ -97,6 +98,8 @@ class StepMemory:
         measured_method: ``profiler`` (CPU) or ``cuda``.
         notes: what the figures cannot see, in words.
     """
+
+    VIEW = "step_memory"
 
     peak: int
     peak_phase: str
@@ -152,19 +155,6 @@ class StepMemory:
     def write_json(self, path: Any, **extra: Any) -> Any:
         """Write ``to_json(**extra)`` to ``path`` atomically; returns the path."""
         return write_json(path, {**self.to_dict(), **extra})
-
-    def __str__(self) -> str:
-        """The text of ``render()``: ``print(report)`` shows what the terminal would."""
-        return str(self.render())
-
-    def render(self) -> Any:
-        """A rich renderable: the peak, where, and the categories at that moment."""
-        from ..output.formats import renderer
-
-        return renderer("step_memory")(self)
-
-    def __rich__(self) -> Any:
-        return self.render()
 
     def plot(self, path: Any, *, title: str = "") -> Any:
         """Write the timeline as a PNG (needs matplotlib): bytes stacked by category, the

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ..errors import FormatError, GradscopeError
 from ..graph.nodes import GraphLike
@@ -244,6 +244,26 @@ def _printable(fn: Callable[..., Any]) -> Callable[..., Any]:
     call.__name__ = getattr(fn, "__name__", "renderer")
     call.__doc__ = fn.__doc__
     return call
+
+
+class Shown:
+    """A record drawn by the view registered under its ``VIEW`` (``register_renderer``):
+    ``render()`` is the rich renderable the CLI prints, ``print(record)`` shows its text, and
+    rich draws the record itself. (The one place records get their ``render``/``__str__``/
+    ``__rich__``.)"""
+
+    VIEW: ClassVar[str]
+
+    def render(self) -> Any:
+        """A rich renderable: what ``gradscope`` prints for this record."""
+        return renderer(self.VIEW)(self)
+
+    def __str__(self) -> str:
+        """The text of ``render()``: ``print(record)`` shows what the terminal would."""
+        return str(self.render())
+
+    def __rich__(self) -> Any:
+        return self.render()
 
 
 def register_renderer(kind: str, fn: Callable[..., Any]) -> None:
