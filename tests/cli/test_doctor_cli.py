@@ -35,6 +35,7 @@ def invoke(capsys, monkeypatch):
     ("no_grad_fn", "no_grad_fn at no_grad_fn.py:47"),
     ("grad_none", "grad_none (cut) at grad_none.py:29"),
     ("training_loop", "not_in_optimizer"),
+    ("inplace_forward", "inplace_forward (leaf) at inplace_forward.py:25"),
 ])
 def test_each_planted_bug_is_named_first_with_exit_1(invoke, sample, title):
     code, out, err = invoke("doctor", str(DOCTOR / f"{sample}.py"))
