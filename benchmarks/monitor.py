@@ -489,12 +489,10 @@ def main() -> None:
                     help="only the spike rows (benchmarks/monitor_spikes.py)")
     ap.add_argument("--tensors", action="store_true",
                     help="only the tensor-count sweep (benchmarks/monitor_tensors.py)")
-    args, rest = ap.parse_known_args()
-    if args.tensors:
-        _load("monitor_tensors").main(rest)
+    if "--tensors" in sys.argv[1:]:  # its own options (--layers, --rounds, --steps)
+        _load("monitor_tensors").main([a for a in sys.argv[1:] if a != "--tensors"])
         return
-    if rest:
-        ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(
         f"torch {torch.__version__}, {args.threads} thread(s); ratio = CPU time of a variant "

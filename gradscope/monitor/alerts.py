@@ -193,7 +193,8 @@ class AlertRules:
         dead, vanishing, exploding = [], [], []
         low_level = max(floor, vanish_ratio * median)  # below either is low
         low_now = {n: 0 < size < low_level for n, size in per_elem.items()}
-        tracks, spike_of, patience = self.tracks, self._spike, VANISH_PATIENCE
+        tracks, patience = self.tracks, VANISH_PATIENCE
+        median_of = statistics.median
         for name, ps in st.params.items():
             track = tracks.get(name)
             if track is None:
@@ -215,9 +216,34 @@ class AlertRules:
                     vanishing.append((name, ps.norm, size))
             else:
                 track.low = 0
-            spike = spike_of(track, ps.norm, explode, size >= significant)
-            if spike is not None:
-                exploding.append((name, ps.norm, spike))
+            # exploding: above ``explode``, or SPIKE_FACTOR x the running median of the window
+            # (and SPIKE_GROWTH x its largest value) for a significant gradient (its
+            # per-element size at least SPIKE_SIGNIFICANT x the model's); alerted when the
+            # condition starts, with the median (NaN when only the absolute level was crossed).
+            # Written out here, not a method: it runs per parameter per logged step.
+            norm, window = ps.norm, track.window
+            level: float | None = None
+            if len(window) >= SPIKE_MIN_HISTORY:
+                # fresh while the window fills (the first logged steps, when gradients climb
+                # fastest: a median five steps old made a climb plus a noisy batch look 15x)
+                if track.age >= _MEDIAN_EVERY or len(window) < _SPIKE_WINDOW:
+                    track.age, track.median = 0, median_of(window)
+                track.age += 1
+                level = track.median
+            # a jump must also be GROWTH x everything in the window: a norm that climbs
+            # steadily (a weight growing under a warm-up, a branch leaving its zero init) is no
+            # explosion
+            now = norm > explode or (
+                size >= significant and level is not None and norm > SPIKE_FACTOR * level
+                and jumps(norm, level, track.tail, SPIKE_FACTOR)
+                and norm > SPIKE_GROWTH * max(window)
+            )
+            window.append(norm)
+            track.tail.append(norm)
+            if now and not track.exploding:
+                exploding.append((name, norm, level if level is not None and norm <= explode
+                                  else math.nan))
+            track.exploding = now
         if dead:
             out.append(_dead_alert(st.step, dead))
         if vanishing:
@@ -255,37 +281,6 @@ class AlertRules:
             self.quiet[kind] = 0 if hit else min(quiet + 1, FLAP_WINDOW)
             setattr(self, kind, bool(hit))
         return out
-
-    @staticmethod
-    def _spike(track: _Track, norm: float, explode: float, significant: bool = True
-               ) -> float | None:
-        """Exploding: above ``explode``, or SPIKE_FACTOR x the running median of the window
-        (and SPIKE_GROWTH x its largest value) for a ``significant`` gradient (its per-element
-        size at least SPIKE_SIGNIFICANT x the model's).
-        Returns the median (or math.nan when only the absolute level was crossed) when the
-        condition starts at this step."""
-        window = track.window
-        median: float | None = None
-        if len(window) >= SPIKE_MIN_HISTORY:
-            # fresh while the window fills (the first logged steps, when gradients climb
-            # fastest: a median five steps old made a climb plus a noisy batch look 15x)
-            if track.age >= _MEDIAN_EVERY or len(window) < _SPIKE_WINDOW:
-                track.age, track.median = 0, statistics.median(window)
-            track.age += 1
-            median = track.median
-        # a jump must also be GROWTH x everything in the window: a norm that climbs steadily
-        # (a weight growing under a warm-up, a branch leaving its zero init) is no explosion
-        now = norm > explode or (significant and median is not None
-                                 and jumps(norm, median, track.tail, SPIKE_FACTOR)
-                                 and norm > SPIKE_GROWTH * max(window))
-        window.append(norm)
-        track.tail.append(norm)
-        started = now and not track.exploding
-        track.exploding = now
-        if not started:
-            return None
-        return median if median is not None and norm <= explode else math.nan
-
 
 def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
