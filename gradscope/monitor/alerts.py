@@ -43,6 +43,11 @@ from .spikes import (
 
 #: a parameter is "vanishing" or "dead" after this many consecutive logged steps
 VANISH_PATIENCE = 3
+#: ... unless its gradient grew this many times over those steps: a gradient leaving a tiny
+#: start (a branch behind a layer scale of 1e-6 as the scale grows, in a Hugging Face ConvNeXt
+#: under AdamW 1e-10 -> 4e-9 -> 8e-9 per element, then above eps) is waking up, not stuck;
+#: it is judged again at each later low step, so one that stops growing still alerts
+VANISH_WAKE = 4.0
 #: a norm this many times above the running median of its last logged norms is "exploding"
 SPIKE_FACTOR = 10.0
 #: NaN/Inf seen again within this many logged steps of the last time is the same event (a
@@ -82,10 +87,15 @@ def alerts(log: MonitorLog, thresholds: Thresholds | None = None) -> list[Alert]
 class _Track:
     """Alert state of one parameter across logged steps."""
 
-    __slots__ = ("low", "zero", "window", "median", "age", "exploding", "tail")
+    __slots__ = ("low", "lows", "vanished", "zero", "window", "median", "age", "exploding",
+                 "tail")
 
     def __init__(self) -> None:
         self.low = 0  # consecutive logged steps vanishing
+        # the per-element sizes of the last VANISH_PATIENCE of them, and whether this run of
+        # low steps was alerted
+        self.lows: deque[float] = deque(maxlen=VANISH_PATIENCE)
+        self.vanished = False
         self.zero = 0  # consecutive logged steps exactly zero
         self.window: deque[float] = deque(maxlen=_SPIKE_WINDOW)
         # the median of ``window``, recomputed every ``_MEDIAN_EVERY`` steps: it moves slowly,
@@ -209,13 +219,18 @@ class AlertRules:
                     dead.append(name)
             else:
                 track.zero = 0
-            # a bias vanishes with its weight: alone it is a sum over the batch that cancels
+            # a bias vanishes with its weight: alone it is a sum over the batch that cancels;
+            # a gradient that grew VANISH_WAKE x over the last ``patience`` steps is waking up
             if low_now[name] and low_now.get(_weight_of(name), True):
                 track.low += 1
-                if track.low == patience:
+                track.lows.append(size)
+                if (track.low >= patience and not track.vanished
+                        and size < VANISH_WAKE * track.lows[0]):
+                    track.vanished = True
                     vanishing.append((name, ps.norm, size))
-            else:
-                track.low = 0
+            elif track.low:
+                track.low, track.vanished = 0, False
+                track.lows.clear()
             # exploding: above ``explode``, or SPIKE_FACTOR x the running median of the window
             # (and SPIKE_GROWTH x its largest value) for a significant gradient (its
             # per-element size at least SPIKE_SIGNIFICANT x the model's); alerted when the

@@ -565,6 +565,8 @@ class GradMonitor:
             scaler_skips=self._scaler is not None and self.optimizer is None,
         )
         log.distributed = self._topology.description
+        if host.ranks is not None:
+            self._incidents.ranks_seen(host.ranks, self._forward.act_names)
         log.append(st, self._incidents.record, hold=deferred is not None,
                    explain=self._incidents.update_cause)
         self._deferred = deferred

@@ -29,7 +29,7 @@ import torch
 from .._torch import torchcompat
 from ..graph.nest import iter_tensors
 from ..graph.tensor_facts import checkable
-from .stats import module_row
+from .stats import local, module_row, unscale
 from .step import StepBuffers, StepClock
 
 _wrapped = torchcompat.is_functorch_wrapped
@@ -109,8 +109,8 @@ class ForwardWatch:
                 return
             row = module_row(g, self._norm_type)
             inv = self._unscale()
-            if inv is not None:  # norm, max abs, sum |g| of a scaled gradient
-                row = torch.cat([row[:3] * inv.to(row), row[3:]])
+            if inv is not None:  # the figures that scale with a scaled gradient
+                row = unscale(row, inv)
             self._buffers.add_module_row(index, row)
 
     # ------------------------------------------------------------------ activations=
@@ -121,6 +121,9 @@ class ForwardWatch:
                     continue
                 if not (t.is_floating_point() or t.is_complex()):
                     continue
-                d = checkable(t.detach())  # float8: a float32 copy for the test only
+                # this rank's own values (a DTensor's local shard: no collective, and the
+                # evidence of where a distributed step went bad is per rank); float8: a
+                # float32 copy for the test only
+                d = checkable(local(t.detach()))
                 if d is not None:
                     self._buffers.add_flag(index, ~torch.isfinite(d).all())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -139,6 +140,10 @@ class Incident:
         samples: a spike's examples of the replayed micro-batch whose own gradients are the
             largest (``SampleNorm``, largest first); ``sample_modules``: the modules where the
             top example's gradient concentrates (``SampleModule``, largest first).
+        rank: under ``torch.distributed``, the rank where the step first went bad (every rank
+            records the same incident); None in one process or when no rank's forward or
+            loss shows it (``ranks`` says why). ``ranks``: one line per rank, what it saw
+            (``first_rank``).
     """
 
     step: int
@@ -162,10 +167,14 @@ class Incident:
     steps: int | None = None
     samples: list[SampleNorm] = field(default_factory=list)
     sample_modules: list[SampleModule] = field(default_factory=list)
+    rank: int | None = None
+    ranks: list[str] = field(default_factory=list)
 
     def origin(self) -> str:
         """``LogBackward0 in head (model.py:12)``, or what is known of it."""
         if self.op is None:
+            if self.module is not None:  # not replayed: the module whose output was not finite
+                return f"the output of {self.module or 'the model'}"
             return "origin unknown"
         if self.module is None:
             where = " outside the model" if self.phase == "outside" else ""
@@ -202,6 +211,8 @@ class Incident:
                     head += f", at {self.origin()}"
             else:
                 head = f"step {self.step}: non-finite gradients"
+        if self.rank is not None:
+            head += f" on rank {self.rank} first"
         if self.repeats:
             head += (f" (and {self.repeats} more non-finite step"
                      f"{'' if self.repeats == 1 else 's'} up to step {self.last_step})")
@@ -295,6 +306,44 @@ class Incident:
     @classmethod
     def from_json(cls, text: str) -> Incident:
         return cls.from_dict(json.loads(text))
+
+
+def first_rank(
+    seen: Sequence[tuple[float | None, bool, int | None, int | None]], modules: Sequence[str]
+) -> tuple[int | None, str | None, list[str]]:
+    """Which rank a non-finite step began on, from every rank's own evidence (``seen[r]``:
+    its loss, None when not observed; whether its forward outputs were watched; the index
+    into ``modules`` of its first module whose output was not finite and that output's place
+    in the step's order of outputs, None when all were finite). Earliest first: a non-finite
+    forward output (the earlier output first, then the lower rank), then a non-finite loss
+    from a finite forward (``outside``); ranks with neither got it downstream (from the
+    others, through a collective or the gradients' reduction). Returns (the rank, its phase,
+    one line per rank); the rank is None when no rank's forward or loss shows it (it began in
+    a backward or in the reduction: which rank's is not known)."""
+    keys: list[tuple[tuple[int, int, int], int, str | None]] = []
+    lines = []
+    watched = any(flagged or loss is not None for loss, flagged, _, _ in seen)
+    for r, (loss, flagged, first, at) in enumerate(seen):
+        bad_loss = loss is not None and not math.isfinite(loss)
+        if first is not None:
+            name = modules[first] if 0 <= first < len(modules) else f"module #{first}"
+            keys.append(((0, at if at is not None else 0, r), r, "forward"))
+            lines.append(f"rank {r}: the forward first made NaN/Inf in {name or '(model)'}")
+        elif bad_loss:  # from a finite forward: the loss made it; unwatched: one or the other
+            keys.append(((1, 0, r), r, "outside" if flagged else None))
+            lines.append(f"rank {r}: the loss was {loss}" + (
+                " (the forward's outputs were finite)" if flagged else ""))
+        elif loss is not None or flagged:
+            lines.append(f"rank {r}: its forward and loss were finite: downstream")
+        else:
+            lines.append(f"rank {r}: nothing watched (activations=False, no observe_loss)")
+    if not keys:
+        why = ("no rank's forward or loss was non-finite: it began in a backward or in the "
+               "gradients' reduction (which rank's is not known)") if watched else (
+               "which rank went first needs activations=True or observe_loss")
+        return None, None, [*lines, why]
+    _, rank, phase = min(keys)
+    return rank, phase, lines
 
 
 def _finite(v: float | None) -> float | None:

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import MonitorError
 from .alerts import FLAP_WINDOW
-from .incident import SPREAD_SHARE, Incident, changes
+from .incident import SPREAD_SHARE, Incident, changes, first_rank
 from .replay import Replayer, ReplayResult
 from .replay_isolated import replay_isolated
 from .spike_samples import SampleResult, replay_samples
@@ -73,6 +73,10 @@ class IncidentWatch:
         self.hot = False  # the previous logged step raised an exploding alert
         self.checked = False  # this step's gradients were finite when the backward ended
         self.rules: Any = None  # the log's AlertRules (read: the spike a step starts)
+        #: under torch.distributed, this logged step's evidence from every rank (its loss,
+        #: whether its forward was watched, its first non-finite module) and the modules' names
+        self.evidence: tuple[list[tuple[float | None, bool, int | None, int | None]],
+                             list[str]] | None = None
         self.preview: Callable[[], bool] = lambda: False
         self.samples: SampleResult | None = None  # the spiking step's per-sample norms
         # the learning rate of each optimizer step (the largest of its groups), oldest first,
@@ -215,6 +219,24 @@ class IncidentWatch:
         jump = rate_jump(rates, covered, RATE_FACTOR)  # only asked on a spike: not per step
         return jump.message(own=True) if jump is not None else None
 
+    def ranks_seen(self, ranks: Sequence[tuple[float | None, bool, int | None, int | None]],
+                   modules: list[str]) -> None:
+        """Every rank's evidence of this logged step (``transfer.RankEvidence``), for the
+        incident it may start: which rank went bad first."""
+        self.evidence = ([tuple(r) for r in ranks], modules)  # type: ignore[misc]
+
+    def _first_rank(self, incident: Incident) -> None:
+        if self.evidence is None:
+            return
+        seen, modules = self.evidence
+        rank, phase, lines = first_rank(seen, modules)
+        incident.rank, incident.ranks = rank, lines
+        if rank is not None and phase is not None and incident.phase is None:  # not replayed
+            incident.phase = phase
+            first = seen[rank][2]
+            if phase == "forward" and first is not None and 0 <= first < len(modules):
+                incident.module = modules[first]
+
     def record(self, st: Any, alerts: list[Any]) -> Incident | None:
         """This logged step's incident, if it starts an event (the views name the origin in
         the alert line: ``alert_line``)."""
@@ -244,6 +266,7 @@ class IncidentWatch:
                 changes=changes(self.last_good, norms, self.norm_type),
                 micro_batch=res.micro_batch, replayed=res.replayed, note=res.note,
             )
+            self._first_rank(incident)
         elif finite and (spike := self._spike_started()) is not None:
             incident = self._spike_incident(st.step, spike, norms)
         elif (  # growth needs a good step to grow from
@@ -259,6 +282,7 @@ class IncidentWatch:
         self.pending = None
         self.samples = None
         self.checked = False
+        self.evidence = None
         # this step's own rate included: what an update-ratio spike of it, judged when its
         # ratios arrive (after this), is told (``update_cause``)
         self.rates_at = (st.step, list(self.rates), self.since)

@@ -225,16 +225,9 @@ def inverse_scale(scaler: Any, optimizer: Any) -> torch.Tensor | None:
 
 
 def unscaled(matrix: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
-    """The rows of a measurement of scaled gradients, unscaled: the norm and the
-    ``FULL_STATS`` that scale with the gradients (max abs, sum |g|; not the non-zero count)."""
-    out = matrix.to(torch.float64)
-    inv = inv.to(out.device)
-    if out.shape[0] == 1:
-        return out * inv
-    scaled = [S.NORM] + [1 + k for k, stat in enumerate(S.FULL_STATS) if stat.scales]
-    scale = torch.ones(out.shape[0], 1, dtype=out.dtype, device=out.device)
-    scale[scaled] = inv
-    return out * scale
+    """The rows of a measurement of scaled gradients, unscaled (``stats.unscale``: the norm
+    and the ``FULL_STATS`` that scale with the gradients; not the non-zero count)."""
+    return S.unscale(matrix, inv)
 
 
 _WIDE = (torch.float64, torch.complex128)

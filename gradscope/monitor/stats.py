@@ -419,6 +419,18 @@ def _combine(kind: str, values: Sequence[float]) -> float:
     return max(values, key=nan_first) if kind == "max" else math.fsum(values)
 
 
+def unscale(rows: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+    """``rows`` (a step's matrix, or a ``module_row``: the norm, then the ``FULL_STATS``, then
+    anything else, along dim 0) of gradients still scaled by a GradScaler, unscaled: the norm
+    and the statistics that ``scales`` are multiplied by ``inv`` (1 / the scale); the rest
+    (counts) stay. Float64; no host sync."""
+    out = rows.to(torch.float64)
+    scaled = [NORM] + [1 + k for k, stat in enumerate(FULL_STATS) if stat.scales]
+    factor = torch.ones(out.shape[0], dtype=out.dtype, device=out.device)
+    factor[[i for i in scaled if i < out.shape[0]]] = inv.to(out.device, out.dtype)
+    return out * (factor if out.dim() == 1 else factor[:, None])
+
+
 def row_kinds(full: bool) -> list[str]:
     """How each row of a step's matrix combines over shards (``combine_shards``): the norm, then
     the ``FULL_STATS`` on a full step."""

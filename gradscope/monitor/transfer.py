@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -39,6 +39,7 @@ from .records import module_stats, param_stats, update_ratios
 from .stats import (
     MODULE_ROW,
     NORM,
+    local,
     pnorm,
     row_kinds,
     underflow_bound,
@@ -88,7 +89,7 @@ class HostStep:
     index, and the update ratios of a deferred earlier step."""
 
     __slots__ = ("m", "table", "with_update", "scope", "mods", "first_bad", "previous", "loss",
-                 "suspect")
+                 "suspect", "ranks")
 
     def __init__(self, m: Measure, table: list[list[float]], with_update: bool) -> None:
         self.m = m
@@ -101,6 +102,8 @@ class HostStep:
         self.loss: float | None = None
         #: sharded: the columns to recheck, from every rank's own norms (the same on all)
         self.suspect: list[int] | None = None
+        #: under torch.distributed: every rank's evidence of where the step went bad
+        self.ranks: list[RankEvidence] | None = None
 
     def finite(self) -> bool:
         """Whether every measured gradient's norm is finite."""
@@ -132,22 +135,29 @@ def transfer(
     checking = replicas and topology.needs_check()
     rows, ncol = mine.shape
     packet = Packet()
+    # every rank's own evidence of where the step went bad (its loss, its forward's first
+    # non-finite module), carried by a collective the step makes anyway
+    ev = evidence(loss, flags, mine.device) if replicas else None
     if sharding is not None:
-        gathered = topology.gather(mine, sharding.group)
-        packet.put("table", gathered, (sharding.world, rows, ncol))
+        assert ev is not None
+        cols = torch.zeros(rows, EVIDENCE, dtype=torch.float64, device=mine.device)
+        cols[0] = ev
+        gathered = topology.gather(torch.cat([mine, cols], dim=1), sharding.group)
+        packet.put("table", gathered, (sharding.world, rows, ncol + EVIDENCE))
     else:
         packet.put("table", mine, (rows, ncol))
     if checking:
+        assert ev is not None
         sums = [checksum(m.matrix[0])] + ([checksum(probe.matrix[0])] if probe else [])
-        packet.put("checksums", topology.gather(torch.cat(sums), None),
-                   (_world_size(), 3 * len(sums)))
+        packet.put("checksums", topology.gather(torch.cat([*sums, ev]), None),
+                   (_world_size(), 3 * len(sums) + EVIDENCE))
         if probe is not None:
             packet.put("probe", probe.matrix, (probe.matrix.shape[0], len(probe.cols)))
     if module_calls:
         stacked = torch.stack([c for _, c in module_calls])
         packet.put("modules", stacked, (len(module_calls), MODULE_ROW))
     if flags:
-        packet.put("flags", torch.stack([f for _, f in flags]), (len(flags),))
+        packet.put("flags", torch.stack([local(f) for _, f in flags]), (len(flags),))
     if previous is not None:
         packet.put("previous", previous.rows, previous.shape())
     if loss is not None:  # the step's loss (observe_loss), in the same transfer
@@ -158,7 +168,10 @@ def transfer(
     kinds += ["norm2", "norm2"] if update is not None else []
     scope: str | None = None
     suspect: list[int] | None = None
+    ranks: list[RankEvidence] | None = None
     if sharding is not None:
+        ranks = [RankEvidence.of(rank[0][ncol:]) for rank in host["table"]]
+        host["table"] = [[row[:ncol] for row in rank] for rank in host["table"]]
         table = sharding.combine(host["table"], kinds, norm_type, m.cols)
         scope = topology.sharded_scope(sharding.world)
         own = [rank[NORM] for rank in host["table"]]
@@ -167,6 +180,7 @@ def transfer(
     else:
         table = host["table"]
     if checking:
+        ranks = [RankEvidence.of(row[-EVIDENCE:]) for row in host["checksums"]]
         same = same_on_all_ranks(host["checksums"], 0)
         if probe is not None and not same and same_on_all_ranks(host["checksums"], 3):
             # the ranks all-reduce the gradients by hand after backward: from now on the
@@ -180,6 +194,13 @@ def transfer(
     out = HostStep(m, table, update is not None)
     out.scope = scope
     out.suspect = suspect
+    if (ranks is None and ev is not None and topology.replicated
+            and not all(map(math.isfinite, table[NORM]))):
+        # declared replicated (no collective per step): the ranks all see this bad step (their
+        # gradients are the same), so all of them take part in this one gather
+        ranks = [RankEvidence.of(row) for row in
+                 nest(topology.gather(ev, None).tolist(), (_world_size(), EVIDENCE))]
+    out.ranks = ranks
     for (i, _), row in zip(module_calls, host.get("modules", ()), strict=True):
         out.mods.setdefault(i, []).append(row)
     if flags:
@@ -191,6 +212,54 @@ def transfer(
     if loss is not None:
         out.loss = float(host["loss"][0])
     return out
+
+
+#: the numbers of a rank's evidence: loss observed, its value, forward flags kept, the index
+#: of the first module whose output was not finite (-1: none) and when it finished (its
+#: place among the step's module outputs, the same on every rank that runs the same forward)
+EVIDENCE = 5
+
+
+def evidence(
+    loss: torch.Tensor | None, flags: Sequence[tuple[int, torch.Tensor]], device: torch.device
+) -> torch.Tensor:
+    """This rank's evidence, on the device (no host sync): ``[loss observed, loss, forward
+    flags kept, index of the first module whose output was not finite (-1: none), its place
+    in the order the outputs were made (-1: none)]``."""
+    f64 = torch.float64
+    if loss is None:
+        seen = torch.zeros(2, dtype=f64, device=device)
+    else:
+        seen = torch.stack([torch.ones((), dtype=f64, device=device),
+                            loss.reshape(()).to(device=device, dtype=f64)])
+    if not flags:
+        return torch.cat([seen, torch.tensor([0.0, -1.0, -1.0], dtype=f64).to(device)])
+    bad = torch.stack([local(f).reshape(()).to(device=device, dtype=f64) for _, f in flags])
+    index = torch.tensor([i for i, _ in flags], dtype=f64).to(device)
+    at = torch.argmax(bad)  # the first one set
+    none = torch.full((), -1.0, dtype=f64, device=device)
+    any_bad = bad.any()
+    return torch.cat([seen, torch.ones(1, dtype=f64, device=device),
+                      torch.where(any_bad, index[at], none)[None],
+                      torch.where(any_bad, at.to(f64), none)[None]])
+
+
+class RankEvidence(NamedTuple):
+    """One rank's evidence of where a step went bad: its loss (None: not observed), whether
+    its forward outputs were watched (``activations=True``), the index of the first module
+    whose output was not finite and that output's place in the step's order of outputs (None:
+    all were finite, or not watched)."""
+
+    loss: float | None
+    flagged: bool
+    first_bad: int | None
+    first_at: int | None
+
+    @classmethod
+    def of(cls, row: Sequence[float]) -> RankEvidence:
+        has_loss, loss, flagged, first, at = row
+        return cls(loss if has_loss else None, bool(flagged),
+                   int(first) if first >= 0 else None, int(at) if at >= 0 else None)
 
 
 def suspects(norms: Sequence[Sequence[float]], norm_type: float) -> list[int]:

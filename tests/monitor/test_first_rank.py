@@ -1,0 +1,161 @@
+"""One incident for the job under torch.distributed: every rank records the same incident
+and names the rank where the step first went bad (2 gloo ranks on the CPU).
+
+A NaN is planted in rank 1's input at one step; rank 0's data stays clean. Ground truth is
+the plant itself (checked in plain torch below: rank 1's forward output is NaN, rank 0's is
+finite), under DDP (replication detected, and declared), and under tensor parallel (the
+evidence rides in the step's all-gather)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import gradscope as gs
+
+BAD = 2
+STEPS = 4
+
+pytestmark = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(),
+    reason="needs torch.distributed with gloo",
+)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def _batch(rank: int, step: int) -> torch.Tensor:
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(10 * step + rank))
+    if rank == 1 and step == BAD:
+        x[2, 3] = math.nan
+    return x
+
+
+def _ddp(rank: int, **options) -> dict:
+    model = nn.parallel.DistributedDataParallel(_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = gs.GradMonitor(model.module, optimizer=opt, activations=True, **options)
+    outputs_finite = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        out = model(_batch(rank, step))
+        outputs_finite.append(bool(torch.isfinite(out).all()))
+        loss = out.square().mean()
+        mon.observe_loss(loss)
+        loss.backward()
+        opt.step()
+    incidents = [i.to_dict() for i in mon.incidents]
+    mon.remove()
+    return {"incidents": incidents, "finite": outputs_finite}
+
+
+def _loss_only(rank: int) -> dict:
+    """No activations=: only the losses say which rank."""
+    model = nn.parallel.DistributedDataParallel(_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = gs.GradMonitor(model.module, optimizer=opt)
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss = model(_batch(rank, step)).square().mean()
+        mon.observe_loss(loss)
+        loss.backward()
+        opt.step()
+    incidents = [i.to_dict() for i in mon.incidents]
+    mon.remove()
+    return {"incidents": incidents}
+
+
+def _tp(rank: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    model = _model()
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = gs.GradMonitor(model, optimizer=opt, activations=True)
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss = model(_batch(rank, step)).square().mean()
+        mon.observe_loss(loss)
+        loss.backward()
+        opt.step()
+    incidents = [i.to_dict() for i in mon.incidents]
+    mon.remove()
+    return {"incidents": incidents}
+
+
+def _worker(rank: int, init_file: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        result = {
+            "detected": _ddp(rank),
+            "declared": _ddp(rank, replicated=True),
+            "loss_only": _loss_only(rank),
+            "tp": _tp(rank),
+        }
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> list[dict]:
+    errors = []
+    for attempt in range(2):  # gloo's TCP set-up on a loaded machine: one retry
+        tmp = tmp_path_factory.mktemp(f"first{attempt}")
+        try:
+            mp.spawn(_worker, args=(str(tmp / "init"), str(tmp)), nprocs=2, join=True)
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+            errors.append(str(exc))
+            continue
+        return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+    raise AssertionError("the 2-process run failed twice:\n" + "\n---\n".join(errors))
+
+
+def test_the_plant_is_what_the_test_says(results) -> None:
+    """Ground truth in plain torch: at step BAD only rank 1's forward output went NaN (after
+    it, the NaN gradients have reached every rank's weights)."""
+    assert results[0]["detected"]["finite"][: BAD + 1] == [True] * (BAD + 1)
+    assert results[1]["detected"]["finite"][: BAD + 1] == [s != BAD for s in range(BAD + 1)]
+
+
+@pytest.mark.parametrize("case", ["detected", "declared", "tp"])
+def test_every_rank_names_rank_1_and_its_first_module(results, case: str) -> None:
+    for r in results:
+        (inc,) = [i for i in r[case]["incidents"] if i["kind"] == "nonfinite"]
+        assert inc["step"] == BAD
+        assert inc["rank"] == 1, inc["ranks"]
+        assert inc["phase"] == "forward" and inc["module"] == "0", inc
+        assert inc["ranks"][1].startswith("rank 1: the forward first made NaN/Inf in 0")
+        if case != "tp":  # under tensor parallel rank 0's forward receives rank 1's NaN too
+            assert inc["ranks"][0] == "rank 0: its forward and loss were finite: downstream"
+    assert results[0][case]["incidents"] == results[1][case]["incidents"]
+
+
+def test_without_activations_the_losses_name_the_rank(results) -> None:
+    for r in results:
+        (inc,) = [i for i in r["loss_only"]["incidents"] if i["kind"] == "nonfinite"]
+        assert inc["rank"] == 1 and inc["phase"] is None
+        assert inc["ranks"][1] == "rank 1: the loss was nan"
+
+
+def test_the_summary_says_which_rank_and_where(results) -> None:
+    inc = gs.Incident.from_dict(
+        next(i for i in results[0]["detected"]["incidents"] if i["kind"] == "nonfinite"))
+    head = inc.summary().splitlines()[0]
+    assert head.startswith("step 2: the forward made NaN/Inf at the output of 0 on rank 1 first")
