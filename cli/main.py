@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 
 #: The modules whose ``register(app)`` adds commands, in the order ``--help`` lists them
 #: (``render`` adds ``render`` and ``tree``).
-COMMANDS: tuple[str, ...] = ("render", "report", "check", "memory", "diff", "doctor", "example")
+COMMANDS: tuple[str, ...] = ("render", "report", "check", "memory", "diff", "doctor", "example",
+                             "compare")
 
 def make_app() -> typer.Typer:
     """The typer application with every command of ``COMMANDS`` registered."""

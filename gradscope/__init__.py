@@ -22,6 +22,9 @@ Public surface (``__all__``; everything else is internal)::
     step_memory(), max_batch()                           the peak memory of a whole step
     doctor(model=None, optimizer=None)                   autograd's errors and silent failures
     check(fn, *inputs), explain(tensor)                  custom Function checks, tensor internals
+    record_numerics(model=None) -> NumericsRun           every op's output statistics and sketch
+    compare_runs(reference, candidate) -> Divergence     where two runs diverge: the first op
+                                                         whose error its inputs do not explain
     load_model_file(spec) -> ModelFile                   the CLI's model-file contract
     FORMATS, format_spec(name) -> OutputFormat           the output formats
     GradscopeError and subclasses                        errors whose message says the fix
@@ -45,6 +48,8 @@ modules, and data flows one way: capture fills the records, renderers draw them.
     memory/        saved-tensor accounting (``saved``), activations and checkpoint plans
                    (``activations``), the peak of a whole step (``step``)
     doctor/        the autograd doctor: recording, explaining, findings, their view
+    numerics/      ``record_numerics`` (per-op sketches of a run), ``compare_runs`` (where two
+                   runs diverge), their records and view
     functions/     ``check`` (the gradcheck runner) and ``explain`` (a tensor's internals)
     output/        atomic files and output targets, the format registry, the one colour scale
     integrations/  the Hugging Face ``Trainer`` and Lightning callbacks
@@ -72,6 +77,7 @@ from .memory import activations_views as _activations_views  # noqa: F401
 from .memory import saved_views as _saved_views  # noqa: F401
 from .memory import step_views as _step_views  # noqa: F401
 from .monitor import views as _monitor_views  # noqa: F401
+from .numerics import views as _numerics_views  # noqa: F401
 
 if not TYPE_CHECKING:
     # importing the folder gradscope/doctor/ bound the name `doctor` to it: the public name is
@@ -199,6 +205,9 @@ if TYPE_CHECKING:  # what type checkers see; at run time these are imported on f
     from .monitor.core import GradMonitor
     from .monitor.incident import Incident
     from .monitor.log import Alert, MonitorLog, ParamStats, StepStats, Thresholds, read_jsonl
+    from .numerics.compare import compare_runs
+    from .numerics.record import record_numerics
+    from .numerics.records import Divergence, DivergencePoint, NumericsRun, ParamDiff
     from .output.style import terminal_text
 
 
@@ -263,6 +272,12 @@ _LAZY = {
     "model_file_path": ".modelfile",
     "BackwardRun": ".modelfile",
     "Training": ".modelfile",
+    "record_numerics": ".numerics.record",
+    "compare_runs": ".numerics.compare",
+    "NumericsRun": ".numerics.records",
+    "Divergence": ".numerics.records",
+    "ParamDiff": ".numerics.records",
+    "DivergencePoint": ".numerics.records",
 }
 
 if not TYPE_CHECKING:  # hidden from type checkers, so that `gs.trcae` is an error there
@@ -293,6 +308,8 @@ __all__ = [
     "CheckResult",
     "CheckpointHandle",
     "CheckpointPlan",
+    "Divergence",
+    "DivergencePoint",
     "Edge",
     "ExplainInputError",
     "Explanation",
@@ -326,8 +343,10 @@ __all__ = [
     "Node",
     "NodeStep",
     "NonFinite",
+    "NumericsRun",
     "OutputError",
     "OutputFormat",
+    "ParamDiff",
     "ParamStats",
     "Region",
     "ReportError",
@@ -348,6 +367,7 @@ __all__ = [
     "auto_depth",
     "check",
     "collapse",
+    "compare_runs",
     "diff",
     "doctor",
     "dot_binary",
@@ -372,6 +392,7 @@ __all__ = [
     "readable_view",
     "record_backward",
     "record_forward",
+    "record_numerics",
     "release",
     "render_tree",
     "saved_memory",

@@ -37,6 +37,10 @@ def _documents(tmp_path) -> dict[str, str]:
     handle.remove()
     path = mon.to_jsonl(tmp_path / "m.jsonl")
     docs["monitor"] = path.read_text().splitlines()[0]
+    with gs.record_numerics(model) as run:  # a NaN in the input: "nan" in the sketches
+        model(torch.full((2, 4), float("nan"))).sum().backward()
+    docs["numerics"] = run.save(tmp_path / "run.json").read_text()
+    docs["numerics_compare"] = gs.compare_runs(run, run).to_json()
     return docs
 
 
