@@ -35,9 +35,11 @@ def _row(p: DivergencePoint, first: DivergencePoint | None) -> list[Text]:
     style = "bold red" if p == first else ""
     what = p.op or p.name or ""
     where = " ".join(w for w in (p.line, p.module) if w)
-    return [Text(p.phase, style=style), Text(terminal_text(what), style=style),
-            Text(terminal_text(where), style="dim"), Text(_SHORT.get(p.dtype, p.dtype)),
-            Text(_num(p.error), style=style), Text(_ampl(p.amplification), style=style)]
+    return [Text(terminal_text(p.phase), style=style), Text(terminal_text(what), style=style),
+            Text(terminal_text(where), style="dim"),
+            Text(terminal_text(_SHORT.get(p.dtype, p.dtype))),
+            Text(terminal_text(_num(p.error)), style=style),
+            Text(terminal_text(_ampl(p.amplification)), style=style)]
 
 
 def _ampl(x: float) -> str:
@@ -48,10 +50,12 @@ def _ampl(x: float) -> str:
 def path_table(d: Divergence) -> Table:
     """The path's points as a table (the first divergence in bold red)."""
     title = "path to the first divergence" if d.first is not None else "closest to tolerance"
-    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    table = Table(title=terminal_text(title), title_justify="left", show_edge=False,
+                  pad_edge=False)
     for name, justify in (("phase", "left"), ("op", "left"), ("where", "left"),
                           ("dtype", "left"), ("error", "right"), ("ampl.", "right")):
-        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+        table.add_column(terminal_text(name), justify=justify,  # type: ignore[arg-type]
+                         overflow="fold")
     for p in d.path:
         table.add_row(*_row(p, d.first))
     return table
