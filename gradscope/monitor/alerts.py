@@ -43,10 +43,11 @@ from .spikes import (
 
 #: a parameter is "vanishing" or "dead" after this many consecutive logged steps
 VANISH_PATIENCE = 3
-#: ... unless its gradient grew this many times over those steps: a gradient leaving a tiny
-#: start (a branch behind a layer scale of 1e-6 as the scale grows, in a Hugging Face ConvNeXt
-#: under AdamW 1e-10 -> 4e-9 -> 8e-9 per element, then above eps) is waking up, not stuck;
-#: it is judged again at each later low step, so one that stops growing still alerts
+#: ... unless its gradient grew this many times over those steps (twice a step): a gradient
+#: leaving a tiny start is waking up, not stuck (a branch behind a layer scale of 1e-6 as the
+#: scale grows: a Hugging Face ConvNeXt's under AdamW, 1e-10 -> 4e-9 -> 8e-9 per element,
+#: then above eps). It is judged again over the last three at each later low step: one that
+#: stops growing while still low alerts then
 VANISH_WAKE = 4.0
 #: a norm this many times above the running median of its last logged norms is "exploding"
 SPIKE_FACTOR = 10.0
@@ -92,8 +93,8 @@ class _Track:
 
     def __init__(self) -> None:
         self.low = 0  # consecutive logged steps vanishing
-        # the per-element sizes of the last VANISH_PATIENCE of them, and whether this run of
-        # low steps was alerted
+        # the per-element sizes of the last VANISH_PATIENCE of them (only a low step adds
+        # one), and whether this run of low steps was alerted
         self.lows: deque[float] = deque(maxlen=VANISH_PATIENCE)
         self.vanished = False
         self.zero = 0  # consecutive logged steps exactly zero
@@ -220,7 +221,7 @@ class AlertRules:
             else:
                 track.zero = 0
             # a bias vanishes with its weight: alone it is a sum over the batch that cancels;
-            # a gradient that grew VANISH_WAKE x over the last ``patience`` steps is waking up
+            # one that grew VANISH_WAKE x over its last ``patience`` low steps is waking up
             if low_now[name] and low_now.get(_weight_of(name), True):
                 track.low += 1
                 track.lows.append(size)
