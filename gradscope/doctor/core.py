@@ -95,6 +95,9 @@ class Doctor:
         self.stack: list[str | None] = []
         #: per module run since the last step: (its training flag, the line that called it)
         self.ran: dict[str, tuple[bool, str | None]] = {}
+        #: every module that ran in the block (``ran`` starts again at each step): a parameter
+        #: of one of them that got no gradient is not in "a module never called"
+        self.called: set[str] = set()
         #: of those that ran in eval mode: the ones whose output carried a gradient (a trained
         #: parameter before them, or their own) into a backward() since the last step: a
         #: frozen probe's backbone or teacher does not, nor a validation forward in eval()
@@ -165,7 +168,7 @@ class Doctor:
         try:
             if judge and self.mode is not None:
                 for finding in explain.check_grad_none(self.watched, self.mode, self.got_grad,
-                                                       self.root_tags, self.ran, inside):
+                                                       self.root_tags, self.called, inside):
                     self.add(finding)
             if isinstance(exc, RuntimeError) and not isinstance(exc, AutogradError):
                 kind = torch_error_kind(str(exc))
@@ -233,6 +236,7 @@ class Doctor:
         self.stack.append(name)
         if name is not None and name not in self.ran:
             self.ran[name] = (module.training, _here())
+            self.called.add(name)
         # Dynamo guards on the mode stack: off while a compiled module runs (no recompile)
         if inner is not None and self.mode is not None and dynamo.mode_on_top(self.mode):
             dynamo.pop_mode()

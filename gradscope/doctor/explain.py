@@ -17,7 +17,7 @@ one's state. ``doctor.Doctor`` owns every piece and keeps the findings.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -438,12 +438,12 @@ def _no_grad_fn(watched: Watched, mode: _DoctorMode, roots: list[torch.Tensor],
 # ---------------------------------------------------------------------------- grad None
 def check_grad_none(watched: Watched, mode: _DoctorMode, got_grad: int,
                     root_tags: tuple[int, int, int],
-                    ran: dict[str, tuple[bool, str | None]],
+                    ran: Collection[str],
                     inside: dict[Site, int] | None = None) -> list[Finding]:
     """When the block ends: a ``grad_none`` finding for every watched parameter that requires
     grad and got no gradient from any of the block's ``backward()`` calls (``got_grad``: the
-    bits of those that did; ``root_tags``: the lineage of the roots, OR-ed; ``ran``: the modules
-    that ran)."""
+    bits of those that did; ``root_tags``: the lineage of the roots, OR-ed; ``ran``: the paths
+    of the modules that ran anywhere in the block, before its optimizer steps too)."""
     found: list[Finding] = []
     missing = [b for b, p in enumerate(watched.params)
                if p.requires_grad and not got_grad >> b & 1]
@@ -523,7 +523,7 @@ def _in_compiled(name: str, region: Site) -> Finding:
 
 
 def _unused(mode: _DoctorMode, bit: int, name: str, owner: str | None,
-            modules_ran: dict[str, tuple[bool, str | None]]) -> Finding:
+            modules_ran: Collection[str]) -> Finding:
     site = mode.first_use.get(bit)
     ran = owner is None or owner in modules_ran or any(
         k == owner or k.startswith(owner + ".") for k in modules_ran)
