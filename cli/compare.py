@@ -135,8 +135,7 @@ def compare(
 ) -> None:
     """Where two runs diverge: the first op whose error its inputs do not explain.
 
-    Exit 0 when they agree within tolerance, 1 when a divergence is found, 2 when an input
-    cannot be used."""
+    Exit 0: they agree within tolerance; 1: a divergence; 2: an input cannot be used."""
     if rtol is not None and not (rtol >= 0 and rtol != float("inf")):
         fail(f"--rtol {rtol}: give a finite number >= 0")
     saved = target.lower().endswith(".json")
