@@ -152,6 +152,10 @@ class Sharding:
         groups: dict[tuple[tuple[int, ...], ...], list[int]] = {}
         for j, c in enumerate(cols):
             groups.setdefault(self.layout[c], []).append(j)
+        if len(groups) == 1:  # every column held alike (FSDP2 alone): no regrouping
+            ((replicas, _),) = groups.items()
+            if len(replicas) == 1:
+                return combine_shards([per_rank[r] for r in replicas[0]], kinds, norm_type)
         out = [[0.0] * len(cols) for _ in kinds]
         rows = range(len(kinds))
         for replicas, js in groups.items():
