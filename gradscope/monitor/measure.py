@@ -116,6 +116,8 @@ class Layout:
 
 
 _grad_of = operator.attrgetter("grad")
+_layout_of = operator.attrgetter("layout")
+_STRIDED = {torch.strided}
 
 
 def _measure_dense(
@@ -127,9 +129,11 @@ def _measure_dense(
     grads = list(map(_grad_of, params))
     if any(map(operator.is_, grads, repeat(None))):
         return None
+    if set(map(_layout_of, grads)) != _STRIDED:  # a sparse gradient (some torch reduces
+        return None  # one in _foreach_norm, but nothing after it does)
     try:
         norms, order = S.norms(grads, norm_type, layout.groups)
-    except (NotImplementedError, RuntimeError):  # a sparse gradient: no foreach kernel
+    except (NotImplementedError, RuntimeError):  # no foreach kernel for these tensors
         return None
     if len(layout.groups) > 1:
         grads = [grads[o] for o in order]
