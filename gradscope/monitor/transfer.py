@@ -194,12 +194,9 @@ def transfer(
     out = HostStep(m, table, update is not None)
     out.scope = scope
     out.suspect = suspect
-    if (ranks is None and ev is not None and topology.replicated
-            and not all(map(math.isfinite, table[NORM]))):
-        # declared replicated (no collective per step): the ranks all see this bad step (their
-        # gradients are the same), so all of them take part in this one gather
-        ranks = [RankEvidence.of(row) for row in
-                 nest(topology.gather(ev, None).tolist(), (_world_size(), EVIDENCE))]
+    # declared replicated (``replicated=True``): no collective per step, and none is added
+    # for the evidence (a monitor built on one rank only, as loggers often are, would wait on
+    # the others for ever): no rank is named
     out.ranks = ranks
     for (i, _), row in zip(module_calls, host.get("modules", ()), strict=True):
         out.mods.setdefault(i, []).append(row)

@@ -134,7 +134,7 @@ def test_the_plant_is_what_the_test_says(results) -> None:
     assert results[1]["detected"]["finite"][: BAD + 1] == [s != BAD for s in range(BAD + 1)]
 
 
-@pytest.mark.parametrize("case", ["detected", "declared", "tp"])
+@pytest.mark.parametrize("case", ["detected", "tp"])
 def test_every_rank_names_rank_1_and_its_first_module(results, case: str) -> None:
     for r in results:
         (inc,) = [i for i in r[case]["incidents"] if i["kind"] == "nonfinite"]
@@ -145,6 +145,14 @@ def test_every_rank_names_rank_1_and_its_first_module(results, case: str) -> Non
         if case != "tp":  # under tensor parallel rank 0's forward receives rank 1's NaN too
             assert inc["ranks"][0] == "rank 0: its forward and loss were finite: downstream"
     assert results[0][case]["incidents"] == results[1][case]["incidents"]
+
+
+def test_declared_replication_adds_no_collective_and_names_no_rank(results) -> None:
+    """``replicated=True``: the monitor makes no collective of its own (it may be built on one
+    rank only), so the incident is each rank's own, without a rank."""
+    for r in results:
+        (inc,) = [i for i in r["declared"]["incidents"] if i["kind"] == "nonfinite"]
+        assert inc["step"] == BAD and inc["rank"] is None and inc["ranks"] == []
 
 
 def test_without_activations_the_losses_name_the_rank(results) -> None:
