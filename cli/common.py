@@ -104,6 +104,19 @@ def fail(message: str) -> None:
     raise typer.Exit(EXIT_UNUSABLE)
 
 
+def read_document(path: Path, parse: Any, what: str) -> Any:
+    """``parse(text)`` of the file at ``path`` (``gs.Graph.from_json``...); a file that cannot
+    be read, or is not ``what``, is one error line and exit 2."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}")
+    try:
+        return parse(text)
+    except gs.SchemaError as exc:
+        fail(f"{path} is not {what}: {str(exc).splitlines()[0]}")
+
+
 @contextlib.contextmanager
 def model_code() -> Iterator[None]:
     """Around the model file's code (import, build, forward, training): what it prints

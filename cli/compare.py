@@ -27,7 +27,7 @@ from rich.console import Console
 
 import gradscope as gs
 
-from .common import MODEL_FILE_EPILOG, fail, model_code, note, show
+from .common import MODEL_FILE_EPILOG, fail, model_code, note, read_document, show
 from .outputs import settle
 from .process import EXIT_FOUND, EXIT_OK
 
@@ -102,17 +102,9 @@ def run_model_file(mf: Any, module: Any, inputs: Any, candidate: str | None) -> 
 
 
 def _runs_from_files(a: Path, b: Path) -> tuple[gs.NumericsRun, gs.NumericsRun]:
-    runs = []
-    for path in (a, b):
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            fail(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}")
-        try:
-            runs.append(gs.NumericsRun.from_json(text))
-        except gs.SchemaError as exc:
-            fail(f"{path} is not a saved numerics run: {str(exc).splitlines()[0]}")
-    return runs[0], runs[1]
+    what = "a saved numerics run"
+    return (read_document(a, gs.NumericsRun.from_json, what),
+            read_document(b, gs.NumericsRun.from_json, what))
 
 
 def compare(

@@ -39,24 +39,14 @@ def diff(
     """Compare two graphs saved as JSON: nodes added, removed, changed; norm ratios (--backward).
 
     Exit 0 when they are the same, 1 when they differ, 2 when a file cannot be used."""
-    from gradscope_cli.common import fail, note, show
+    from gradscope_cli.common import note, read_document, show
     from gradscope_cli.outputs import settle
 
     import gradscope as gs  # here, not at import: `gradscope --help` stays light
 
     (out,) = settle([("-o", output)], inputs=[("the first graph", a), ("the second graph", b)],
                     mkdir=mkdir, suffixes={"-o": (".html", ".htm")})
-    graphs = []
-    for path in (a, b):
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            fail(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}")
-        try:
-            graphs.append(gs.Graph.from_json(text))
-        except gs.SchemaError as exc:
-            fail(f"{path} is not a gradscope graph: {str(exc).splitlines()[0]}")
-    ga, gb = graphs
+    ga, gb = (read_document(path, gs.Graph.from_json, "a gradscope graph") for path in (a, b))
     d = gs.diff(ga, gb)
     show(d.to_text(labels=(str(a), str(b)), limit=SHOWN))
     if out is not None:

@@ -143,7 +143,7 @@ def _measure_dense(
         matrix = torch.cat([norms.to(torch.float64)[None],
                             S.full_rows(grads, range(len(grads)))])
     if inv is not None:
-        matrix = unscaled(matrix, inv)
+        matrix = S.unscale(matrix, inv)
     return Measure(matrix, list(order), grads, at, full, inv, local=False)
 
 
@@ -192,7 +192,7 @@ def measure(
         else:
             matrix = norms[None]
     if inv is not None:
-        matrix = unscaled(matrix, inv)
+        matrix = S.unscale(matrix, inv)
     return Measure(matrix, cols, grads, at, full, inv)
 
 
@@ -226,12 +226,6 @@ def inverse_scale(scaler: Any, optimizer: Any) -> torch.Tensor | None:
     if optimizer is not None and torchcompat.grad_scaler_unscaled(scaler, optimizer):
         return None  # already unscaled
     return scale.to(torch.float64).reciprocal()
-
-
-def unscaled(matrix: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
-    """The rows of a measurement of scaled gradients, unscaled (``stats.unscale``: the norm
-    and the ``FULL_STATS`` that scale with the gradients; not the non-zero count)."""
-    return S.unscale(matrix, inv)
 
 
 _WIDE = (torch.float64, torch.complex128)
