@@ -12,7 +12,9 @@ runs, so child processes such as Graphviz are ended and temporary files removed)
 is 128 + the signal's number (130, 143, 129). A signal is never lost: it is also recorded, a
 command that goes on after it (an exception swallowed inside an import) is stopped at the next
 check (``check_signals``), and a watchdog ends the process ``GRACE`` seconds after the first
-signal if it has not ended by itself.
+signal if it has not ended by itself. A signal that arrives while an installed library's module
+code runs (an import: torch's native initialisers call back into Python, and an exception
+raised inside them aborts the process) is only recorded; it is raised at the next check.
 
 The streams: the ``sys.stdout`` and ``sys.stderr`` gradscope started with are kept
 (``real_stdout``/``real_stderr``) and every message goes to them, so a model file that replaces
@@ -92,14 +94,37 @@ def signal_line(signum: int | None) -> str:
     return f"gradscope: terminated ({signal.Signals(signum).name})"
 
 
+_OURS = ("gradscope", "gradscope_cli", "__main__")  # __main__: a program run, not an import
+
+
+def _in_library_import(frame: Any) -> bool:
+    """Whether an installed library's module code is running (its import in progress) on the
+    stack of ``frame``. Its native initialisers call back into Python (torch's
+    ``_c10d_init`` builds pybind11 classes), and an exception raised there cannot cross the
+    C++ frames: pybind11 ends the process with SIGABRT. gradscope's own modules, the model
+    file's code and the program being run (``python -m pytest``) are not library imports."""
+    depth = 0
+    while frame is not None and depth < 400:
+        code = frame.f_code
+        if code.co_name == "<module>":
+            name = str(frame.f_globals.get("__name__") or "")
+            path = code.co_filename.replace("\\", "/")
+            if (name.split(".")[0] not in _OURS
+                    and ("/site-packages/" in path or "/dist-packages/" in path)):
+                return True
+        frame, depth = frame.f_back, depth + 1
+    return False
+
+
 def _on_signal(signum: int, frame: Any) -> None:
     import signal
 
-    del frame
     first = not _EDGE.signals
     _EDGE.signals.append(signum)
     if first and _EDGE.fired is not None:
         _EDGE.fired.set()
+    if _in_library_import(frame):
+        return  # recorded: raised at the next check (the import's end), or the watchdog ends it
     raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
 
 

@@ -56,6 +56,43 @@ def test_a_signal_during_a_write_removes_the_temp_file(tmp_path, signum):
     assert target.read_text() == "previous"
 
 
+NATIVE_INIT = """import os, signal, time
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(0.2)  # the handler runs here, as in a C++ initialiser calling back into Python
+COMPLETED = True
+"""
+
+
+@pytest.mark.parametrize("where", ["site-packages", "project"])
+def test_a_signal_inside_a_library_import_is_raised_after_it(tmp_path, monkeypatch, where):
+    """Ctrl-C while an installed library's module code runs (torch's ``_c10d_init`` calls back
+    into Python; an exception raised there aborts the process with SIGABRT, seen once in CI
+    at start-up) is recorded and raised at the next check, once the import is done; in a
+    project's own module it is raised at once."""
+    from gradscope_cli import process
+
+    folder = tmp_path / where
+    (folder / f"nativelib_{where.replace('-', '_')}").mkdir(parents=True)
+    name = f"nativelib_{where.replace('-', '_')}"
+    (folder / name / "__init__.py").write_text(NATIVE_INIT)
+    monkeypatch.syspath_prepend(str(folder))
+    process.install_signals(watchdog=False)
+    try:
+        if where == "site-packages":
+            module = __import__(name)
+            assert module.COMPLETED
+            assert process.first_signal() == signal.SIGINT
+            with pytest.raises(KeyboardInterrupt):
+                process.check_signals()
+        else:
+            with pytest.raises(KeyboardInterrupt):
+                __import__(name)
+            assert name not in sys.modules
+    finally:
+        process.end_signals()
+        sys.modules.pop(name, None)
+
+
 FAKE_DOT = """#!/bin/sh
 echo $$ > "{pidfile}"
 exec sleep 120
