@@ -494,7 +494,10 @@ class GradMonitor:
                 d = self._buffers.drain()
                 self._buffers.sample = d.sample  # taken after the step
                 self._host = self._transfer(pending, None, d)
-        return self._host.finite()
+        host = self._host
+        if host.agreed and host.ranks is not None:  # every rank is here, deciding alike
+            self._incidents.ranks_agreed(host.ranks, self._forward.act_names)
+        return host.finite()
 
     def _spike_preview(self) -> bool:
         """Whether the step just moved to the host (at ``optimizer.step()``'s pre-hook)

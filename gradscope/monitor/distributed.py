@@ -51,6 +51,14 @@ def this_rank() -> int:
     return torch.distributed.get_rank()
 
 
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (plain, picklable data), in rank order: one collective over the
+    world (made only on a step every rank agrees is bad)."""
+    out: list[Any] = [None] * world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
 def all_gather(t: torch.Tensor, group: Any, gather: Callable[..., Any]) -> torch.Tensor:
     """Every rank's ``t`` (flattened), concatenated in rank order: one collective."""
     world = torch.distributed.get_world_size(group)

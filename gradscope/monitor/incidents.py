@@ -24,6 +24,7 @@ import torch
 from ..errors import MonitorError
 from .alerts import FLAP_WINDOW
 from .incident import SPREAD_SHARE, Incident, changes, first_rank
+from .rank_replay import exchange
 from .replay import Replayer, ReplayResult
 from .replay_isolated import replay_isolated
 from .spike_samples import SampleResult, replay_samples
@@ -77,6 +78,14 @@ class IncidentWatch:
         #: whether its forward was watched, its first non-finite module) and the modules' names
         self.evidence: tuple[list[tuple[float | None, bool, int | None, int | None]],
                              list[str]] | None = None
+        #: the same, taken at optimizer.step()'s pre-hook from figures every rank holds alike
+        #: (the replays are then exchanged), and what the exchange found: the first rank and
+        #: one line per rank
+        self.agreed: tuple[list[tuple[float | None, bool, int | None, int | None]],
+                           list[str]] | None = None
+        self.replays: tuple[int | None, list[str]] | None = None
+        #: why a rank cannot replay alone ("" when it can; None: not read yet)
+        self.alone: str | None = None
         self.preview: Callable[[], bool] = lambda: False
         self.samples: SampleResult | None = None  # the spiking step's per-sample norms
         # the learning rate of each optimizer step (the largest of its groups), oldest first,
@@ -113,6 +122,7 @@ class IncidentWatch:
 
     def watch(self, params: Sequence[torch.Tensor]) -> None:
         """The monitor watches other parameters now (the model's were replaced or added)."""
+        self.alone = None
         if self.replayer is not None:
             self.replayer.params = list(params)
             self.replayer.clear()
@@ -137,8 +147,13 @@ class IncidentWatch:
 
     def wants_check(self) -> bool:
         """Whether this step's norms are needed before ``optimizer.step()`` (a replay may
-        have to run there; never on one rank of several, where it is refused)."""
-        return self.replayer is not None and not self.bad and not self.replayer.distributed()
+        have to run there; on one rank of several only where each rank can replay alone)."""
+        rp = self.replayer
+        if rp is None or self.bad:
+            return False
+        if self.alone is None:  # the model's make-up, read once (``watch`` forgets it)
+            self.alone = rp.why_not_alone() or ""
+        return not self.alone
 
     def before_step(self, finite: Callable[[], bool | None], args: Any, kwargs: Any) -> Any:
         """At ``optimizer.step()``'s pre-hook of a logged step (``finite()``: moves the
@@ -178,6 +193,8 @@ class IncidentWatch:
                 self.samples = found
             return
         self.pending = replay_isolated(self.replayer.replay)  # the contract: replay_isolated
+        if self.agreed is not None:  # every rank replayed its own micro-batch: which went bad
+            self.pending, self.replays = exchange(self.pending, *self.agreed)
 
     def _spike_incident(self, step: int, spike: Any, norms: dict[str, float]) -> Incident:
         found = self.samples
@@ -207,6 +224,7 @@ class IncidentWatch:
         return None if self.rules is None else self.rules.spike_started
 
     def end_step(self) -> None:
+        self.agreed = None
         if self.replayer is not None:
             self.replayer.clear()
 
@@ -219,6 +237,13 @@ class IncidentWatch:
         jump = rate_jump(rates, covered, RATE_FACTOR)  # only asked on a spike: not per step
         return jump.message(own=True) if jump is not None else None
 
+    def ranks_agreed(self, ranks: Sequence[tuple[float | None, bool, int | None, int | None]],
+                     modules: list[str]) -> None:
+        """At ``optimizer.step()``'s pre-hook: every rank's evidence of this logged step, from
+        figures every rank holds alike (so every rank replays, or none does, and all take part
+        in the replays' exchange)."""
+        self.agreed = ([tuple(r) for r in ranks], modules)  # type: ignore[misc]
+
     def ranks_seen(self, ranks: Sequence[tuple[float | None, bool, int | None, int | None]],
                    modules: list[str]) -> None:
         """Every rank's evidence of this logged step (``transfer.RankEvidence``), for the
@@ -230,6 +255,12 @@ class IncidentWatch:
             return
         seen, modules = self.evidence
         rank, phase, lines = first_rank(seen, modules)
+        if self.replays is not None:  # each rank's replay of its own micro-batch says more
+            found, said = self.replays
+            if found is not None and rank is None:  # the trailing "which rank is not known"
+                lines = lines[: len(said)]
+            rank = found
+            lines = [f"{a}; {b}" for a, b in zip(lines, said, strict=False)] + lines[len(said):]
         incident.rank, incident.ranks = rank, lines
         if rank is not None and phase is not None and incident.phase is None:  # not replayed
             incident.phase = phase
@@ -283,6 +314,8 @@ class IncidentWatch:
         self.samples = None
         self.checked = False
         self.evidence = None
+        self.agreed = None
+        self.replays = None
         # this step's own rate included: what an update-ratio spike of it, judged when its
         # ratios arrive (after this), is told (``update_cause``)
         self.rates_at = (st.step, list(self.rates), self.since)

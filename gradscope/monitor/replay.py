@@ -33,6 +33,7 @@ from .._torch import torchcompat
 from .._torch.dynamo import compiling
 from ..graph.nest import iter_tensors
 from ..graph.tensor_facts import checkable
+from .checks import is_dtensor
 from .incident import OpInput
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
@@ -82,6 +83,15 @@ class ReplayResult:
         self.replayed = False
         self.note: str | None = None
         self.seconds = 0.0
+
+
+def _fsdp1() -> type | None:
+    """torch's FSDP (1) wrapper class, where torch.distributed has it."""
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:
+        return None
+    return FullyShardedDataParallel
 
 
 def _split_where(where: str | None) -> tuple[str | None, str | None]:
@@ -263,17 +273,48 @@ class Replayer:
     # ------------------------------------------------------------------ checks
     @staticmethod
     def distributed() -> bool:
-        """Whether this is one rank of several (a replay is refused there)."""
+        """Whether this is one rank of several (each rank replays its own micro-batch alone,
+        where the forward and backward make no collective: ``alone``)."""
         dist = torch.distributed
         return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
+    def local_module(self) -> torch.nn.Module:
+        """What a replay runs: the hooked module, or the module a ``DistributedDataParallel``
+        wraps (whose own forward and backward make no collective)."""
+        m = self.target_module
+        ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
+        return m.module if ddp is not None and isinstance(m, ddp) else m
+
+    def why_not_alone(self) -> str | None:
+        """On one rank of several: why this rank cannot replay its micro-batch by itself (its
+        forward or backward would wait on the other ranks), or None. Data parallelism
+        (DDP, gradients all-reduced by hand) replays the wrapped module alone."""
+        if not self.distributed():
+            return None
+        sharded = (
+            "not replayed: {what} gathers from the other ranks in its forward, and a replay "
+            "on one rank would wait for them (activations=True names the first rank and its "
+            "first non-finite module)"
+        )
+        if any(is_dtensor(p) for p in self.params):
+            return sharded.format(what="a model with sharded (DTensor) parameters (FSDP2, "
+                                  "tensor parallel)")
+        fsdp1 = _fsdp1()
+        for m in self.local_module().modules():
+            if fsdp1 is not None and isinstance(m, fsdp1):
+                return sharded.format(what="a FullyShardedDataParallel model")
+            if isinstance(m, torch.nn.SyncBatchNorm) and m.training:
+                return sharded.format(what="SyncBatchNorm")
+        if self.runs_only:
+            return ("not replayed: a framework's own step on one rank of several would "
+                    "re-enter its collectives")
+        return None
+
     def why_not(self) -> str | None:
         """One line on why this step cannot be replayed exactly, or None."""
-        if self.distributed():
-            return (
-                "not replayed: a distributed run (a replay on one rank would re-enter the "
-                "model's collectives)"
-            )
+        alone = self.why_not_alone()
+        if alone is not None:
+            return alone
         if not self.batches:
             return (
                 "not replayed: no forward of the model was seen in this step (a model compiled "
@@ -331,6 +372,9 @@ class Replayer:
                     break
             else:
                 res.note = (
+                    "replayed alone on this rank, its gradients were finite: the NaN/Inf "
+                    "came from another rank (through the gradients' reduction)"
+                ) if self.distributed() else (
                     "replayed, but the replay's gradients were finite: the step depends on "
                     "something the replay cannot repeat (state or randomness outside torch's "
                     "RNG, a side effect of the forward)"
@@ -367,7 +411,7 @@ class Replayer:
                             roots, grads = _loss_root(mb.run())
                     else:
                         with scopes(model):
-                            out = self.target_module(*mb.args, **mb.kwargs)
+                            out = self.local_module()(*mb.args, **mb.kwargs)
                         # the gradient reached finite outputs already non-finite: the loss
                         outside = grads_bad and _all_finite(out)
                         if outside and self.loss_fn is not None:

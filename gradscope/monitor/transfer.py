@@ -89,7 +89,7 @@ class HostStep:
     index, and the update ratios of a deferred earlier step."""
 
     __slots__ = ("m", "table", "with_update", "scope", "mods", "first_bad", "previous", "loss",
-                 "suspect", "ranks")
+                 "suspect", "ranks", "agreed")
 
     def __init__(self, m: Measure, table: list[list[float]], with_update: bool) -> None:
         self.m = m
@@ -104,6 +104,9 @@ class HostStep:
         self.suspect: list[int] | None = None
         #: under torch.distributed: every rank's evidence of where the step went bad
         self.ranks: list[RankEvidence] | None = None
+        #: every rank holds these same figures (the shards combined, or the replicas'
+        #: checksums equal): what each rank decides from them, every rank decides alike
+        self.agreed = False
 
     def finite(self) -> bool:
         """Whether every measured gradient's norm is finite."""
@@ -169,6 +172,7 @@ def transfer(
     scope: str | None = None
     suspect: list[int] | None = None
     ranks: list[RankEvidence] | None = None
+    same = False
     if sharding is not None:
         ranks = [RankEvidence.of(rank[0][ncol:]) for rank in host["table"]]
         host["table"] = [[row[:ncol] for row in rank] for rank in host["table"]]
@@ -198,6 +202,7 @@ def transfer(
     # for the evidence (a monitor built on one rank only, as loggers often are, would wait on
     # the others for ever): no rank is named
     out.ranks = ranks
+    out.agreed = sharding is not None or (checking and same)
     for (i, _), row in zip(module_calls, host.get("modules", ()), strict=True):
         out.mods.setdefault(i, []).append(row)
     if flags:

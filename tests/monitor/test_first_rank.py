@@ -4,7 +4,11 @@ and names the rank where the step first went bad (2 gloo ranks on the CPU).
 A NaN is planted in rank 1's input at one step; rank 0's data stays clean. Ground truth is
 the plant itself (checked in plain torch below: rank 1's forward output is NaN, rank 0's is
 finite), under DDP (replication detected, and declared), and under tensor parallel (the
-evidence rides in the step's all-gather)."""
+evidence rides in the step's all-gather). Under DDP each rank also replays its own
+micro-batch alone (the wrapped module: no collective), and the replays are exchanged on the
+bad step: every rank records rank 1's op, module and what held the NaN. A second plant makes
+the NaN in rank 1's *backward* only (sqrt at 0: a finite forward and loss on every rank, so
+no forward evidence can tell): the replays name rank 1, the backward op and its line."""
 
 from __future__ import annotations
 
@@ -99,6 +103,49 @@ def _tp(rank: int) -> dict:
     return {"incidents": incidents}
 
 
+class _SqrtNet(nn.Module):
+    """Its forward is finite for every input; its backward is NaN where ``x[:, 8]`` is 0
+    (d sqrt(z)/dz at 0 is inf, times 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x[:, :8])
+        return torch.sqrt(h.square() * x[:, 8:9])  # SQRT-LINE
+
+
+def _sqrt_batch(rank: int, step: int) -> torch.Tensor:
+    x = torch.randn(6, 9, generator=torch.Generator().manual_seed(10 * step + rank))
+    x[:, 8] = 1.0
+    if rank == 1 and step == BAD:
+        x[3, 8] = 0.0
+    return x
+
+
+def _backward_origin(rank: int) -> dict:
+    """No activations=, no loss observed: only the replays can say which rank."""
+    model = nn.parallel.DistributedDataParallel(_SqrtNet())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = gs.GradMonitor(model.module, optimizer=opt)
+    local_finite = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        x = _sqrt_batch(rank, step)
+        # ground truth in plain torch: this rank's own gradient, without the reduction
+        alone = _SqrtNet()
+        alone.load_state_dict(model.module.state_dict())
+        alone(x).mean().backward()
+        local_finite.append(all(bool(torch.isfinite(p.grad).all()) for p in alone.parameters()))
+        model(x).mean().backward()
+        opt.step()
+    incidents = [i.to_dict() for i in mon.incidents]
+    mon.remove()
+    return {"incidents": incidents, "local_finite": local_finite}
+
+
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
@@ -107,6 +154,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             "declared": _ddp(rank, replicated=True),
             "loss_only": _loss_only(rank),
             "tp": _tp(rank),
+            "backward": _backward_origin(rank),
         }
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
@@ -143,7 +191,16 @@ def test_every_rank_names_rank_1_and_its_first_module(results, case: str) -> Non
         assert inc["phase"] == "forward" and inc["module"] == "0", inc
         assert inc["ranks"][1].startswith("rank 1: the forward first made NaN/Inf in 0")
         if case != "tp":  # under tensor parallel rank 0's forward receives rank 1's NaN too
-            assert inc["ranks"][0] == "rank 0: its forward and loss were finite: downstream"
+            assert inc["ranks"][0] == (
+                "rank 0: its forward and loss were finite: downstream; its micro-batch, "
+                "replayed alone, gave finite gradients: downstream")
+            # rank 1's replay, recorded by every rank: the input held it, linear read it
+            assert inc["op"] == "linear" and inc["input"] == "the model's input", inc
+            assert inc["ranks"][1].endswith(
+                "its replay: the model's input already held nan (first read by linear in 0)")
+            assert inc["replayed"] and inc["note"].startswith("replayed on rank 1")
+        else:  # sharded parameters: a replay on one rank would wait for the others
+            assert not inc["replayed"] and "would wait for them" in inc["note"], inc
     assert results[0][case]["incidents"] == results[1][case]["incidents"]
 
 
@@ -153,17 +210,47 @@ def test_declared_replication_adds_no_collective_and_names_no_rank(results) -> N
     for r in results:
         (inc,) = [i for i in r["declared"]["incidents"] if i["kind"] == "nonfinite"]
         assert inc["step"] == BAD and inc["rank"] is None and inc["ranks"] == []
+    # each rank's own replay, alone: rank 1 finds its input, rank 0 finite gradients
+    zero, one = (next(i for i in r["declared"]["incidents"] if i["kind"] == "nonfinite")
+                 for r in results)
+    assert one["input"] == "the model's input" and one["op"] == "linear"
+    assert zero["phase"] is None and zero["note"].startswith(
+        "replayed alone on this rank, its gradients were finite: the NaN/Inf came from "
+        "another rank")
 
 
 def test_without_activations_the_losses_name_the_rank(results) -> None:
     for r in results:
         (inc,) = [i for i in r["loss_only"]["incidents"] if i["kind"] == "nonfinite"]
-        assert inc["rank"] == 1 and inc["phase"] is None
-        assert inc["ranks"][1] == "rank 1: the loss was nan"
+        assert inc["rank"] == 1 and inc["phase"] == "forward"
+        assert inc["ranks"][1] == ("rank 1: the loss was nan; its replay: the model's input "
+                                   "already held nan (first read by linear in 0)")
 
 
 def test_the_summary_says_which_rank_and_where(results) -> None:
     inc = gs.Incident.from_dict(
         next(i for i in results[0]["detected"]["incidents"] if i["kind"] == "nonfinite"))
     head = inc.summary().splitlines()[0]
-    assert head.startswith("step 2: the forward made NaN/Inf at the output of 0 on rank 1 first")
+    assert head.startswith("step 2: the model's input already held nan before the forward ran "
+                           "(first read by linear in 0) on rank 1 first"), head
+
+
+def test_a_nan_made_in_one_ranks_backward_is_named_by_every_rank(results) -> None:
+    """Ground truth: at step BAD only rank 1's own gradient is NaN (plain torch, without the
+    reduction); every forward and loss is finite. Every rank names rank 1, the backward's
+    sqrt and the line that made it."""
+    assert results[0]["backward"]["local_finite"][BAD] is True
+    assert results[1]["backward"]["local_finite"][BAD] is False
+    assert results[1]["backward"]["local_finite"][:BAD] == [True] * BAD
+    line = next(n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1)
+                if text.rstrip().endswith("# SQRT-LINE") and "torch.sqrt" in text)
+    for r in results:
+        (inc,) = [i for i in r["backward"]["incidents"] if i["kind"] == "nonfinite"]
+        assert inc["step"] == BAD and inc["rank"] == 1, inc
+        assert inc["phase"] == "backward" and inc["op"] == "SqrtBackward0", inc
+        assert inc["line"].endswith(f"test_first_rank.py:{line}"), inc["line"]
+        assert inc["ranks"][0].endswith("its micro-batch, replayed alone, gave finite "
+                                        "gradients: downstream"), inc["ranks"]
+        assert "its replay: the backward made" in inc["ranks"][1], inc["ranks"]
+        assert len(inc["ranks"]) == 2  # no "which rank is not known" line
+    assert results[0]["backward"]["incidents"] == results[1]["backward"]["incidents"]
