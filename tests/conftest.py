@@ -101,6 +101,33 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: int = 240):
     )
 
 
+def spawn_ranks(worker, world: int, folder, args) -> Path:
+    """``torch.multiprocessing.spawn(worker, args=args(out), nprocs=world)`` in a fresh folder
+    ``folder(attempt)`` (its own rendezvous file); one retry in a new folder: on a loaded
+    2-core machine gloo's set-up between the spawned processes has failed (a refused TCP
+    connection, a SIGABRT in one process) once in many runs. Returns the folder of the run
+    that finished; both failures are reported when the retry fails too."""
+    import torch.multiprocessing as mp
+
+    errors = []
+    for attempt in range(2):
+        out = Path(folder(attempt))
+        try:
+            mp.spawn(worker, args=args(out), nprocs=world, join=True)
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+            errors.append(str(exc))
+            continue
+        return out
+    raise AssertionError(f"the {world}-process run failed twice:\n" + "\n---\n".join(errors))
+
+
+def read_ranks(out: Path, world: int) -> list:
+    """The ``rank{r}.json`` each spawned rank wrote into ``out``, in rank order."""
+    import json
+
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
 # ---------------------------------------------------------------------------- capture fixtures
 #: The compiled walk as imported (None when it was not built or GRADSCOPE_PURE_PYTHON=1).
 COMPILED_WALK = _walk.CWALK

@@ -140,7 +140,7 @@ def transfer(
     packet = Packet()
     # every rank's own evidence of where the step went bad (its loss, its forward's first
     # non-finite module), carried by a collective the step makes anyway
-    ev = evidence(loss, flags, mine.device) if replicas else None
+    ev = evidence(loss, flags, mine.device) if sharding is not None or checking else None
     if sharding is not None:
         assert ev is not None
         cols = torch.zeros(rows, EVIDENCE, dtype=torch.float64, device=mine.device)

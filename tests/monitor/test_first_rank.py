@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from conftest import read_ranks, spawn_ranks
 from torch import nn
 
 import gradscope as gs
@@ -163,16 +163,9 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> list[dict]:
-    errors = []
-    for attempt in range(2):  # gloo's TCP set-up on a loaded machine: one retry
-        tmp = tmp_path_factory.mktemp(f"first{attempt}")
-        try:
-            mp.spawn(_worker, args=(str(tmp / "init"), str(tmp)), nprocs=2, join=True)
-        except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-            errors.append(str(exc))
-            continue
-        return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
-    raise AssertionError("the 2-process run failed twice:\n" + "\n---\n".join(errors))
+    out = spawn_ranks(_worker, 2, lambda a: tmp_path_factory.mktemp(f"first{a}"),
+                      lambda d: (str(d / "init"), str(d)))
+    return read_ranks(out, 2)
 
 
 def test_the_plant_is_what_the_test_says(results) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from conftest import read_ranks, spawn_ranks
 from torch import nn
 
 import gradscope as gs
@@ -303,18 +303,9 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> list[dict]:
-    # One retry with a fresh rendezvous: on a loaded 2-core machine, gloo's TCP set-up between
-    # the two spawned processes has failed once in many runs. Both failures are reported.
-    errors = []
-    for attempt in range(2):
-        tmp = tmp_path_factory.mktemp(f"dist{attempt}")
-        try:
-            mp.spawn(_worker, args=(str(tmp / "init"), str(tmp)), nprocs=WORLD, join=True)
-        except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-            errors.append(str(exc))
-            continue
-        return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(WORLD)]
-    raise AssertionError("the 2-process run failed twice:\n" + "\n---\n".join(errors))
+    out = spawn_ranks(_worker, WORLD, lambda a: tmp_path_factory.mktemp(f"dist{a}"),
+                      lambda d: (str(d / "init"), str(d)))
+    return read_ranks(out, WORLD)
 
 
 GLOBAL_CASES = ["ddp_wrapper", "ddp_inner", "ddp_before_wrap", "manual", "manual_declared"]

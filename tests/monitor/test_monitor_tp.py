@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from conftest import read_ranks, spawn_ranks
 from torch import nn
 
 import gradscope as gs
@@ -184,17 +184,9 @@ def _worker(rank: int, world: int, twod: bool, init_file: str, out_dir: str) -> 
 
 
 def _spawn(tmp_path_factory, world: int, twod: bool) -> list[dict]:
-    errors = []
-    for attempt in range(2):  # gloo's TCP set-up on a loaded machine: one retry
-        tmp = tmp_path_factory.mktemp(f"tp{world}_{attempt}")
-        try:
-            mp.spawn(_worker, args=(world, twod, str(tmp / "init"), str(tmp)), nprocs=world,
-                     join=True)
-        except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-            errors.append(str(exc))
-            continue
-        return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(world)]
-    raise AssertionError(f"the {world}-process run failed twice:\n" + "\n---\n".join(errors))
+    out = spawn_ranks(_worker, world, lambda a: tmp_path_factory.mktemp(f"tp{world}_{a}"),
+                      lambda d: (world, twod, str(d / "init"), str(d)))
+    return read_ranks(out, world)
 
 
 @pytest.fixture(scope="module", params=[(2, False), (4, True)], ids=["tp", "fsdp2_x_tp"])

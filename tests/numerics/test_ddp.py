@@ -14,8 +14,7 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import SAMPLES
+from conftest import SAMPLES, spawn_ranks
 
 import gradscope as gs
 
@@ -37,20 +36,15 @@ def _sample():
 
 
 def _spawn(s, tmp_path):
-    """The sample's workers, in a folder of their own (a fresh rendezvous file); one retry:
-    on a loaded 2-core machine gloo's set-up between the spawned processes has failed (a
-    SIGABRT in one of them) once in many runs, as for the monitor's distributed tests."""
-    errors = []
-    for attempt in range(2):
+    """The sample's workers, in a folder of their own (a fresh rendezvous file), with the one
+    retry of ``conftest.spawn_ranks``."""
+
+    def folder(attempt: int):
         out = tmp_path / f"try{attempt}"
         out.mkdir()
-        try:
-            mp.spawn(s.worker, args=(str(out),), nprocs=s.WORLD, join=True)
-        except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-            errors.append(str(exc))
-            continue
         return out
-    raise AssertionError("the 2-process run failed twice:\n" + "\n---\n".join(errors))
+
+    return spawn_ranks(s.worker, s.WORLD, folder, lambda d: (str(d),))
 
 
 def test_a_gradient_doubled_under_ddp_is_named_with_ratio_two(tmp_path):
