@@ -569,7 +569,7 @@ class GradMonitor:
         )
         log.distributed = self._topology.description
         if host.ranks is not None:
-            self._incidents.ranks_seen(host.ranks, self._forward.act_names)
+            self._incidents.ranks_seen(host.ranks, self._forward.act_names, host.agreed)
         log.append(st, self._incidents.record, hold=deferred is not None,
                    explain=self._incidents.update_cause)
         self._deferred = deferred

@@ -84,6 +84,8 @@ class IncidentWatch:
         self.agreed: tuple[list[tuple[float | None, bool, int | None, int | None]],
                            list[str]] | None = None
         self.replays: tuple[int | None, list[str]] | None = None
+        #: a logged step whose figures differed between the ranks was seen
+        self.split = False
         #: why a rank cannot replay alone ("" when it can; None: not read yet)
         self.alone: str | None = None
         self.preview: Callable[[], bool] = lambda: False
@@ -242,13 +244,17 @@ class IncidentWatch:
         """At ``optimizer.step()``'s pre-hook: every rank's evidence of this logged step, from
         figures every rank holds alike (so every rank replays, or none does, and all take part
         in the replays' exchange)."""
-        self.agreed = ([tuple(r) for r in ranks], modules)  # type: ignore[misc]
+        if not self.split:
+            self.agreed = ([tuple(r) for r in ranks], modules)  # type: ignore[misc]
 
     def ranks_seen(self, ranks: Sequence[tuple[float | None, bool, int | None, int | None]],
-                   modules: list[str]) -> None:
+                   modules: list[str], agreed: bool) -> None:
         """Every rank's evidence of this logged step (``transfer.RankEvidence``), for the
-        incident it may start: which rank went bad first."""
+        incident it may start: which rank went bad first. ``agreed``: every rank holds the
+        step's figures alike; once a step's were not, the ranks' histories (``bad``) may
+        differ, and the replays are no longer exchanged (a rank would wait for the others)."""
         self.evidence = ([tuple(r) for r in ranks], modules)  # type: ignore[misc]
+        self.split = self.split or not agreed
 
     def _first_rank(self, incident: Incident) -> None:
         if self.evidence is None:

@@ -146,6 +146,21 @@ def _backward_origin(rank: int) -> dict:
     return {"incidents": incidents, "local_finite": local_finite}
 
 
+def _independent(rank: int) -> dict:
+    """A process group, but no gradient reduction: each rank trains its own copy (the ranks'
+    figures differ, so no rank waits on another for a replay's exchange)."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = gs.GradMonitor(model, optimizer=opt)
+    for step in range(STEPS):
+        opt.zero_grad()
+        model(_batch(rank, step)).square().mean().backward()
+        opt.step()
+    incidents = [i.to_dict() for i in mon.incidents]
+    mon.remove()
+    return {"incidents": incidents}
+
+
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
@@ -155,6 +170,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             "loss_only": _loss_only(rank),
             "tp": _tp(rank),
             "backward": _backward_origin(rank),
+            "independent": _independent(rank),
         }
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
@@ -247,3 +263,12 @@ def test_a_nan_made_in_one_ranks_backward_is_named_by_every_rank(results) -> Non
         assert "its replay: the backward made" in inc["ranks"][1], inc["ranks"]
         assert len(inc["ranks"]) == 2  # no "which rank is not known" line
     assert results[0]["backward"]["incidents"] == results[1]["backward"]["incidents"]
+
+
+def test_ranks_that_train_apart_replay_their_own_and_wait_for_no_one(results) -> None:
+    """Without a gradient reduction only rank 1's gradients go NaN: it replays its own
+    micro-batch (no exchange: the ranks' figures differ) and rank 0 records nothing."""
+    assert not [i for i in results[0]["independent"]["incidents"] if i["kind"] == "nonfinite"]
+    (inc,) = [i for i in results[1]["independent"]["incidents"] if i["kind"] == "nonfinite"]
+    assert inc["step"] == BAD and inc["op"] == "linear" and inc["input"] == "the model's input"
+    assert inc["replayed"] and not inc["note"].startswith("replayed on rank")
