@@ -109,11 +109,11 @@ class _SqrtNet(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        torch.manual_seed(0)
         self.lin = nn.Linear(8, 4)
+        self.drop = nn.Dropout(0.25)  # draws from torch's RNG: a replay must put it back
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.lin(x[:, :8])
+        h = self.lin(self.drop(x[:, :8]))
         return torch.sqrt(h.square() * x[:, 8:9])  # SQRT-LINE
 
 
@@ -125,11 +125,17 @@ def _sqrt_batch(rank: int, step: int) -> torch.Tensor:
     return x
 
 
-def _backward_origin(rank: int) -> dict:
-    """No activations=, no loss observed: only the replays can say which rank."""
-    model = nn.parallel.DistributedDataParallel(_SqrtNet())
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    mon = gs.GradMonitor(model.module, optimizer=opt)
+def _sqrt_run(rank: int, monitored: bool) -> tuple[list[dict], list[bool], list[list[int]]]:
+    model = nn.parallel.DistributedDataParallel(_SqrtNet())  # rank 0's weights on both
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    mon = gs.GradMonitor(model.module, optimizer=opt) if monitored else None
+    # after the monitor's own pre-hook (its replay): the step's NaN zeroed, so training goes
+    # on with finite parameters and the runs with and without the monitor can be compared
+    def zero_nan(optimizer, args, kwargs) -> None:
+        for p in model.parameters():
+            p.grad.nan_to_num_(0.0, 0.0, 0.0)
+
+    opt.register_step_pre_hook(zero_nan)
     local_finite = []
     for step in range(STEPS):
         opt.zero_grad()
@@ -141,9 +147,25 @@ def _backward_origin(rank: int) -> dict:
         local_finite.append(all(bool(torch.isfinite(p.grad).all()) for p in alone.parameters()))
         model(x).mean().backward()
         opt.step()
-    incidents = [i.to_dict() for i in mon.incidents]
-    mon.remove()
-    return {"incidents": incidents, "local_finite": local_finite}
+    incidents = [i.to_dict() for i in mon.incidents] if mon is not None else []
+    if mon is not None:
+        mon.remove()
+    # the bits of every parameter and momentum buffer after the run, and the RNG's next draw
+    state = [*model.parameters(), *(opt.state[p]["momentum_buffer"] for p in model.parameters())]
+    assert all(bool(torch.isfinite(t).all()) for t in state)
+    bits = [t.detach().view(torch.int32).flatten().tolist() for t in state]
+    return incidents, local_finite, [*bits, torch.rand(4).view(torch.int32).tolist()]
+
+
+def _backward_origin(rank: int) -> dict:
+    """No activations=, no loss observed: only the replays can say which rank. The same
+    training without the monitor is run beside it: the replay leaves it bitwise unchanged."""
+    torch.manual_seed(1)
+    incidents, local_finite, bits = _sqrt_run(rank, True)
+    torch.manual_seed(1)
+    _, _, plain_bits = _sqrt_run(rank, False)
+    return {"incidents": incidents, "local_finite": local_finite,
+            "bitwise": bits == plain_bits}
 
 
 def _independent(rank: int) -> dict:
@@ -263,6 +285,9 @@ def test_a_nan_made_in_one_ranks_backward_is_named_by_every_rank(results) -> Non
         assert "its replay: the backward made" in inc["ranks"][1], inc["ranks"]
         assert len(inc["ranks"]) == 2  # no "which rank is not known" line
     assert results[0]["backward"]["incidents"] == results[1]["backward"]["incidents"]
+    # the replays ran in the process (fork is refused under torch.distributed): training
+    # went on bitwise as without the monitor, on every rank
+    assert [r["backward"]["bitwise"] for r in results] == [True, True]
 
 
 def test_ranks_that_train_apart_replay_their_own_and_wait_for_no_one(results) -> None:
