@@ -11,6 +11,11 @@ float64), then compares them with ``gs.compare_runs``.
 ``gradscope compare A.json B.json`` compares two runs saved with ``NumericsRun.save`` (from two
 processes, ranks, machines or torch versions); A is the reference.
 
+``--html PATH`` (with a model file) writes the candidate's graph page with the divergence drawn
+on it (``gs.trace_divergence``): each node coloured by its error against the reference, the
+first divergence marked and shown first. Two saved runs have no graph to draw: ``--html`` with
+them is refused (exit 2).
+
 Exit codes: 0 the runs agree within tolerance; 1 a divergence was found (printed); 2 the input
 could not be used (a missing file, a JSON document of another kind, runs of different models:
 one line on stderr).
@@ -69,9 +74,11 @@ def _loss(mf: Any, out: Any, dtype: Any) -> Any:
     return loss.sum() if loss.numel() != 1 else loss
 
 
-def run_model_file(mf: Any, module: Any, inputs: Any, candidate: str | None) -> gs.NumericsRun:
+def run_model_file(mf: Any, module: Any, inputs: Any, candidate: str | None
+                   ) -> tuple[gs.NumericsRun, Any, Any]:
     """One recorded forward, loss and backward of a deep copy of ``module`` (``candidate``
-    None: the float32 eager reference), from the RNG state seeded the same for every run."""
+    None: the float32 eager reference), from the RNG state seeded the same for every run:
+    the run, the loss (its autograd graph still walkable) and the model copy that ran."""
     import contextlib
 
     import torch
@@ -98,7 +105,7 @@ def run_model_file(mf: Any, module: Any, inputs: Any, candidate: str | None) -> 
                 out = mf.run_model(runner, args)
                 loss = _loss(mf, out, dtype)
             mf.call("running backward", loss.backward)
-    return run
+    return run, loss, model
 
 
 def _runs_from_files(a: Path, b: Path) -> tuple[gs.NumericsRun, gs.NumericsRun]:
@@ -122,8 +129,12 @@ def compare(
         "allowance).")] = None,
     json_path: Annotated[Path | None, typer.Option(
         "--json", help="Also write the divergence as JSON.")] = None,
+    html_path: Annotated[Path | None, typer.Option(
+        "--html", help="With a model file: also write the candidate's graph page, each node "
+        "coloured by its error against the reference, opening on the first divergence.")
+    ] = None,
     mkdir: Annotated[bool, typer.Option(
-        "--mkdir", help="Create the folder of --json if missing.")] = False,
+        "--mkdir", help="Create the folders of --json and --html if missing.")] = False,
 ) -> None:
     """Where two runs diverge: the first op whose error its inputs do not explain.
 
@@ -137,6 +148,9 @@ def compare(
                  "A.json B.json), or a model file with --candidate")
         if candidate is not None:
             fail("--candidate runs a model file; two saved runs are compared as they are")
+        if html_path is not None:
+            fail("--html needs a model file (gradscope compare FILE --candidate ... --html "
+                 "PATH): saved runs hold no autograd graph to draw")
         assert other is not None
         inputs: list[tuple[str, Path | str]] = [("the reference run", target),
                                                  ("the candidate run", other)]
@@ -149,7 +163,8 @@ def compare(
         if candidate not in CANDIDATES:
             fail(f"--candidate {candidate}: expected one of {', '.join(CANDIDATES)}")
         inputs = [("the model file", gs.model_file_path(target))]
-    (json_out,) = settle([("--json", json_path)], inputs=inputs, mkdir=mkdir)
+    json_out, html_out = settle([("--json", json_path), ("--html", html_path)], inputs=inputs,
+                                mkdir=mkdir, suffixes={"--html": (".html", ".htm")})
     if saved:
         assert other is not None  # (fail() above exits)
         reference, cand = _runs_from_files(Path(target), other)
@@ -164,8 +179,8 @@ def compare(
                     "outputs; define model and example_input, or build() returning "
                     "(model, inputs)"
                 )
-            reference = run_model_file(mf, module, model_inputs, None)
-            cand = run_model_file(mf, module, model_inputs, candidate)
+            reference = run_model_file(mf, module, model_inputs, None)[0]
+            cand, loss, cand_model = run_model_file(mf, module, model_inputs, candidate)
         labels = ("float32 eager", str(candidate))
     d = gs.compare_runs(reference, cand, rtol=rtol)
     note(f"reference ({labels[0]}): {reference.summary()}")
@@ -175,6 +190,16 @@ def compare(
     if json_out is not None:
         d.write_json(json_out.path)
         note(f"wrote {json_path}")
+    if html_out is not None:
+        page = gs.trace_divergence(loss, d, model=cand_model)
+        page.save(html_out.path, title=f"gradscope compare: {mf.path.name} ({candidate})",
+                  root=mf.path.parent)
+        first = page.marks.first
+        where = (f"first divergence at {first} ({page.graph.node(first).name})" if first
+                 else "no node stands for the first divergence" if not d.ok
+                 else "the runs agree")
+        note(f"wrote {html_path}: {len(page.marks.nodes)} of {len(page.graph.nodes)} nodes "
+             f"coloured by their error, {where}")
     raise typer.Exit(EXIT_OK if d.ok else EXIT_FOUND)
 
 

@@ -25,6 +25,8 @@ Public surface (``__all__``; everything else is internal)::
     record_numerics(model=None) -> NumericsRun           every op's output statistics and sketch
     compare_runs(reference, candidate) -> Divergence     where two runs diverge: the first op
                                                          whose error its inputs do not explain
+    trace_divergence(outputs, divergence)                that divergence on the candidate's
+                                                         graph page
     load_model_file(spec) -> ModelFile                   the CLI's model-file contract
     FORMATS, format_spec(name) -> OutputFormat           the output formats
     GradscopeError and subclasses                        errors whose message says the fix
@@ -206,6 +208,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time these are imported on f
     from .monitor.incident import Incident
     from .monitor.log import Alert, MonitorLog, ParamStats, StepStats, Thresholds, read_jsonl
     from .numerics.compare import compare_runs
+    from .numerics.page import trace_divergence
     from .numerics.record import record_numerics
     from .numerics.records import Divergence, DivergencePoint, NumericsRun, ParamDiff
     from .output.style import terminal_text
@@ -274,6 +277,7 @@ _LAZY = {
     "Training": ".modelfile",
     "record_numerics": ".numerics.record",
     "compare_runs": ".numerics.compare",
+    "trace_divergence": ".numerics.page",
     "NumericsRun": ".numerics.records",
     "Divergence": ".numerics.records",
     "ParamDiff": ".numerics.records",
@@ -401,4 +405,5 @@ __all__ = [
     "terminal_text",
     "trace",
     "trace_backward",
+    "trace_divergence",
 ]

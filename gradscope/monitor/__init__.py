@@ -17,6 +17,7 @@ Modules (capture touches torch; plain data and views do not):
     incidents        each new bad event of a run becomes one ``Incident`` (capture)
     replay           the bad micro-batch replayed: where its first NaN/Inf came from
     replay_isolated  the replay's contract: training left exactly as it was
+    rank_replay      under torch.distributed: each rank's replay exchanged, the first rank
     spike_samples    which examples of a spiking micro-batch carry its gradient
     log              ``StepStats``, ``ParamStats``, ``Alert``, ``MonitorLog``, ``Thresholds``,
                      ``read_jsonl`` (plain data)

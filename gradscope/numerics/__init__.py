@@ -10,4 +10,6 @@ Modules:
     compare    ``gs.compare_runs``: matching two runs' ops and naming the first error its
                inputs do not explain (plain data)
     views      the rich rendering of a ``Divergence``
+    page       ``gs.trace_divergence``: a ``Divergence`` on the candidate's autograd graph, each
+               node with the error of the ops it ran, for the graph page (capture)
 """

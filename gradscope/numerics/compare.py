@@ -40,6 +40,7 @@ shape nearby (``REORDER`` places either way in that kind's order); the closest c
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..errors import SchemaError
 from .records import (
@@ -195,12 +196,16 @@ class _Comparison:
             return THRESHOLD * expected
         return max(self.rtol, THRESHOLD * CONDITIONING * e_in)
 
-    def diverged(self, point: DivergencePoint, tol: float) -> bool:
-        if point.error > tol:
+    def judge(self, key: tuple[str, int], point: DivergencePoint, tol: float) -> bool:
+        """Keep ``point`` under ``key``, marked ``diverged`` when its error is beyond ``tol``
+        (the first such point is ``first``); whether it diverged."""
+        bad = point.error > tol
+        if bad:
+            point = replace(point, diverged=True)
             if self.first is None:
                 self.first = point
-            return True
-        return False
+        self.points[key] = point
+        return bad
 
     # ------------------------------------------------------------------ the walk
     def leaves(self) -> dict[int, tuple[int, DivergencePoint]]:
@@ -242,8 +247,8 @@ class _Comparison:
         compared = 0
         for c in cand:
             for point in at_position.pop(c.index, ()):
-                self.points[("input", point.index)] = point
-                if self.diverged(point, self.tolerance(point.expected, 0.0)):
+                if self.judge(("input", point.index), point,
+                              self.tolerance(point.expected, 0.0)):
                     self.tainted.add(-point.index - 1)
             if any(s in self.tainted for s in c.inputs):
                 self.tainted.add(c.index)
@@ -284,9 +289,8 @@ class _Comparison:
             point = DivergencePoint(c.phase, c.op, c.module, c.line, err, expected,
                                     _amplification(err, expected), c.index, None,
                                     c.stats.dtype, c.stats.shape, c.stats.nonfinite,
-                                    r_stats.nonfinite)
-            self.points[("op", c.index)] = point
-            if self.diverged(point, tol):
+                                    r_stats.nonfinite, node=c.node, seq=c.seq)
+            if self.judge(("op", c.index), point, tol):
                 self.tainted.add(c.index)
         if self.noise:
             self.notes.append(
@@ -294,8 +298,7 @@ class _Comparison:
                 "output is rounding noise there (its inputs cancel to about zero)")
         for points in at_position.values():  # leaves read after the last op
             for point in points:
-                self.points[("input", point.index)] = point
-                self.diverged(point, self.tolerance(point.expected, 0.0))
+                self.judge(("input", point.index), point, self.tolerance(point.expected, 0.0))
         return compared
 
     def params(self, ops_compared: bool) -> list[ParamDiff]:
@@ -309,7 +312,7 @@ class _Comparison:
                 out.append(ParamDiff(p.name, math.inf, math.nan, False))
                 point = DivergencePoint("param", None, _owner(p.name), None, math.inf, 0.0,
                                         math.inf, -1, p.name)
-                self.diverged(point, 0.0)
+                self.judge(("param", len(out)), point, 0.0)
                 continue
             err = rel_error(p.stats, q.stats)
             u = max(unit(p.stats.dtype), unit(q.stats.dtype))
@@ -329,8 +332,7 @@ class _Comparison:
             point = DivergencePoint("param", None, _owner(p.name), None, err, expected,
                                     _amplification(err, expected), -1, p.name, q.stats.dtype,
                                     q.stats.shape, q.stats.nonfinite, p.stats.nonfinite)
-            self.points[("param", len(out))] = point
-            self.diverged(point, tol)
+            self.judge(("param", len(out)), point, tol)
         return out
 
     def path(self) -> tuple[DivergencePoint, ...]:
@@ -428,8 +430,7 @@ def compare_runs(reference: NumericsRun, candidate: NumericsRun, *,
     else:
         for _, point in leaves.values():
             if point.name is not None and not point.name.startswith(("input", "leaf")):
-                cmp.points[("input", point.index)] = point
-                cmp.diverged(point, cmp.tolerance(point.expected, 0.0))
+                cmp.judge(("input", point.index), point, cmp.tolerance(point.expected, 0.0))
         cmp.notes.append(
             f"ops not compared: the runs have different world sizes ({reference.world} and "
             f"{candidate.world}), so each rank's ops see another part of the batch; the "
@@ -440,4 +441,5 @@ def compare_runs(reference: NumericsRun, candidate: NumericsRun, *,
         ok=cmp.first is None, first=cmp.first, params=tuple(params), path=cmp.path(),
         compared=compared, noise=cmp.noise, threshold=THRESHOLD, rtol=rtol,
         notes=tuple(dict.fromkeys(cmp.notes + reference.notes + candidate.notes)),
+        points=tuple(sorted(cmp.points.values(), key=_order)),
     )

@@ -16,6 +16,13 @@ are not records of their own, their output stands for their source; a dtype conv
 record flagged ``cast``. A tensor no recorded op made is a leaf (a parameter, a model input),
 summarised once when first read. Ops that only allocate (``empty``) are skipped.
 
+Each record names its autograd node, the link to the graph page (``gs.trace_divergence``): in
+the backward the running node (its name and ``_sequence_nr()``); in the forward the node made
+for the op's output, read from the output's ``grad_fn`` once autograd has set it, i.e. when the
+next op is dispatched (or the block ends), through a weak reference that keeps nothing alive.
+An op whose output needs no gradient (``torch.no_grad``, a compiled region's inner ops, a
+custom Function's forward) has none; AccumulateGrad, which has no sequence number, neither.
+
 Under ``torch.distributed`` each process records its own run. A parameter's gradient that is
 a DTensor sharded by rows (FSDP2) is summarised as the full tensor without gathering it: each
 rank sketches its rows with their place in the full tensor (``Projector.shard_stats``) and two
@@ -30,6 +37,7 @@ recorded; Inductor's fused kernels are one opaque call each and are not seen.
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -39,7 +47,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from .._torch import dynamo, torchcompat
-from .._torch.stamps import MODULE_KEY, outside_gradscope, torch_internal, user_frame
+from .._torch.stamps import (
+    MODULE_KEY,
+    NO_SEQUENCE_NR,
+    outside_gradscope,
+    torch_internal,
+    user_frame,
+)
 from ..errors import ScopesError
 from .records import LeafRecord, NumericsRun, OpRecord, ParamRecord, Stats
 from .sketch import SEED, K, Projector, is_float
@@ -162,6 +176,10 @@ class Recorder:
         self.modules: list[str | None] = []
         self.module_names: dict[int, str] = {}
         self.held: list[torch.Tensor] = []  # tensors named by id: kept alive while recording
+        self.nodes: dict[int, tuple[str, int]] = {}  # op record -> its node's (name, seq)
+        # the last forward op's records and weak references to its outputs: their grad_fn is
+        # set by autograd after the dispatch returns, read when the next op comes
+        self.pending: tuple[range, list[weakref.ref[torch.Tensor]]] | None = None
         if model is not None:
             self.module_names = {id(m): name for name, m in model.named_modules() if name}
             for name, p in model.named_parameters():
@@ -211,11 +229,30 @@ class Recorder:
         self.on = False
         self.notes.append(f"recording stopped at {_op_name(func)}: {type(exc).__name__}: {exc}")
 
+    def resolve(self) -> None:
+        """The autograd node of the last forward op's records: the ``grad_fn`` autograd gave
+        its first output that has one (none: the op needs no gradient)."""
+        if self.pending is None:
+            return
+        records, refs = self.pending
+        self.pending = None
+        for ref in refs:
+            t = ref()
+            fn = None if t is None else t.grad_fn
+            if fn is None:
+                continue
+            seq = int(fn._sequence_nr())
+            if seq != NO_SEQUENCE_NR:
+                for i in records:
+                    self.nodes[i] = (str(fn.name()), seq)
+            return
+
     def before(self, func: Any, args: Any, kwargs: dict[str, Any]
                ) -> tuple[str, list[torch.Tensor], list[int]] | None:
         """Before the op runs: its name, its floating-point inputs and their sources (a
         leaf's figures taken now, before an in-place op or a side effect such as batch norm's
         running statistics changes it); None for an op that is not recorded."""
+        self.resolve()
         name = _op_name(func)
         if name in SKIP:
             return (name, [], [])
@@ -271,6 +308,15 @@ class Recorder:
             node_name = None
         flag = "cast" if name in CASTS or name == "aten.copy_" else None
         float_outs = [t for t in outs if is_float(t)]
+        first = len(self.ops)
+        if node is not None:
+            seq = int(node._sequence_nr())
+            if seq != NO_SEQUENCE_NR:  # (AccumulateGrad has none)
+                for i in range(first, first + len(float_outs)):
+                    self.nodes[i] = (node_name or "", seq)
+        else:
+            self.pending = (range(first, first + len(float_outs)),
+                            [weakref.ref(t) for t in float_outs])
         for n, t in enumerate(float_outs):
             i = len(self.ops)
             label = name if n == 0 else f"{name}#{n}"
@@ -284,6 +330,7 @@ class Recorder:
     # ------------------------------------------------------------------ the end
     def finish(self, run: NumericsRun) -> None:
         """Fill ``run`` with what was recorded (one host transfer per device)."""
+        self.resolve()
         self.on = False
         params: list[tuple[str, torch.Tensor | None]] = []
         if self.model is not None:
@@ -301,8 +348,11 @@ class Recorder:
             return Stats(dtype, shape, row[k], row[k + 1], int(row[k + 2]), tuple(row[:k]))
 
         for i, (phase, op, module, line, node, dtype, shape, inputs, flag) in enumerate(self.ops):
-            run.ops.append(OpRecord(i, phase, op, module, line, node,
-                                    stats(values[i], dtype, shape), inputs, flag))
+            made = self.nodes.get(i)
+            run.ops.append(OpRecord(i, phase, op, module, line,
+                                    made[0] if made is not None else node,
+                                    stats(values[i], dtype, shape), inputs, flag,
+                                    made[1] if made is not None else None))
         for j, (name, position, dtype, shape) in enumerate(self.leaves):
             run.leaves.append(LeafRecord(j, name, position,
                                          stats(values[n_ops + j], dtype, shape)))
@@ -319,6 +369,7 @@ class Recorder:
             g += 1
         run.notes.extend(self.notes)
         self.made = {}
+        self.nodes = {}
         self.held = []
         self.op_stats = []
         self.leaf_stats = []

@@ -12,6 +12,8 @@ error between two runs' tensors without storing the tensors.
 A ``Divergence`` is what ``compare_runs`` says: ``ok``, ``first`` (a ``DivergencePoint``: the
 first op, input or gradient whose error its inputs do not explain), ``params`` (a ``ParamDiff``
 per parameter) and ``path`` (the ops from the inputs to the first divergence and a few after).
+A ``DivergenceGraph`` is a candidate's ``Graph`` with ``DivergenceMarks`` (each node's
+``NodeError``): the graph page of a divergence (``gs.trace_divergence``).
 
 Both are one JSON document in the project's envelope: ``{"gradscope": 1, "kind": "numerics",
 ...}`` for a run, ``{"gradscope": 1, "kind": "numerics_compare", ...}`` for a divergence;
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SchemaError
+from ..graph.graph import Graph
 from ..output.envelope import dumps, envelope, float_from_json, json_float, open_document
 from ..output.files import write_atomic
 from ..output.formats import Shown
@@ -99,6 +102,9 @@ class OpRecord:
         flag: ``"cast"`` for a dtype conversion (compare skips casts only one run has), else
             None. Views, copies and ``detach`` are not recorded: the tensors they make stand
             for the tensor they came from.
+        seq: that node's ``_sequence_nr()`` (unique in the process that recorded the run: the
+            graph page finds the node with it, ``gs.trace_divergence``), or None. Files saved
+            before it existed read as None.
     """
 
     index: int
@@ -110,17 +116,19 @@ class OpRecord:
     stats: Stats
     inputs: tuple[int, ...] = ()
     flag: str | None = None
+    seq: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"phase": self.phase, "op": self.op, "module": self.module, "line": self.line,
                 "node": self.node, **self.stats.to_dict(), "inputs": list(self.inputs),
-                "flag": self.flag}
+                "flag": self.flag, "seq": self.seq}
 
     @classmethod
     def from_dict(cls, index: int, d: dict[str, Any]) -> OpRecord:
+        seq = d.get("seq")
         return cls(index, str(d["phase"]), str(d["op"]), d.get("module"), d.get("line"),
                    d.get("node"), Stats.from_dict(d), tuple(int(i) for i in d.get("inputs", ())),
-                   d.get("flag"))
+                   d.get("flag"), None if seq is None else int(seq))
 
 
 @dataclass(frozen=True)
@@ -300,6 +308,10 @@ class DivergencePoint:
         shape: the shape.
         nonfinite: how many non-finite values the candidate's tensor has.
         ref_nonfinite: how many the reference's has.
+        diverged: its error is beyond the tolerance (``first`` is the first such point).
+        node: an op's autograd node in the candidate (``OpRecord.node``), or None.
+        seq: that node's sequence number (``OpRecord.seq``): where ``gs.trace_divergence``
+            draws it.
     """
 
     phase: str
@@ -315,6 +327,9 @@ class DivergencePoint:
     shape: tuple[int, ...] = ()
     nonfinite: int = 0
     ref_nonfinite: int = 0
+    diverged: bool = False
+    node: str | None = None
+    seq: int | None = None
 
     def measured(self) -> str:
         """``relative error 0.31, 45x the 0.0069 its inputs and dtype explain``, or what the
@@ -399,6 +414,8 @@ class Divergence(Shown):
         threshold: the amplification above which a point diverges.
         rtol: the tolerance given to ``compare_runs``, or None.
         notes: what was not compared and why (one line each).
+        points: every point measured (inputs, ops, then gradients, in the candidate's order):
+            what the graph page colours (``gs.trace_divergence``).
 
     ``render()`` is the rich table ``gradscope compare`` prints (the view
     ``gradscope.numerics.views``); ``print(d)`` shows its text.
@@ -415,6 +432,7 @@ class Divergence(Shown):
     threshold: float = 0.0
     rtol: float | None = None
     notes: tuple[str, ...] = ()
+    points: tuple[DivergencePoint, ...] = field(default=(), repr=False)
 
     @property
     def bad_params(self) -> tuple[ParamDiff, ...]:
@@ -465,3 +483,75 @@ class Divergence(Shown):
     def write_json(self, path: str | Path) -> Path:
         """Write ``to_json()`` to ``path`` atomically; returns the path."""
         return write_atomic(Path(path), self.to_json() + "\n")
+
+
+@dataclass(frozen=True)
+class NodeError:
+    """What the graph page says of one node: the points of a ``Divergence`` drawn by it (the
+    ops its forward output and its backward ran, a parameter's gradient, a leaf's values).
+
+    Attributes:
+        error: the largest relative error of those points against the reference.
+        amplification: the largest amplification (error over what inputs and dtype explain).
+        what: the point with the largest error, said as ``DivergencePoint.where`` says it.
+        line: that point's line, or None.
+        count: how many points the node draws.
+        diverged: one of them is beyond the tolerance.
+    """
+
+    error: float
+    amplification: float
+    what: str
+    line: str | None = None
+    count: int = 1
+    diverged: bool = False
+
+
+@dataclass(frozen=True)
+class DivergenceMarks:
+    """What the graph page colours (``to_html(graph, numerics=marks)``): node id ->
+    ``NodeError``, the node of the first divergence, and the comparison's verdict.
+
+    Attributes:
+        nodes: node id -> its ``NodeError`` (nodes no point maps to are not here).
+        first: the node id of ``Divergence.first``, or None (the runs agree, or no node of the
+            graph stands for it: an input that needs no gradient, an op that made none).
+        summary: ``Divergence.summary()``.
+        ok: ``Divergence.ok``.
+        threshold: the amplification above which a point diverges.
+        unmapped: how many of the ops measured have no node in the graph.
+        measured: how many ops were measured.
+    """
+
+    nodes: dict[str, NodeError]
+    first: str | None
+    summary: str
+    ok: bool
+    threshold: float = 0.0
+    unmapped: int = 0
+    measured: int = 0
+
+
+@dataclass(frozen=True)
+class DivergenceGraph:
+    """The candidate's autograd graph with a ``Divergence`` drawn on it
+    (``gs.trace_divergence``): ``to_html()`` / ``save(path)`` give the graph page, each node
+    coloured by its error against the reference, the first divergence marked and shown first.
+
+    Attributes:
+        graph: the candidate's ``Graph``.
+        marks: what the page draws on it (``DivergenceMarks``).
+    """
+
+    graph: Graph
+    marks: DivergenceMarks
+
+    def to_html(self, **options: Any) -> str:
+        """The page (``gradscope.render.html.to_html``'s options: ``title``, ``depth``...)."""
+        from ..output.formats import renderer
+
+        return str(renderer("numerics_html")(self.graph, numerics=self.marks, **options))
+
+    def save(self, path: str | Path, **options: Any) -> Path:
+        """Write the page to ``path`` atomically; returns the path."""
+        return write_atomic(Path(path), self.to_html(**options))

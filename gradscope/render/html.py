@@ -31,6 +31,7 @@ from typing import Any
 from ..doctor.findings import DoctorReport
 from ..graph.graph import Graph
 from ..graph.schema_write import float_to_json
+from ..numerics.records import DivergenceMarks
 from ..output.formats import (
     FormatKind,
     OutputFormat,
@@ -82,6 +83,7 @@ def to_html(
     max_nodes: int = BUDGET,
     diff: DiffMarks | None = None,
     doctor: DoctorReport | None = None,
+    numerics: DivergenceMarks | None = None,
 ) -> str:
     """One self-contained HTML page showing ``graph`` interactively (works offline).
 
@@ -101,6 +103,9 @@ def to_html(
         doctor: ``gs.doctor``'s report on the step that made ``graph`` (``Doctor.trace``): each
             finding's nodes are highlighted, its message shown, a button goes to it; a report
             without findings is said so.
+        numerics: a divergence drawn on this graph (``gs.trace_divergence`` makes it): each
+            node coloured by its error against the reference run on the one scale, the
+            numbers in its details, the first divergence marked, revealed and shown first.
 
     Returns:
         The page as a string; write it to a ``.html`` file (``Graph.save("g.html")``).
@@ -112,7 +117,8 @@ def to_html(
         True
     """
     data = graph_data(graph, depth=depth, full=full, fold=fold, saved=saved, notes=notes,
-                      root=root, budget=max_nodes, diff=diff, doctor=doctor)
+                      root=root, budget=max_nodes, diff=diff, doctor=doctor,
+                      numerics=numerics)
     # Nodes and edges go in blocks of PART rows as columns, with their names and infos in
     # tables of their own (views.page_wire), each block parsed in its own task by the page, so
     # no single JSON.parse of a 100,000-node graph holds the main thread.
@@ -205,10 +211,11 @@ def _render_html(graph: Graph, **options: Any) -> bytes:
 
 #: What ``to_html`` takes; the CLI passes ``saved`` and ``notes`` to every format.
 HTML_OPTIONS = frozenset({"title", "depth", "full", "fold", "saved", "notes", "root", "max_nodes",
-                          "doctor"})
+                          "doctor", "numerics"})
 
 register_format(
     OutputFormat("html", _render_html, HTML_OPTIONS, "interactive page, self-contained and offline",
                  kind=FormatKind.PAGE)
 )
 register_renderer("notebook_html", to_notebook_html)
+register_renderer("numerics_html", to_html)  # DivergenceGraph.to_html

@@ -1,6 +1,7 @@
 """The data the HTML page embeds: a ``Graph`` as compact rows (nodes, edges, the containers of
 ``views.containers``) whose fields are named once, in ``FIELDS``, and sent with the data, the
-page's colours and norm scale, and a diff page's marks. ``views.html`` assembles the page.
+page's colours and norm scale, a diff page's marks, and a numerics page's errors against a
+reference run (``gs.trace_divergence``). ``views.html`` assembles the page.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..graph.graph import (
 )
 from ..graph.nodes import KINDS, saved_bytes_of
 from ..graph.schema_write import EDGE_KINDS, NODE_OPTIONAL, float_to_json
+from ..numerics.records import DivergenceMarks
 from ..output.style import (
     BAD_COLOR,
     BASE_COLOR,
@@ -91,6 +93,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "tensor": ("name", "shape", "dtype", "device"),
     "box": ("cls", "nodes", "saved_bytes", "repeat"),
     "region": ("ops", "note"),
+    # a numerics page's error of a node against the reference (numerics.records.NodeError)
+    "numerics": ("error", "amplification", "what", "count", "diverged", "line"),
 }
 #: Defaults of the optional (trailing) fields, left out of a row when every later one is too.
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -98,6 +102,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "edges": {"input_nr": 0, "kind": 0, "count": 1, "grad_norm": None},
     "containers": {"members": None, "sum_count": 0, "sum_bytes": 0, "range": None},
     "saved": {}, "tensor": {}, "box": {}, "region": {},
+    "numerics": {"count": 1, "diverged": 0, "line": None},
 }
 
 
@@ -135,6 +140,26 @@ def _norm_scale() -> list[list[Any]]:
     [name, upper bound or null, colour], lowest band first, then the non-finite band."""
     bands = [[b.name, None if math.isinf(b.upper) else b.upper, _css(b.color)] for b in NORM_BANDS]
     return bands + [[NONFINITE_BAND.name, None, _css(NONFINITE_BAND.color)]]
+
+
+#: A numerics page's bands of relative error against the reference, each drawn in the colour
+#: of the norm band at its place on the one scale (``output.style.NORM_BANDS``, lowest first:
+#: blue, cyan, green, yellow, red) and the non-finite band's red for an error that is not a
+#: number (only one run is non-finite there): float32's rounding, a few digits off, the
+#: rounding of a half-precision dtype, a large error, a wrong result.
+ERROR_BANDS: tuple[tuple[str, float], ...] = (
+    ("float32 rounding", 1e-6), ("small", 1e-4), ("half-precision rounding", 1e-1),
+    ("large", 1.0), ("wrong", math.inf),
+)
+
+
+def _error_scale() -> list[list[Any]]:
+    """The error bands as the page reads them: [name, upper bound or null, colour], lowest
+    first, then the non-finite band (the norm scale's colours, ``_norm_scale``)."""
+    colors = [_css(b.color) for b in NORM_BANDS]
+    bands = [[name, None if math.isinf(upper) else upper, colors[i]]
+             for i, (name, upper) in enumerate(ERROR_BANDS)]
+    return bands + [["not finite", None, _css(NONFINITE_BAND.color)]]
 
 
 #: A container row's kind (``views.containers``): the root, a module, a fold of repeated layers,
@@ -182,6 +207,7 @@ INFO: tuple[InfoField, ...] = (
     InfoField("memory", "mem", "memory"),  # a --memory note
     InfoField("diff", "diff", "diff a → b"),  # added / removed / changed
     InfoField("doctor", "doc", "doctor"),  # what a doctor's finding says of this node
+    InfoField("numerics", "num"),  # a row of FIELDS["numerics"]: its error vs the reference
 )
 #: Schema keys the page does not write per node: the module classes name the containers, and
 #: a compiled region's nodes sit in its container.
@@ -336,11 +362,14 @@ def graph_data(
     budget: int = BUDGET,
     diff: DiffMarks | None = None,
     doctor: DoctorReport | None = None,
+    numerics: DivergenceMarks | None = None,
 ) -> dict[str, Any]:
     """The JSON the page embeds (version 2: compact rows named by ``FIELDS``, node info named
     by ``INFO``, container kinds by ``CONTAINER_KINDS``, all sent with the data for
     ``viewer.js`` to read); ``diff`` colours a diff of two graphs (``views.diff``); ``doctor``
-    (``gs.doctor``'s report on this graph's step) marks each finding's nodes (``Site.node``)."""
+    (``gs.doctor``'s report on this graph's step) marks each finding's nodes (``Site.node``);
+    ``numerics`` (``gs.trace_divergence``) gives each node its error against a reference run
+    and names the first divergence."""
     marks = diff.marks if diff is not None else None
     b = ContainerTree(graph, fold)
     root_dir = None if root is None else str(root)
@@ -359,6 +388,13 @@ def graph_data(
             info[_KEY["diff"]] = marks[n.id]
         if n.id in said:
             info[_KEY["doctor"]] = cut_text(said[n.id])
+        if numerics is not None and n.id in numerics.nodes:
+            ne = numerics.nodes[n.id]
+            info[_KEY["numerics"]] = _row("numerics", {
+                "error": float_to_json(ne.error, 4),
+                "amplification": float_to_json(ne.amplification, 4),
+                "what": cut_text(ne.what), "count": ne.count,
+                "diverged": 1 if ne.diverged else 0, "line": cut_text(ne.line)})
         nodes.append(_row("nodes", {
             "id": n.id, "name": cut_text(n.name),
             "kind": KINDS.index(n.kind) if n.kind in KINDS else 0,
@@ -409,6 +445,7 @@ def graph_data(
         "container_kinds": CONTAINER_KINDS,
         "info": [[f.name, f.key, f.label] for f in fields],
         "doctor": None if doctor is None else _doctor_data(doctor, index),
+        "numerics": None if numerics is None else _numerics_data(numerics, index),
         "diff": None if diff is None else {
             "summary": cut_text(diff.summary),
             "ratios": sorted([k, float_to_json(r, 4)] for k, r in diff.ratios.items()),
@@ -427,3 +464,13 @@ def _doctor_data(report: DoctorReport, index: dict[str, int]) -> dict[str, Any]:
                       "nodes": [[role, index[nid]] for role, nid in f.nodes if nid in index]}
                      for f in report.findings],
     }
+
+
+# ---------------------------------------------------------------------- numerics
+def _numerics_data(marks: DivergenceMarks, index: dict[str, int]) -> dict[str, Any]:
+    """A divergence as the page reads it: the verdict, the first divergence's node index (-1:
+    none drawn), the threshold, how many measured ops no node draws, and the error scale."""
+    first = index.get(marks.first, -1) if marks.first is not None else -1
+    return {"summary": cut_text(marks.summary, 4 * PAGE_TEXT), "ok": marks.ok, "first": first,
+            "threshold": float_to_json(marks.threshold, 4), "unmapped": marks.unmapped,
+            "measured": marks.measured, "scale": _error_scale()}

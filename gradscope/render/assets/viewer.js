@@ -55,6 +55,10 @@
   const DOCTOR = D.doctor || null, DOCTOR_COLOR = "#c2255c";
   const doctorTargets = DOCTOR ? DOCTOR.findings.flatMap((f) => f.nodes.map(([, i]) => i)) : [];
   let doctorNext = 0;
+  // a numerics page (page_data.py numerics, gs.trace_divergence): each node's error against a
+  // reference run, a row of D.fields.numerics in its info; the nodes are filled by the error's
+  // band (NUM.scale: the one scale's colours), the first divergence outlined and shown first
+  const NUM = D.numerics || null, NUMF = fieldsOf("numerics"), NUM_FIRST = NUM ? NUM.first : -1, NUM_STROKE = "#7a0000";
   // A graph's first view is parsed, laid out and drawn in the task that saw the document
   // parsed, before the load event: a page captured at load (``chromium --headless
   // --screenshot``, the way documentation pipelines take pictures) shows the graph, not a blank
@@ -237,6 +241,7 @@
       const lines = [leafLabel(i)];
       if (info[K.tensor]) lines.push(shapeText(info[K.tensor][TF.shape]));
       if (info[K.memory]) lines.push(info[K.memory]);
+      if (info[K.numerics]) lines.push(...numLines(i, info[K.numerics]));
       return lines;
     }
     if (kind === "module") {
@@ -249,10 +254,21 @@
     if (toggles.shapes && info[K.shape]) lines.push("→ " + shapeText(info[K.shape]));
     if (info[K.memory]) lines.push(info[K.memory]);
     if (info[K.doctor]) lines.push(...wrap("⚑ " + info[K.doctor], 44));
+    if (info[K.numerics]) lines.push(...numLines(i, info[K.numerics]));
     if (info[K.forward_nonfinite]) lines.push(info[K.forward_nonfinite] + " first made here, in the forward");
     if (info[K.nonfinite]) lines.push((info[K.first_nonfinite] ? "first " : "") + info[K.nonfinite] + " gradient");
     // the line that made the first NaN/Inf: the forward's, or the first non-finite gradient's
     if (info[K.created_at] && (info[K.forward_nonfinite] || info[K.first_nonfinite])) lines.push(...locationLines(info[K.created_at]));
+    return lines;
+  }
+  // a numerics page: the node's error against the reference and its amplification, on its box
+  function fmtErr(x) {
+    if (x === "nan" || x === "inf" || x === "-inf") return x;
+    return x === 0 ? "0" : x >= 0.01 && x < 1000 ? String(+x.toPrecision(2)) : x.toExponential(1).replace(".0e", "e");
+  }
+  function numLines(i, r) {
+    const amp = r[NUMF.amplification], lines = ["err " + fmtErr(r[NUMF.error]) + " · " + (amp === "inf" ? "new" : fmtErr(amp) + "x")];
+    if (i === NUM_FIRST) lines.push("◆ first divergence");
     return lines;
   }
   function boxLines(j) {
@@ -330,7 +346,7 @@
   // (a million ops alike in a row). Values are compared as primitives or shape lists; anything
   // else by identity, which only ever makes a label anew. (A new field read there goes here.)
   let lastLabel = null, lastLabelKey = -1;
-  const OP_LABEL_FIELDS = [K.order, K.shape, K.memory, K.doctor, K.forward_nonfinite, K.nonfinite, K.first_nonfinite, K.created_at];
+  const OP_LABEL_FIELDS = [K.order, K.shape, K.memory, K.doctor, K.numerics, K.forward_nonfinite, K.nonfinite, K.first_nonfinite, K.created_at];
   function sameValue(p, q) {
     if (p === q) return true;
     if (!Array.isArray(p) || !Array.isArray(q) || p.length !== q.length) return false;
@@ -340,6 +356,7 @@
   function sameLabelInputs(i, j) {
     const kind = nodeKind[i];
     if (kind !== nodeKind[j] || kind === LEAF || kind === OUTPUT || kind === MODULE || nodeName[i] !== nodeName[j]) return false;
+    if (i === NUM_FIRST || j === NUM_FIRST) return false; // its label says so
     const a = nodeInfo[i], b = nodeInfo[j];
     if (!a || !b) return false;
     if (a === b) return true; // one info of the page's table (views/page_wire.py): alike
@@ -876,6 +893,22 @@
     if (typeof r === "string" || !isFinite(r)) return "#c92a2a";
     return r > 2 ? "#c92a2a" : r < 0.5 ? "#1864ab" : "#495057";
   }
+  // a numerics page's error band (NUM.scale, the norm scale's colours on error bounds); a
+  // finite band's colour is drawn lightened (tint) so that the box's text stays readable
+  function errBand(err) {
+    const S = NUM.scale;
+    if (typeof err === "string" || !isFinite(err)) return S[S.length - 1];
+    for (let b = 0; b < S.length - 1; b++) if (S[b][1] === null || err < S[b][1]) return S[b];
+    return S[S.length - 2];
+  }
+  function tint(hex, f) { // hex mixed with white, f of the colour kept
+    const n = parseInt(hex.slice(1), 16), mix = (c) => Math.round(255 - (255 - c) * f).toString(16).padStart(2, "0");
+    return "#" + mix(n >> 16) + mix((n >> 8) & 255) + mix(n & 255);
+  }
+  function errColor(err) {
+    const b = errBand(err);
+    return tint(b[2], b === NUM.scale[NUM.scale.length - 1] ? 0.75 : 0.55);
+  }
   const nodeFill = filled(N, null); // a node's colour: its kind and info, which never change
   function fillOf(it) {
     const key = it.key;
@@ -886,6 +919,7 @@
   function nodeFillOf(key) {
     const kind = KINDS[nodeKind[key]], info = nodeInfo[key] || {};
     if (info[K.diff]) return DIFF_COLORS[info[K.diff]];
+    if (NUM && info[K.numerics]) return errColor(info[K.numerics][NUMF.error]);
     if (info[K.forward_nonfinite]) return COLORS.bad; // the forward made the run's first NaN/Inf here
     if (info[K.nonfinite]) return info[K.first_nonfinite] ? COLORS.bad : COLORS.bad_other;
     if (kind === "module") return info[K.box] && info[K.box][BF.repeat] ? COLORS.folded : COLORS.module;
@@ -966,6 +1000,8 @@
     if (k * it.h > 3) {
       let stroke = "#333", width = lw;
       if (!isBox && nodeInfo[key] && nodeInfo[key][K.doctor]) { stroke = DOCTOR_COLOR; width = 3 * lw; }
+      if (!isBox && NUM && nodeInfo[key] && nodeInfo[key][K.numerics] && nodeInfo[key][K.numerics][NUMF.diverged]) { stroke = NUM_STROKE; width = 2 * lw; }
+      if (key === NUM_FIRST) { stroke = NUM_STROKE; width = 4.5 * lw; }
       if (matches.has(key)) { stroke = "#0a66c2"; width = 2.5 * lw; }
       if (key === selected) { stroke = "#d00"; width = 3 * lw; }
       c.strokeStyle = stroke; c.lineWidth = isBox ? Math.max(width, 2 * lw) : width;
@@ -1239,6 +1275,7 @@
     for (let j = 1; j < M && !hidden; j++) hidden = status[j] !== -1 || (C[j].kind === "fold" && !unfolded[j]);
     const parts = [];
     if (DOCTOR) parts.push(doctorNote());
+    if (NUM) parts.push(numNote());
     if (DIFF) parts.push("Diff a → b: " + DIFF.summary + ".");
     if (cropped) parts.push("Shown at a readable size, not whole: drag or use the minimap (bottom right) " +
       "for the rest; f fits it all (too small to read).");
@@ -1246,6 +1283,12 @@
       "summary to draw every repeat, or Expand all; the command line draws every node with --full " +
       "(or --depth N, --no-fold).");
     noteEl.textContent = parts.join(" ");
+  }
+  function numNote() { // the comparison's verdict, and what of it has no node here
+    let t = "Numerics against the reference: " + NUM.summary;
+    if (!NUM.ok && NUM_FIRST < 0) t += " (no node of this graph stands for the first divergence)";
+    if (NUM.unmapped) t += " " + NUM.unmapped + " of " + NUM.measured + " ops measured have no node here (no gradient flows through them).";
+    return t;
   }
   function doctorNote() { // the doctor's verdict, and the first finding's one line
     const f = DOCTOR.findings[0];
@@ -1296,6 +1339,7 @@
   function focusKey() {
     if (selected >= 0) return selected;
     if (doctorTargets.length && scene) return visOf(doctorTargets[0]);
+    if (NUM_FIRST >= 0 && scene) return visOf(NUM_FIRST);
     if (D.first >= 0 && scene) return visOf(D.first);
     if (DIFF && scene) { // a diff: the change drawn highest
       let best = null;
@@ -1491,6 +1535,16 @@
     }
     if (box) { row(t, "class", box[BF.cls]); row(t, "nodes", String(box[BF.nodes])); row(t, "saved", fmtBytes(box[BF.saved_bytes])); }
     if (region) row(t, "torch.compile region", region[RF.ops] + " aten ops drawn" + (region[RF.note] ? "; " + region[RF.note] : ""));
+    const num = info[K.numerics];
+    if (num) {
+      const amp = num[NUMF.amplification];
+      const s = section(i === NUM_FIRST ? "against the reference: the first divergence" : "against the reference", num[NUMF.diverged] ? "bad" : "");
+      row(s, "relative error", fmtErr(num[NUMF.error]) + " (" + errBand(num[NUMF.error])[0] + ")");
+      row(s, "amplification", amp === "inf" ? "new: nothing its inputs had explains it" : fmtErr(amp) + "x what its inputs' error and the dtype explain");
+      row(s, "verdict", num[NUMF.diverged] ? "beyond tolerance (over " + fmtErr(NUM.threshold) + "x)" : "within tolerance");
+      row(s, "worst", num[NUMF.what]);
+      if ((num[NUMF.count] || 1) > 1) row(s, "measured here", (num[NUMF.count] || 1) + " (forward and backward ops, or a gradient and its values)");
+    }
     if (info[K.forward_nonfinite]) {
       const f = section("non-finite forward", "bad");
       row(f, "forward output", info[K.forward_nonfinite] + ": the first op whose forward output was non-finite");
@@ -1830,6 +1884,18 @@
     if (DOCTOR && doctorTargets.length) {
       parts.push(`<div class="row"><span class="sw" style="background:#fff;border:2.5px solid ${DOCTOR_COLOR}"></span>⚑ a doctor's finding</div>`);
     }
+    if (NUM) { // the error bands (numbers and names of page_data.py ERROR_BANDS, never a model's)
+      parts.push("<b>Relative error against the reference</b>");
+      let lower = null;
+      const last = NUM.scale.length - 1;
+      NUM.scale.forEach(([name, upper], b) => {
+        const range = b === last ? "only one run finite" : lower === null ? "< " + fmtErr(upper) : upper === null ? "≥ " + fmtErr(lower) : fmtErr(lower) + " – " + fmtErr(upper);
+        parts.push(sw(tint(NUM.scale[b][2], b === last ? 0.75 : 0.55), name + ": " + range));
+        if (upper !== null) lower = upper;
+      });
+      parts.push(`<div class="row"><span class="sw" style="background:#fff;border:3px solid ${NUM_STROKE}"></span>◆ first divergence (thin: later ones)</div>`,
+        `<div class="row wide">err · Nx: error, and N times what its inputs and dtype explain (over ${fmtErr(NUM.threshold)}x diverges)</div>`);
+    }
     if (DIFF) {
       parts.push("<b>Diff: a → b</b>", sw(DIFF_COLORS.added, "added in b"), sw(DIFF_COLORS.removed, "removed from a"),
         sw(DIFF_COLORS.changed, "changed: shape, dtype, saved"),
@@ -1913,6 +1979,12 @@
     b.hidden = false;
     b.addEventListener("click", goFinding);
   }
+  function goDivergence() { return NUM_FIRST >= 0 ? selectNode(NUM_FIRST) : Promise.resolve(); }
+  if (NUM_FIRST >= 0) {
+    const b = $("go-divergence");
+    b.hidden = false;
+    b.addEventListener("click", goDivergence);
+  }
   function goFirst() { return D.first >= 0 ? selectNode(D.first) : Promise.resolve(); }
   if (D.first >= 0) {
     const b = $("first-bad");
@@ -1924,6 +1996,10 @@
 
   // ------------------------------------------------------------------ the first view
   function initialState() {
+    openBudget();
+    if (NUM_FIRST >= 0) revealNode(NUM_FIRST); // a numerics page opens on its first divergence
+  }
+  function openBudget() {
     const noDepth = OPT.depth === null || OPT.depth === undefined;
     if (OPT.full || (noDepth && N <= OPT.budget && !OPT.fold_always)) { expanded.fill(1); unfolded.fill(1); return; }
     if (OPT.depth !== null && OPT.depth !== undefined) {
@@ -2049,6 +2125,9 @@
     },
     details: () => detailsEl.innerText,
     firstNonfinite: () => (D.first >= 0 ? nodeId[D.first] : null),
+    // a numerics page (gs.trace_divergence): the node of the first divergence, and going there
+    firstDivergence: () => (NUM_FIRST >= 0 ? nodeId[NUM_FIRST] : null),
+    goToDivergence: () => goDivergence().then(() => api.selected()),
     // the doctor's findings on this page (--doctor): title and [role, node id] of each node
     findings: () => (DOCTOR ? DOCTOR.findings.map((f) => ({ title: f.title, message: f.message, nodes: f.nodes.map(([r, i]) => [r, nodeId[i]]) })) : null),
     goToFinding: () => goFinding().then(() => api.selected()),
@@ -2085,6 +2164,7 @@
   loadParts().then(() => {
     T.loaded = performance.now();
     initialState();
+    if (NUM_FIRST >= 0) showDetails(NUM_FIRST); // what diverged, in the panel from the start
     T.initial = performance.now();
     if (quick && firstViewItems() > SKETCH_ITEMS) quick = false; // too many boxes for one task
     return refresh(() => firstView());
