@@ -112,10 +112,12 @@ def _probe_sequence_nr() -> int:
     return int(probe.grad_fn._sequence_nr()) + 1  # type: ignore[union-attr]
 
 
-#: The sequence number the next autograd node created on this thread will get.
-next_sequence_nr: Callable[[], int] = (
-    _get(_AUTOGRAD, "_get_sequence_nr") or _probe_sequence_nr
-)
+#: The sequence number the next autograd node created on this thread will get, read without
+#: making a node (None where this torch has no such getter).
+sequence_nr_getter: Callable[[], int] | None = _get(_AUTOGRAD, "_get_sequence_nr")
+
+#: The same, on every torch (where there is no getter, a probe makes one node to read it).
+next_sequence_nr: Callable[[], int] = sequence_nr_getter or _probe_sequence_nr
 
 
 # ---------------------------------------------------------------------------- saved-tensor hooks
@@ -530,6 +532,16 @@ def region_saved(fn: Any) -> tuple[list[Any], list[Any], list[Any]]:
     return saved, symints, opaque
 
 
+def raw_saved(fn: Any, name: str) -> list[Any]:
+    """The values behind a backward node's saved attribute ``name`` (``_saved_self``...),
+    read through their ``SavedVariable`` handles (``_raw_saved_self``): unchecked, so a
+    tensor changed in place since it was saved reads as it is now. Raises
+    ``AttributeError``/``RuntimeError`` where there is no such handle or backward freed it."""
+    raw = getattr(fn, "_raw" + name)
+    handles = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+    return [h.data for h in handles]
+
+
 def region_raw_saved(fn: Any) -> list[Any]:
     """The tensors a region node holds, read through their ``SavedVariable`` handles (no
     unpack hook runs), then the ones it holds without a version check. Raises
@@ -543,3 +555,34 @@ def is_op_overload(target: Any) -> bool:
     """An FX node's target is an aten/prims op overload (``aten.mm.default``)."""
     kind = _get(torch, "_ops", "OpOverload")
     return kind is not None and isinstance(target, kind)
+
+
+# ---------------------------------------------------------------------------- FSDP2
+def fsdp_param_groups(model: torch.nn.Module) -> list[Any]:
+    """The FSDP2 parameter groups of ``model``'s modules (``fully_shard``), one per sharded
+    module; [] for a model without FSDP2 or where its state cannot be read."""
+    groups = []
+    for module in model.modules():
+        get = getattr(module, "_get_fsdp_state", None)
+        if get is None:
+            continue
+        try:
+            group = get()._fsdp_param_group
+        except Exception:  # noqa: BLE001 - an FSDP2 whose state is laid out otherwise
+            continue
+        if group is not None:
+            groups.append(group)
+    return groups
+
+
+def fsdp_unsharded_grads(group: Any) -> list[torch.Tensor]:
+    """The gradients of an FSDP2 group's unsharded (all-gathered) parameters, before its
+    post-backward reduce-scatters them into the sharded ones."""
+    grads: list[torch.Tensor] = []
+    for fsdp_param in getattr(group, "fsdp_params", ()):
+        param = getattr(fsdp_param, "_unsharded_param", None)
+        for g in (getattr(param, "grad", None),
+                  getattr(fsdp_param, "unsharded_accumulated_grad", None)):
+            if isinstance(g, torch.Tensor):
+                grads.append(g)
+    return grads

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .._torch import dynamo
+from .._torch import dynamo, torchcompat
 from ..errors import GradscopeError
 from ..graph.nest import device_of, iter_tensors
 from .activations_recorder import new_objects_collected
@@ -252,9 +252,38 @@ def _applied(model: torch.nn.Module, modules: tuple[str, ...]) -> Iterator[None]
         yield
 
 
+def _process_group() -> tuple[int | None, int | None]:
+    """(rank, world size) of the default process group; (None, None) without one."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return None, None
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _backend() -> str | None:
+    """The default process group's backend (``gloo``, ``nccl``, ``fake``...), or None."""
+    if _process_group()[0] is None:
+        return None
+    return str(torch.distributed.get_backend())
+
+
+def _sharded(model: torch.nn.Module) -> bool:
+    """Whether some parameter of ``model`` is a DTensor (FSDP2, tensor parallel)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        return False
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
 def _check(model: Any, optimizer: Any, loss_fn: LossFn = None, target: Any = None) -> None:
     if not isinstance(model, torch.nn.Module):
         raise GradscopeError(f"step_memory needs an nn.Module, got {type(model).__name__}")
+    if _sharded(model) and _process_group()[0] is None:
+        raise GradscopeError(
+            "the model's parameters are DTensors (fully_shard, parallelize_module) but no "
+            "process group is initialised: call it on every rank after "
+            "torch.distributed.init_process_group, as training runs")
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         raise GradscopeError(
             f"optimizer= takes a torch.optim.Optimizer, got {type(optimizer).__name__}"
@@ -303,6 +332,14 @@ def step_memory(
     optimizer's step hooks do not fire. Works on a model built on the ``meta`` device, or
     under ``FakeTensorMode`` (nothing is allocated).
 
+    Under an initialised process group (FSDP2, tensor parallel, FSDP2 x TP) the figures are
+    this rank's (``.rank``, ``.world_size``): DTensors count their local shards, FSDP2's
+    all-gathered parameters and collective buffers have categories of their own. The steps
+    make the training step's collectives, so **every rank must call it together**, as it
+    calls the training step; it then runs in this process (``restored``). An FSDP2 model
+    too large to allocate: build and shard it on ``meta`` under a fake process group, then
+    ``to_empty(device="cpu")`` and call this inside one ``FakeTensorMode``.
+
     Args:
         model: the module.
         *inputs: what to call it with (one dict: spread as keywords).
@@ -337,6 +374,7 @@ def step_memory(
     step = _Step(model, inputs, loss_fn, optimizer, dtype, target)
     rec = Lifetimes()
     rec.names = dynamo.module_names(model)  # no compile wrapper level
+    rec.gloo = _backend() == "gloo"
     if modules:
         from .activations_recorder import _rng_bytes
         from .activations_records import segment_paths
@@ -351,6 +389,8 @@ def step_memory(
     from .activations_recorder import _fake_mode
 
     fake = _fake_mode(model, inputs)
+    if fake is not None and _sharded(model):
+        fake = None  # FSDP2/DTensor on meta: run as it is (twins would lose the sharding)
     pre = torch.nn.modules.module.register_module_forward_pre_hook(rec.pre)
     post = torch.nn.modules.module.register_module_forward_hook(rec.post)
     try:
@@ -365,18 +405,21 @@ def step_memory(
                                  INPUTS)
             if step.optimizer is not None:
                 rec.register_tensors(list(_state_tensors(step.optimizer)), STATE)
-            for k in (1, 2) if optimizer is not None else (1,):
-                rec.step = k
-                with scopes(model), rec:
-                    step.run(rec)
+            with rec.fsdp_watched(model):
+                for k in (1, 2) if optimizer is not None else (1,):
+                    rec.step = k
+                    with scopes(model), rec:
+                        step.run(rec)
             rec.close()
     finally:
         rec.open = False
         post.remove()
         pre.remove()
+    rank, world = _process_group()
     return rec.result(device=str(device), optimizer=type(optimizer).__name__
                       if optimizer is not None else None, autocast=autocast and
-                      str(autocast).lower(), plan=modules, notes=notes)
+                      str(autocast).lower(), plan=modules, notes=notes, rank=rank,
+                      world_size=world)
 
 
 @isolating
@@ -429,8 +472,9 @@ def _live_bytes(model: torch.nn.Module, inputs: Any, optimizer: Any) -> int:
     if optimizer is not None:
         tensors += list(_state_tensors(optimizer))
     for t in tensors:
-        st = t.untyped_storage()
-        seen[(st.device.type, st.data_ptr())] = st.nbytes()
+        st = torchcompat.local_tensor(t).untyped_storage()
+        if st.nbytes():  # (FSDP2's freed unsharded parameters: resized to nothing)
+            seen[(st.device.type, st.data_ptr())] = st.nbytes()
     return sum(seen.values())
 
 
@@ -458,6 +502,18 @@ def _profiled(fn: Callable[[], None]) -> tuple[int, int]:
             total -= live.pop(ptr)
         high = max(high, total)
     return high, total
+
+
+def _highest_over_ranks(peak: int) -> int:
+    """The largest of every rank's ``peak`` under a process group (so that each rank's
+    search takes the same steps, each with its collectives); ``peak`` without one, or on the
+    ``fake`` backend (one process standing for a rank: there is no other to ask)."""
+    dist = torch.distributed
+    if _process_group()[0] is None or dist.get_backend() == "fake":
+        return peak
+    peaks: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(peaks, peak)
+    return max(int(p) for p in peaks)
 
 
 def max_batch(
@@ -503,6 +559,7 @@ def max_batch(
         raise GradscopeError(f"limit={limit!r}: expected a whole number of samples")
     _check(model, optimizer)
     runs: dict[int, StepMemory] = {}
+    agreed: dict[int, int] = {}
 
     devices = [d.index for d in {p.device for p in model.parameters()} if d.type == "cuda"]
 
@@ -518,12 +575,14 @@ def max_batch(
     def peak(batch: int) -> int:
         if batch not in runs:  # the batch built and stepped where it changes nothing here
             runs[batch] = isolated(lambda: candidate(batch))
+            # under a process group every rank decides alike, on the largest rank's peak
+            agreed[batch] = _highest_over_ranks(runs[batch].peak)
             if progress is not None:
-                progress(batch, runs[batch].peak)
-        return runs[batch].peak
+                progress(batch, agreed[batch])
+        return agreed[batch]
 
     if limit < 1 or peak(1) > cap:
-        return MaxBatch(0, cap, None, None, None, tuple((b, m.peak) for b, m in runs.items()))
+        return MaxBatch(0, cap, None, None, None, tuple(agreed.items()))
     lo, hi = 1, limit + 1  # lo fits; hi does not (limit + 1: not known yet)
     bounded = False  # whether a batch that does not fit was found
     halve = False
@@ -543,12 +602,12 @@ def max_batch(
             hi, bounded = guess, True
         # an aim that does not halve the bracket gives way to a bisection next
         halve = bounded and not halve and (hi - lo) * 2 > width
-    tried = tuple(sorted((b, m.peak) for b, m in runs.items()))
+    tried = tuple(sorted(agreed.items()))
     if lo == 0:
         return MaxBatch(0, cap, None, None, None, tried)
     nxt = peak(lo + 1) if lo + 1 <= limit else None
-    tried = tuple(sorted((b, m.peak) for b, m in runs.items()))
-    return MaxBatch(lo, cap, runs[lo].peak, runs[lo], nxt, tried)
+    tried = tuple(sorted(agreed.items()))
+    return MaxBatch(lo, cap, agreed[lo], runs[lo], nxt, tried)
 
 
 __all__ = ["max_batch", "measure_step", "step_memory"]

@@ -17,11 +17,12 @@ the real ones and nothing is allocated.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -38,16 +39,19 @@ from .step_records import (
     thin,
 )
 
-PARAMS, GRADS, STATE, ACTS, TEMPS, INPUTS = range(6)
+PARAMS, GRADS, STATE, ACTS, TEMPS, INPUTS, GATHERED, COMM = range(8)
 assert CATEGORIES[INPUTS] == "inputs" and CATEGORIES[STATE] == "optimizer_state"
-_RANK = {PARAMS: 0, INPUTS: 1, STATE: 2, GRADS: 3, ACTS: 4, TEMPS: 5}  # which wins
+assert CATEGORIES[GATHERED] == "gathered_parameters" and CATEGORIES[COMM] == "communication"
+_RANK = {PARAMS: 0, INPUTS: 1, STATE: 2, GRADS: 3, GATHERED: 4, COMM: 5, ACTS: 6,
+         TEMPS: 7}  # which wins
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _storage(t: torch.Tensor) -> Any:
+    """The storage ``t`` uses on this process: a DTensor's is its local shard's."""
     try:
-        return t.untyped_storage()
+        return torchcompat.local_tensor(t).untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError):
         return None  # sparse, nested: no single storage
 
@@ -81,6 +85,10 @@ class Lifetimes(TorchDispatchMode):
         self.rng_bytes = 0
         self.held_by_graph: list[int] = []
         self.measured_workspace: dict[Any, int] = {}  # (op, shapes) -> bytes
+        # gloo's collectives copy a buffer (``_GLOO_COPIES``): set where the process group's
+        # backend is gloo
+        self.gloo = False
+        self.comm_workspace: dict[int, int] = {}  # event -> bytes a collective held inside
 
     # -------------------------------------------------------------- storages
     def register(self, st: Any, cat: int = TEMPS, born: int | None = None) -> int:
@@ -97,7 +105,7 @@ class Lifetimes(TorchDispatchMode):
         self.died.append(-1)
         self.cat.append(cat)
         self.index[key] = n
-        self.refs.append(weakref.ref(st, functools.partial(self._released, key, n)))
+        self.refs.append(weakref.ref(st, functools.partial(self._released, key)))
         self.live += nbytes
         return n
 
@@ -115,13 +123,40 @@ class Lifetimes(TorchDispatchMode):
             if n is not None and _RANK[cat] < _RANK[self.cat[n]]:
                 self.cat[n] = cat
 
-    def _released(self, key: int, n: int, ref: Any) -> None:
-        if not self.open or self.died[n] != -1:
+    def _released(self, key: int, ref: Any) -> None:
+        n = self.index.pop(key, None)  # the storage's current record (a resize makes one)
+        if not self.open or n is None or self.died[n] != -1:
             return
         self.died[n] = len(self.events)
         self.live -= self.size[n]
-        if self.index.get(key) == n:
-            del self.index[key]
+
+    def _resized(self, st: Any) -> None:
+        """``st`` was resized in place (``UntypedStorage.resize_``, not a dispatched op: how
+        FSDP2 frees an all-gathered parameter, ``resize_(0)``, and makes it again): the
+        record of its old size ends here, one of its new size starts. A storage freed or
+        remade so holds an unsharded (all-gathered) parameter."""
+        nbytes = int(st.nbytes())
+        n = self.index.get(id(st))
+        if n is not None and self.died[n] == -1 and self.size[n] == nbytes:
+            return
+        if n is not None:
+            self.cat[n] = GATHERED
+            if self.died[n] == -1:
+                self.died[n] = len(self.events)
+                self.live -= self.size[n]
+        if nbytes == 0:
+            return
+        if n is None:
+            self.register(st, GATHERED)
+            return
+        m = len(self.size)
+        self.size.append(nbytes)
+        self.born.append(len(self.events))
+        self.died.append(-1)
+        self.cat.append(GATHERED)
+        self.refs.append(None)  # the storage's first weak reference releases this record
+        self.index[id(st)] = m
+        self.live += nbytes
 
     # -------------------------------------------------------------- phases
     def begin_forward(self) -> None:
@@ -146,16 +181,49 @@ class Lifetimes(TorchDispatchMode):
         self.index = {}
 
     # -------------------------------------------------------------- the mode
+    def __enter__(self) -> Lifetimes:
+        resize = torch.UntypedStorage.resize_
+        self._resize = resize
+
+        @functools.wraps(resize)
+        def resized(st: Any, size: int) -> Any:
+            out = resize(st, size)
+            if self.open:
+                self._resized(st)
+            return out
+
+        torch.UntypedStorage.resize_ = resized  # type: ignore[method-assign,assignment]
+        try:
+            super().__enter__()
+        except BaseException:
+            torch.UntypedStorage.resize_ = resize  # type: ignore[method-assign]
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            torch.UntypedStorage.resize_ = self._resize  # type: ignore[method-assign]
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
                            ) -> Any:
-        out = func(*args, **(kwargs or {}))
+        if _DTENSOR is not None and any(issubclass(t, _DTENSOR) for t in types):
+            return NotImplemented  # DTensor runs its local ops, seen here one by one
+        namespace = getattr(func, "namespace", "")
+        if (namespace == "_c10d_functional" and str(func).endswith("wait_tensor.default")
+                and _fake(args[0])):
+            out = args[0]  # a fake wait returns a new tensor; a real one the same tensor
+        else:
+            out = func(*args, **(kwargs or {}))
         e = len(self.events)
         extra = 0
         if _asks_workspace(func, args):
             extra = self._workspace(func, args, kwargs)
             if extra:
                 self.workspace[e] = extra
-        op = "aten." + str(getattr(func, "__name__", func)).removesuffix(".default")
+        op = (f"{namespace or 'aten'}."
+              + str(getattr(func, "__name__", func)).removesuffix(".default"))
         module: str | None
         if self.phase == "backward":
             node = torchcompat.current_autograd_node()
@@ -172,6 +240,12 @@ class Lifetimes(TorchDispatchMode):
                 st = _storage(t)
                 if st is not None and id(st) not in self.index:
                     self.register(st, born=e)
+        if namespace == "c10d":  # a collective's buffers (FSDP2's all-gather, reduce-scatter)
+            for t in tree_leaves((args, kwargs)):
+                if isinstance(t, torch.Tensor):
+                    self.mark((t,), COMM)
+            if self.gloo:
+                self._gloo_copy(func, args, e)
         if self.live + extra > self.high:
             self.high = self.live + extra
             if self.phase == "forward":
@@ -198,6 +272,40 @@ class Lifetimes(TorchDispatchMode):
         if key not in self.measured_workspace:
             self.measured_workspace[key] = _kernel_workspace(func, args, kwargs, not real)
         return self.measured_workspace[key]
+
+    @contextlib.contextmanager
+    def fsdp_watched(self, model: torch.nn.Module) -> Iterator[None]:
+        """In the block, the gradients of FSDP2's unsharded parameters count as gradients
+        from their group's post-backward on (before it reduce-scatters them), as
+        ``FSDPMemTracker`` attributes them."""
+        groups = torchcompat.fsdp_param_groups(model)
+        saved = []
+        for group in groups:
+            mine = vars(group).get("post_backward", _MISSING)
+            saved.append((group, mine))
+            group.post_backward = functools.partial(self._post_backward, group,
+                                                    group.post_backward)
+        try:
+            yield
+        finally:
+            for group, mine in saved:
+                if mine is _MISSING:
+                    vars(group).pop("post_backward", None)
+                else:
+                    group.post_backward = mine
+
+    def _post_backward(self, group: Any, original: Any, *args: Any, **kwargs: Any) -> Any:
+        self.mark(torchcompat.fsdp_unsharded_grads(group), GRADS)
+        return original(*args, **kwargs)
+
+    def _gloo_copy(self, func: Any, args: Any, e: int) -> None:
+        """The copy gloo makes of a collective's buffer (``_GLOO_COPIES``), which no dispatched
+        op shows, counted while the op runs."""
+        which = _GLOO_COPIES.get(str(getattr(func, "__name__", "")).partition(".")[0])
+        if which is not None and len(args) > which and isinstance(args[which], torch.Tensor):
+            t = args[which]
+            self.comm_workspace[e] = (self.comm_workspace.get(e, 0)
+                                      + t.numel() * t.element_size())
 
     # -------------------------------------------------------------- module stack
     def pre(self, module: torch.nn.Module, args: Any) -> None:
@@ -248,9 +356,10 @@ class Lifetimes(TorchDispatchMode):
             running = [a + b for a, b in zip(running, delta[e], strict=True)]
             step, phase, op, module = self.events[e] if self.events else (1, "forward", "", None)
             now = running
-            if e in self.workspace:
+            if e in self.workspace or e in self.comm_workspace:
                 now = list(running)
-                now[TEMPS] += self.workspace[e]
+                now[TEMPS] += self.workspace.get(e, 0)
+                now[COMM] += self.comm_workspace.get(e, 0)
             point = TimelinePoint(e, step, phase, op, module, tuple(now))
             points.append(point)
             total = point.total
@@ -269,6 +378,29 @@ class Lifetimes(TorchDispatchMode):
             first_step=first, steady_state=step_peaks.get(2, first), before=before,
             timeline=thin(points), events=len(self.events), **info,
         )
+
+
+#: the collectives whose gloo implementation copies a buffer, and which argument: an
+#: all-gather's output (made on gloo's own thread, released when the collective completes:
+#: at once when every rank is there), a reduce-scatter's input (while the op runs); the
+#: profiler's allocation events on gloo's and the caller's threads, torch 2.13 to 2.15
+_GLOO_COPIES = {"_allgather_base_": 0, "_reduce_scatter_base_": 1}
+
+_DTENSOR: Any
+try:
+    from torch.distributed.tensor import DTensor as _DTENSOR
+except ImportError:  # pragma: no cover - torch without distributed
+    _DTENSOR = None
+_MISSING = object()
+
+
+def _fake(t: Any) -> bool:
+    """Whether ``t`` is a tensor without data (fake, or on the meta device)."""
+    if not isinstance(t, torch.Tensor):
+        return False
+    from torch._subclasses.fake_tensor import is_fake
+
+    return t.device.type == "meta" or is_fake(t)
 
 
 _WORKSPACE_OPS = {"convolution", "convolution_backward"}

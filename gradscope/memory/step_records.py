@@ -15,7 +15,14 @@ category:
 - ``gradients``: the parameters' ``.grad`` at the end of a backward;
 - ``activations``: what the forward allocated and still held when it ended (saved for the
   backward, mostly);
-- ``temporaries``: everything else (the backward's own tensors, the optimizer's scratch).
+- ``temporaries``: everything else (the backward's own tensors, the optimizer's scratch);
+- ``gathered_parameters``: under FSDP2, the unsharded parameters its all-gathers make for a
+  module's forward and backward (this rank's shards are ``parameters``);
+- ``communication``: the buffers of the collectives the step calls (FSDP2's flat all-gather
+  output, its reduce-scatter input).
+
+Under an initialised process group every figure is this rank's: a DTensor counts its local
+shard (``rank`` and ``world_size`` say which).
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from ..output.formats import Shown
 from .activations_types import parse_size
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries",
-              "inputs")
+              "inputs", "gathered_parameters", "communication")
 PHASES = ("forward", "backward", "optimizer")
 MAX_POINTS = 2000  # timeline points kept, at most
 
@@ -97,6 +104,8 @@ class StepMemory(Shown):
         measured: the peak measured by independent means (``measure_step``), when asked.
         measured_method: ``profiler`` (CPU) or ``cuda``.
         notes: what the figures cannot see, in words.
+        rank: this process's rank when a process group was initialised (None: none was).
+        world_size: the process group's size (None: no process group).
     """
 
     VIEW = "step_memory"
@@ -118,6 +127,8 @@ class StepMemory(Shown):
     measured: int | None = None
     measured_method: str | None = None
     notes: list[str] = field(default_factory=list)
+    rank: int | None = None
+    world_size: int | None = None
 
     def fits(self, capacity: int | str) -> bool:
         """Whether the peak fits ``capacity`` (bytes, or ``"24GiB"``, ``"80GB"``)."""
@@ -130,7 +141,11 @@ class StepMemory(Shown):
         parts = ", ".join(f"{c} {format_bytes(self.at_peak.get(c, 0))}" for c in CATEGORIES
                           if self.at_peak.get(c, 0))
         return (f"step peak {format_bytes(self.peak)} in the {self.peak_phase} at "
-                f"{self.peak_at}{step} ({parts}; device {self.device})")
+                f"{self.peak_at}{step} ({parts}; device {self.device}{self._on_rank()})")
+
+    def _on_rank(self) -> str:
+        return ("" if self.rank is None else
+                f", rank {self.rank} of {self.world_size}")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -144,8 +159,16 @@ class StepMemory(Shown):
         data = open_document(data, "step_memory")
         fields = {k: v for k, v in data.items() if k not in ("gradscope", "kind", "categories")}
         fields["peak_at"] = PeakAt(**fields["peak_at"])
-        fields["timeline"] = [TimelinePoint(i, s, ph, op, mod, tuple(b))
+        # a document of fewer categories (written before the distributed ones) reads as zeros
+        known = list(data.get("categories", CATEGORIES[:6]))
+        where = [known.index(c) if c in known else None for c in CATEGORIES]
+
+        def spread(b: list[int]) -> tuple[int, ...]:
+            return tuple(0 if k is None else b[k] for k in where)
+
+        fields["timeline"] = [TimelinePoint(i, s, ph, op, mod, spread(b))
                               for i, s, ph, op, mod, b in fields["timeline"]]
+        fields["at_peak"] = {c: fields["at_peak"].get(c, 0) for c in CATEGORIES}
         fields["plan"] = tuple(fields.get("plan", ()))
         return cls(**fields)
 

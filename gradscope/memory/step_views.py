@@ -19,7 +19,8 @@ from .step_records import CATEGORIES, StepMemory
 def render_step_memory(mem: StepMemory) -> Group:
     """The peak line, where it occurs, and the bytes by category at that moment."""
     head = (f"step peak {format_bytes(mem.peak)} in the {mem.peak_phase}"
-            + (f" of step {mem.peak_step}" if mem.optimizer is not None else ""))
+            + (f" of step {mem.peak_step}" if mem.optimizer is not None else "")
+            + (f" on rank {mem.rank} of {mem.world_size}" if mem.rank is not None else ""))
     where = f"at {mem.peak_at}"
     parts: list[Any] = [cell(head), cell(where)]
     if mem.optimizer is not None:
@@ -33,6 +34,8 @@ def render_step_memory(mem: StepMemory) -> Group:
     table.add_column("share", justify="right", no_wrap=True)
     for c in CATEGORIES:
         n = mem.at_peak.get(c, 0)
+        if c in _DISTRIBUTED and not n and mem.rank is None:
+            continue  # FSDP2's categories, shown where there is a process group
         share = f"{100 * n / mem.peak:.1f}%" if mem.peak else "-"
         table.add_row(cell(c.replace("_", " ")), cell(format_bytes(n)), cell(share))
     parts.append(table)
@@ -43,7 +46,9 @@ def render_step_memory(mem: StepMemory) -> Group:
 
 _COLOURS = {"parameters": "tab:blue", "gradients": "tab:orange",
             "optimizer_state": "tab:purple", "activations": "tab:green",
-            "temporaries": "tab:grey", "inputs": "tab:cyan"}
+            "temporaries": "tab:grey", "inputs": "tab:cyan",
+            "gathered_parameters": "tab:olive", "communication": "tab:red"}
+_DISTRIBUTED = ("gathered_parameters", "communication")
 
 
 def plot_step_memory(mem: StepMemory, path: str | Path, *, title: str = "") -> Path:
@@ -63,7 +68,8 @@ def plot_step_memory(mem: StepMemory, path: str | Path, *, title: str = "") -> P
             ax.axhline(mem.measured / 2**20, color="black", linestyle=":",
                        label=f"measured {format_bytes(mem.measured)}")
         ax.set(xlabel="event (dispatched op)", ylabel="live (MiB)",
-               title=title or "memory of a training step")
+               title=title or "memory of a training step" + (
+                   f" (rank {mem.rank} of {mem.world_size})" if mem.rank is not None else ""))
         ax.legend(fontsize=7, loc="upper left")
     except BaseException:
         plt.close(fig)

@@ -30,6 +30,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 import torch
 
 from .._torch.isolated import fork_refused, in_child, optimizer_hooks_paused
+from .._torch.torchcompat import local_tensor
 from ..errors import GradscopeError
 from ..graph.nest import iter_tensors
 
@@ -90,9 +91,13 @@ def restored(model: torch.nn.Module, optimizer: Any, inputs: Any = ()) -> Iterat
         known = {id(p) for p in params}
         for group in optimizer.param_groups:
             params.extend(p for p in group["params"] if id(p) not in known)
-    values = [(p, p.detach().clone() if p.device.type != "meta" else None) for p in params]
+    # a DTensor's (FSDP2, tensor parallel) own shard: compared and put back without a collective
+    values: list[tuple[torch.Tensor, torch.Tensor | None]] = [
+        (local_tensor(p), local_tensor(p).detach().clone() if p.device.type != "meta" else None)
+        for p in params]
     grads = [(p, p.grad) for p in params]
-    buffers = [(b, b.detach().clone()) for b in model.buffers() if b.device.type != "meta"]
+    buffers = [(local_tensor(b), local_tensor(b).detach().clone()) for b in model.buffers()
+               if b.device.type != "meta"]
     owners = [(m, name, b) for m in model.modules() for name, b in m.named_buffers(recurse=False)]
     generators = [(g, g.get_state()) for m in model.modules() for g in vars(m).values()
                   if isinstance(g, torch.Generator)]
@@ -122,9 +127,9 @@ def restored(model: torch.nn.Module, optimizer: Any, inputs: Any = ()) -> Iterat
             yield
         finally:
             with torch.no_grad():  # copied back only where changed: no version bump else
-                for p, v in values:
-                    if v is not None and _changed(p, v):
-                        p.copy_(v)
+                for shard, v in values:
+                    if v is not None and _changed(shard, v):
+                        shard.copy_(v)
                 for b, v in buffers + tensor_attrs + input_values:
                     if _changed(b, v):
                         b.detach().copy_(v)

@@ -39,7 +39,7 @@ VERSION_KEY = "gradscope"
 KINDS: dict[str, int] = {
     "graph": 4,
     "activations": 2,
-    "step_memory": 2,
+    "step_memory": 3,
     "doctor": 2,
     "monitor": 2,
     "numerics": 1,
