@@ -1,9 +1,10 @@
 """The doctor's cost by the size of the program it watches: chains of N x (Linear(16, 16) +
 ReLU), forward + backward under ``gs.doctor(model)`` against the plain step, interleaved in
 one run, medians of CPU time (one intra-op thread). Linear in N means the ratio stays flat as
-N grows; the target (issue 48) is 1.5x at 4,000 layers.
+N grows; the target (issue 48) is 1.5x at 4,000 layers. The default sizes are issue 48's
+tensor-count sweep (250, 1,000, 5,000 layers: two parameter tensors each).
 
-    .venv/bin/python benchmarks/doctor_layers.py [--layers 250 1000 4000] [--rounds 5]
+    .venv/bin/python benchmarks/doctor_layers.py [--layers 250 1000 5000] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def doctored(model: torch.nn.Module, x: torch.Tensor) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, nargs="+", default=[250, 1000, 4000])
+    parser.add_argument("--layers", type=int, nargs="+", default=[250, 1000, 5000])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)

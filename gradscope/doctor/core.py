@@ -33,7 +33,7 @@ from torch.utils._pytree import tree_map
 from .._torch import dynamo, torchcompat
 from .._torch.dynamo import ModuleHooks
 from .._torch.handles import HookHandle
-from .._torch.stamps import outside_gradscope, user_frame, walk_nodes
+from .._torch.stamps import outside_gradscope, torch_internal, user_frame, walk_nodes
 from ..errors import AutogradError, GradscopeError
 from ..graph.graph import Graph
 from ..graph.walk import trace_with_ids
@@ -51,6 +51,8 @@ from .recorder import (
     BackwardLines,
     _DoctorMode,
     _outputs,
+    bit_text,
+    mask_of,
     user_line,
 )
 
@@ -85,13 +87,22 @@ class Doctor:
         self.findings: list[Finding] = []
         self.backwards = 0
         self.steps = 0
+        # one walk of the model: its parameters, module names and compiled modules
+        modules = list(model.named_modules()) if model is not None else []
         #: the watched parameters by bit (``names``, ``params``, ``bits``: its lists)
-        self.watched = explain.Watched.of(model)
+        self.watched = explain.Watched.of(model, modules)
         self.names = self.watched.names
         self.params = self.watched.params
         self.bits = self.watched.bits
-        self.module_names: dict[int, str] = (
-            dynamo.module_names(model) if model is not None else {})
+        #: id(module) -> its path, as ``dynamo.module_names`` (a compile wrapper not in it)
+        self.module_names: dict[int, str] = {}
+        self.compiled: list[torch.nn.Module] = []  # the compile wrappers in the model
+        for name, m in modules:
+            if dynamo.unwrap(m) is not None:
+                self.compiled.append(m)
+            else:
+                self.module_names[id(m)] = (
+                    name if "_orig_mod" not in name else dynamo.plain_name(name))
         self.stack: list[str | None] = []
         #: per module run since the last step: (its training flag, the line that called it)
         self.ran: dict[str, tuple[bool, str | None]] = {}
@@ -142,10 +153,9 @@ class Doctor:
         self.mode = mode
         try:
             self.handle.add(ModuleHooks(self._pre_module, self._post_module).install())
-            for m in (self.model.modules() if self.model is not None else ()):
-                if dynamo.unwrap(m) is not None:  # a compiled module: its inputs, keywords too
-                    self.handle.add(m.register_forward_hook(self._region_call,
-                                                            with_kwargs=True).remove)
+            for m in self.compiled:  # a compiled module: its inputs, keywords too
+                self.handle.add(m.register_forward_hook(self._region_call,
+                                                        with_kwargs=True).remove)
             if self.optimizer is not None:
                 self.handle.add(self.optimizer.register_step_pre_hook(self._pre_step))
                 self.handle.add(self.optimizer.register_step_post_hook(self._post_step))
@@ -165,6 +175,9 @@ class Doctor:
             inside = self._look_inside() if judge else {}
         finally:
             self.handle.remove()
+            if self.mode is not None:  # frames of module calls that never ended (none held)
+                self.mode.calls.clear()
+                self.mode.call_lines.clear()
         try:
             if judge and self.mode is not None:
                 for finding in explain.check_grad_none(self.watched, self.mode, self.got_grad,
@@ -234,8 +247,17 @@ class Doctor:
         inner = dynamo.unwrap(module)  # a torch.compile wrapper: its module's name
         name = self.module_names.get(id(inner if inner is not None else module))
         self.stack.append(name)
+        # torch's frame that calls the module's hooks and its forward: the mode finds the
+        # user's line of the calls inside once per module call (``_DoctorMode.line_of``)
+        frame = outside_gradscope(sys._getframe(1))
+        if self.mode is not None:
+            self.mode.enter_call(
+                frame if frame is not None and torch_internal(frame.f_code.co_filename)
+                else None)
         if name is not None and name not in self.ran:
-            self.ran[name] = (module.training, _here())
+            # the line is read only for a module in eval mode (``explain.check_step``)
+            training = module.training
+            self.ran[name] = (training, None if training else _line(frame))
             self.called.add(name)
         # Dynamo guards on the mode stack: off while a compiled module runs (no recompile)
         if inner is not None and self.mode is not None and dynamo.mode_on_top(self.mode):
@@ -247,13 +269,15 @@ class Doctor:
             self.paused_for.pop()
             dynamo.push_mode(self.mode)
             inner = dynamo.unwrap(module)
-            own = sum(1 << self.bits[id(p)] for p in inner.parameters() if id(p) in self.bits)
+            own = mask_of(self.bits[id(p)] for p in inner.parameters() if id(p) in self.bits)
             at = Site("compiled", type(inner).__name__, _here(), self.stack[-1] if self.stack
                       else None)
             self.mode.region(args, output, own, at)  # the region as one call: lineage goes on
             self.regions[at] = inner
         if self.stack:
             name = self.stack.pop()
+            if self.mode is not None:
+                self.mode.exit_call()
             if (name is not None and not module.training and isinstance(output, torch.Tensor)
                     and output.requires_grad and output.grad_fn is not None):
                 meta = torchcompat.node_metadata(output.grad_fn)
@@ -271,15 +295,16 @@ class Doctor:
         keyword inputs the doctor does not see, or one that raises) is left out."""
         mode = self.mode
         assert mode is not None
-        missing = 0
+        if not mode.compiled_use:  # no compiled region on any parameter's path
+            return {}
         paused, mode.paused = mode.paused, True  # reading requires_grad is not the model's
         try:
-            for bit, p in enumerate(self.params):
-                if p.requires_grad and not self.got_grad >> bit & 1:
-                    missing |= 1 << bit
+            got = bit_text(self.got_grad, len(self.params))
+            missing = {bit for bit, p in enumerate(self.params)
+                       if got[bit] == "0" and p.requires_grad}
         finally:
             mode.paused = paused
-        wanted = {site for bit, site in mode.compiled_use.items() if missing >> bit & 1}
+        wanted = {site for bit, site in mode.compiled_use.items() if bit in missing}
         if not wanted:
             return {}
         found: dict[Site, int] = {}
@@ -333,9 +358,8 @@ class Doctor:
         lineage, OR-ed over the block's backward calls (``grad_none`` is judged on them)."""
         assert self.mode is not None
         self.plain_backwards += 1
-        for bit, p in enumerate(self.params):
-            if p.grad is not None:
-                self.got_grad |= 1 << bit
+        self.got_grad |= mask_of(bit for bit, p in enumerate(self.params)
+                                 if p.grad is not None)
         dep, live, cuts = self.root_tags
         for t in roots:
             d, lv, c = self.mode.tag(t)

@@ -35,13 +35,14 @@ from .findings import (
     parse_inplace,
 )
 from .recorder import (
-    DOCTOR_KEY,
     BackwardLines,
     CutEvent,
     NodeRecord,
     SavedRecord,
     _DoctorMode,
+    bit_text,
     bits_of,
+    node_record,
 )
 
 
@@ -56,12 +57,16 @@ class Watched:
     bits: dict[int, int]
 
     @classmethod
-    def of(cls, model: torch.nn.Module | None) -> Watched:
+    def of(cls, model: torch.nn.Module | None,
+           modules: list[tuple[str, torch.nn.Module]] | None = None) -> Watched:
+        """The parameters of ``model`` as ``model.named_parameters()`` lists them;
+        ``modules``: ``list(model.named_modules())`` where the caller has it (one walk of
+        a model of thousands of modules, not two)."""
         names: list[str] = []
         params: list[torch.Tensor] = []
         bits: dict[int, int] = {}
         if model is not None:
-            for name, p in model.named_parameters():
+            for name, p in _named_parameters(model, modules):
                 bits[id(p)] = len(params)
                 names.append(dynamo.plain_name(name))  # as the user names it
                 params.append(p)
@@ -71,6 +76,25 @@ class Watched:
         """The module path that owns parameter ``bit`` (None for a parameter of the root)."""
         name = self.names[bit]
         return name.rsplit(".", 1)[0] if "." in name else None
+
+
+def _named_parameters(model: torch.nn.Module,
+                      modules: list[tuple[str, torch.nn.Module]] | None) -> Any:
+    """``model.named_parameters()``, read off ``modules`` (its ``named_modules()``) the way
+    ``nn.Module`` does where neither method is the model's own."""
+    kind = type(model)
+    if (modules is None or kind.named_parameters is not torch.nn.Module.named_parameters
+            or kind._named_members is not torch.nn.Module._named_members):
+        return model.named_parameters()
+    found = []
+    memo: set[int] = set()
+    for prefix, module in modules:
+        for key, p in module._parameters.items():
+            if p is None or id(p) in memo:
+                continue
+            memo.add(id(p))
+            found.append((prefix + ("." if prefix else "") + key, p))
+    return found
 
 
 #: A finding and the key it is said once under (``Doctor.add``).
@@ -140,8 +164,7 @@ def roots_of(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
 
 
 def _record(fn: Any) -> NodeRecord | None:
-    meta = getattr(fn, "metadata", None)
-    return meta.get(DOCTOR_KEY) if isinstance(meta, dict) else None
+    return node_record(fn)
 
 
 def record_of(fn: Any) -> NodeRecord | None:
@@ -445,8 +468,8 @@ def check_grad_none(watched: Watched, mode: _DoctorMode, got_grad: int,
     bits of those that did; ``root_tags``: the lineage of the roots, OR-ed; ``ran``: the paths
     of the modules that ran anywhere in the block, before its optimizer steps too)."""
     found: list[Finding] = []
-    missing = [b for b, p in enumerate(watched.params)
-               if p.requires_grad and not got_grad >> b & 1]
+    got = bit_text(got_grad, len(watched.params))
+    missing = [b for b, p in enumerate(watched.params) if got[b] == "0" and p.requires_grad]
     dep, live, cuts = root_tags
     for bit in missing:
         mask = 1 << bit
@@ -524,7 +547,7 @@ def _in_compiled(name: str, region: Site) -> Finding:
 
 def _unused(mode: _DoctorMode, bit: int, name: str, owner: str | None,
             modules_ran: Collection[str]) -> Finding:
-    site = mode.first_use.get(bit)
+    site = mode.use_site(bit)
     ran = owner is None or owner in modules_ran or any(
         k == owner or k.startswith(owner + ".") for k in modules_ran)
     fix = ("call the module in the forward and use its output in the loss, or remove it "

@@ -2,9 +2,10 @@
 
 For every torch call in the block, a ``TorchFunctionMode`` (``_DoctorMode``) keeps:
 
-- **lineage**: three Python ints per tensor, kept in a weak dictionary (an entry dies with its
-  tensor): ``dep``, a bitset over the watched parameters the tensor depends on *by value*, through
-  any op (``.detach()``, ``.item()``, ``argmax``, integer casts, ops under ``no_grad`` included);
+- **lineage**: three Python ints per tensor, kept by the tensor's id beside a weak reference
+  that tells whether it is still that tensor (dead ones are swept as the table doubles):
+  ``dep``, a bitset over the watched parameters the tensor depends on *by value*, through any op
+  (``.detach()``, ``.item()``, ``argmax``, integer casts, ops under ``no_grad`` included);
   ``live``, the bits of parameters a gradient can still reach it from; ``cuts``, a bitset over the
   *cut events* upstream of it. A cut event is one call where some parameter's bit was live in the
   inputs but not in the outputs: the op, its line, its module and why (``no_grad``,
@@ -19,19 +20,23 @@ For every torch call in the block, a ``TorchFunctionMode`` (``_DoctorMode``) kee
 - **versions**: each tensor argument's version counter (``torchcompat.tensor_version``) before and
   after the call; a call that bumped one is an in-place write, logged per storage (the op, the
   user's line and module, the version it left), through a view too (``y[0].zero_()``).
-- **new autograd nodes**: each node the call created is stamped (``node.metadata``) with a
-  ``NodeRecord``: the backward count when it was made, the op, the line, the module, and the
-  tensors it saved for backward (read from the graph's own ``_saved_*`` attributes, with their
-  version counters at save time). The graph's own saved tensors are read, not
+- **new autograd nodes**: each node the call created is stamped (``node.metadata``) with the
+  call's stamp (``_stamp``, read back as a ``NodeRecord`` by ``node_record``): the backward count
+  when it was made, the op, the line, the module. The tensors a node saved for backward are read
+  from the graph's own ``_saved_*`` attributes when a finding needs them (``saved_of``): one
+  changed in place since raises torch's version error, which says the version it was saved at,
+  and is read through its ``SavedVariable`` handle. The graph's own saved tensors are read, not
   ``saved_tensors_hooks``: with hooks torch no longer checks versions, and the doctor must leave
-  torch's error as it is. While the user has saved-tensor hooks of their own (checkpointing,
-  offloading), saved tensors are not read (unpacking would run their hooks).
+  torch's error as it is. Nodes made while the user had saved-tensor hooks of their own
+  (checkpointing, offloading) are stamped so, and their saved tensors are not read (unpacking
+  would run their hooks).
 
 - **forward errors**: an in-place op torch refuses while the forward runs (a leaf, a view of
   one, an output of ``unbind``/``split``, a custom Function's view) goes to ``on_error``, which
   gives the error to raise in its place (torch's, explained).
 
-The user's line is ``stamps.user_frame``'s: the innermost frame outside torch and gradscope.
+The user's line is ``stamps.user_frame``'s: the innermost frame outside torch and gradscope
+(``_DoctorMode.line_of``: found once per module call for the calls inside it).
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from __future__ import annotations
 import bisect
 import os
 import sys
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,8 +54,15 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .._torch import dynamo, torchcompat
-from .._torch.stamps import NO_SEQUENCE_NR, custom_apply, user_frame
-from .findings import Site
+from .._torch.stamps import (
+    NO_SEQUENCE_NR,
+    OWN_DIR,
+    PASS_THROUGH,
+    custom_apply,
+    torch_internal,
+    user_frame,
+)
+from .findings import Site, parse_inplace
 
 #: The ``node.metadata`` key of the doctor's ``NodeRecord``.
 DOCTOR_KEY = "gradscope.doctor"
@@ -63,6 +76,11 @@ _HOST_TYPES = (int, float, bool, complex, list, tuple)
 _CUT_OPS = {"detach": "detach", "detach_": "detach", "item": "item", "tolist": "item",
             "numpy": "item", "__get__": "data"}
 _BACKWARD = "backward"
+#: the next autograd sequence number of this thread, read without making a node (None where
+#: this torch has no such getter: every new node is then found by the whole walk)
+_next_seq: Callable[[], int] | None = torchcompat.sequence_nr_getter
+#: lineage entries before the first sweep of dead tensors' (``_DoctorMode._sweep``)
+_SWEEP_AT = 4096
 
 
 @dataclass(frozen=True)
@@ -80,13 +98,48 @@ class SavedRecord:
 
 @dataclass
 class NodeRecord:
-    """What the doctor knows of one autograd node it saw made."""
+    """What the doctor knows of one autograd node it saw made (``node_record``: read back from
+    the plain tuple the mode stamps on the node)."""
 
     iteration: int
     op: str
     site: Site
     index: int = 0  # the call that made it (``_DoctorMode.index``)
     saved: list[SavedRecord] = field(default_factory=list)
+
+
+#: a stamp field that is None (``_stamp``)
+_NONE = "\x00"
+_SEP = "\x1f"
+
+
+def _stamp(iteration: int, index: int, readable: bool, op: str, line: str | None,
+           module: str | None) -> str:
+    """The stamp of the nodes one call made: a string, which the garbage collector does not
+    track; a tuple would make the node's ``metadata`` dict a tracked object too, and each one
+    that lives through the forward is walked by every full collection of the program's heap
+    (the costliest part of watching a long forward). ``readable``: the nodes' saved tensors
+    may be read back (no saved-tensor hooks of the user's were on: reading would run them)."""
+    return (f"{iteration}{_SEP}{index}{_SEP}{'1' if readable else ''}{_SEP}"
+            f"{_NONE if line is None else line}{_SEP}{_NONE if module is None else module}"
+            f"{_SEP}{op}")
+
+
+def node_record(fn: Any) -> NodeRecord | None:
+    """The ``NodeRecord`` of autograd node ``fn`` (None: not one the doctor saw made): its
+    stamp read back, and the tensors it saved read from the node now (``saved_of``), which
+    tells the same as reading them when the node was made: a saved tensor changed in place
+    since is the one whose read raises torch's version error, which gives the version it was
+    saved at; any other is as it was saved."""
+    meta = getattr(fn, "metadata", None) if fn is not None else None
+    raw = meta.get(DOCTOR_KEY) if isinstance(meta, dict) else None
+    if not isinstance(raw, str):
+        return None
+    iteration, index, readable, line, module, op = raw.split(_SEP, 5)
+    return NodeRecord(int(iteration), op,
+                      Site("made", op, None if line == _NONE else line,
+                           None if module == _NONE else module),
+                      int(index), saved_of(fn) if readable else [])
 
 
 @dataclass(frozen=True)
@@ -144,13 +197,30 @@ class BackwardLines:
         return None
 
 
+#: ``file.py`` of each file name a line was read from (one ``basename`` per file)
+_BASENAMES: dict[str, str] = {}
+
+
+def _text(frame: Any) -> str:
+    """``file.py:NN`` of ``frame``'s current line."""
+    filename = frame.f_code.co_filename
+    base = _BASENAMES.get(filename)
+    if base is None:
+        base = _BASENAMES[filename] = os.path.basename(filename)
+    return f"{base}:{frame.f_lineno}"
+
+
 def user_line(frame: Any) -> str | None:
     """``file.py:NN`` of the user's line at or above ``frame`` (``stamps.user_frame``: the
     first frame outside torch; None when gradscope itself made the call)."""
     frame = user_frame(frame)
     if frame is None:
         return None
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    return _text(frame)
+
+
+#: a module call whose line nobody asked for yet (``_DoctorMode.call_lines``)
+_UNSET: Any = object()
 
 
 def op_name(func: Any) -> str:
@@ -168,10 +238,19 @@ def _version(t: torch.Tensor) -> int | None:
     return None if t.is_inference() else torchcompat.tensor_version(t)
 
 
+def _versions(ins: list[torch.Tensor]) -> list[int | None]:
+    """``_version`` of each tensor: read straight from ``_version`` where every one has it
+    (an inference tensor's raises, and then each is asked as ``_version`` does)."""
+    try:
+        return [t._version for t in ins]
+    except (RuntimeError, AttributeError):
+        return [_version(t) for t in ins]
+
+
 def _tensors(args: Any, kwargs: Any) -> list[torch.Tensor]:
     """The tensor arguments of a call (one level into lists and tuples: ``torch.cat``)."""
     found = []
-    for value in (*args, *(kwargs.values() if kwargs else ())):
+    for value in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(value, torch.Tensor):
             found.append(value)
         elif isinstance(value, (list, tuple)):
@@ -187,6 +266,8 @@ def _outputs(out: Any) -> list[torch.Tensor]:
     return []
 
 
+#: by node class: its ``_saved_*`` attributes that may hold tensors (one seen holding a number,
+#: a string, sizes... is a non-tensor field of the class, and is not read again)
 _SAVED_NAMES: dict[type, tuple[str, ...]] = {}
 
 
@@ -199,36 +280,75 @@ def _saved_names(node: Any) -> tuple[str, ...]:
     return names
 
 
-def _saved_record(t: torch.Tensor) -> SavedRecord:
+def _saved_record(t: torch.Tensor, version: int | None = None, creator: Any = False,
+                  output_nr: int | None = None) -> SavedRecord:
+    """``t``'s ``SavedRecord``; ``version``, ``creator``, ``output_nr`` in place of ``t``'s
+    own where given (a tensor changed in place since it was saved: torch's error says them)."""
     try:
         storage: int | None = torchcompat.storage_key(t)
     except (RuntimeError, NotImplementedError, TypeError):
         storage = None
-    fn = t.grad_fn
-    return SavedRecord(storage, _version(t), tuple(t.shape),
-                       str(t.dtype), type(fn).__name__ if fn is not None else None,
-                       t.output_nr if fn is not None else 0)
+    if creator is False:
+        fn = t.grad_fn
+        creator = type(fn).__name__ if fn is not None else None
+        output_nr = t.output_nr if fn is not None else 0
+    return SavedRecord(storage, _version(t) if version is None else version, tuple(t.shape),
+                       str(t.dtype), creator, output_nr or 0)
+
+
+def _changed(fn: Any, name: str, exc: RuntimeError) -> list[SavedRecord]:
+    """The records of the tensors behind the saved value ``name`` of ``fn`` whose read raised
+    ``exc``: when it is torch's version error, read through the ``SavedVariable`` handles,
+    unchecked, at the version the error says it was saved at."""
+    parsed = parse_inplace(str(exc))
+    if parsed is None:  # released by a backward, or another refusal: nothing to read
+        return []
+    try:
+        tensors = torchcompat.raw_saved(fn, name)
+    except (AttributeError, RuntimeError):
+        return []
+    found = []
+    for t in tensors:
+        if not (isinstance(t, torch.Tensor) and t.layout == torch.strided):
+            continue
+        if tuple(t.shape) == parsed.shape and _version(t) == parsed.found:
+            found.append(_saved_record(t, parsed.expected, parsed.node, parsed.output_nr))
+        else:  # a tensor beside it in a saved list, as it is
+            found.append(_saved_record(t))
+    return found
 
 
 def saved_of(node: Any) -> list[SavedRecord]:
-    """The tensors ``node`` saved for backward, read from the graph itself."""
+    """The tensors ``node`` saved for backward, read from the graph itself, as they were
+    when saved (a tensor changed in place since: through ``_changed``). Read when a finding
+    needs them, not as the forward runs: reading a saved output makes a Python tensor that
+    lives as long as the graph."""
     found: list[SavedRecord] = []
     values: list[Any] = []
     if torchcompat.is_custom_ctx(node):
         try:
             values.extend(node.saved_tensors)
-        except RuntimeError:
-            pass
+        except RuntimeError as exc:
+            found.extend(_changed(node, "_saved_tensors", exc))
     else:
-        for name in _saved_names(node):
+        names = _saved_names(node)
+        plain: list[str] = []  # names found holding no tensor
+        for name in names:
             try:
                 value = getattr(node, name)
-            except RuntimeError:  # released, or not a saved value of this node
+            except RuntimeError as exc:  # changed in place, released, not a saved value
+                found.extend(_changed(node, name, exc))
                 continue
-            if isinstance(value, (list, tuple)):
-                values.extend(value)
-            else:
+            if isinstance(value, torch.Tensor):
                 values.append(value)
+            elif isinstance(value, (list, tuple)):
+                if value and not any(isinstance(v, torch.Tensor) or v is None for v in value):
+                    plain.append(name)  # sizes, strides: not a tensor list
+                values.extend(value)
+            elif value is not None:
+                plain.append(name)  # a number, a string, a dtype
+        if plain:
+            _SAVED_NAMES[type(node)] = tuple(n for n in names if n not in plain)
     for value in values:
         if isinstance(value, torch.Tensor) and value.layout == torch.strided:
             found.append(_saved_record(value))
@@ -237,7 +357,13 @@ def saved_of(node: Any) -> list[SavedRecord]:
 
 class _DoctorMode(TorchFunctionMode):
     """The doctor's torch function mode (see the module docstring). ``on_backward`` is the
-    owner's: backward calls (``Tensor.backward``, ``torch.autograd.grad``) go to it."""
+    owner's: backward calls (``Tensor.backward``, ``torch.autograd.grad``) go to it.
+
+    Its cost per call is kept to a few dictionary reads and integer operations: the user's
+    line of a call inside a module is the line of that module's call, found once per module
+    call (``calls``, which the owner's module hooks keep); a tensor's lineage is three ints in
+    a plain dictionary by id, beside a weak reference that tells whether the tensor is still
+    the one (dead entries are swept as the dictionary doubles); node stamps are plain tuples."""
 
     def __init__(self, bits: dict[int, int], on_backward: Callable[..., Any],
                  module_now: Callable[[], str | None],
@@ -257,15 +383,25 @@ class _DoctorMode(TorchFunctionMode):
         self.module_now = module_now
         self.iteration = 0
         self.index = 0
-        self.tags: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> (dep, live, cuts)
+        #: lineage: id(tensor) -> (dep, live, cuts), valid while ``refs[id]`` is that tensor
+        self.lineage: dict[int, tuple[int, int, int]] = {}
+        self.refs: dict[int, Any] = {}  # id(tensor) -> a weak reference to it
+        self.sweep_at = _SWEEP_AT
         self.host: dict[int, tuple[Any, int, int]] = {}  # id -> (object, dep, cuts)
         self.events: list[CutEvent] = []
         self.event_at: dict[tuple[int, str, Site], int] = {}  # (lost, why, site) -> its index
         self.writes: dict[int, list[Write]] = {}
-        self.first_use: dict[int, Site] = {}  # bit -> where the parameter was first used
+        #: bit -> where the parameter was first used: (op, line, module) (``use_site``)
+        self.first_use: dict[int, tuple[str, str | None, str | None]] = {}
         self.frozen_use: dict[int, Site] = {}  # bit -> first use while requires_grad=False
         self.compiled_use: dict[int, Site] = {}  # bit -> first compiled region on its path
-        self.touched = 0
+        #: the bits of the watched parameters no call has used yet
+        self.untouched = (1 << (max(bits.values()) + 1)) - 1 if bits else 0
+        #: the module calls running (innermost last): the frame of torch's call of each (where
+        #: its hooks and its forward are called from; None: not one), and the user's line of
+        #: that call (``_UNSET`` until a call inside asks): kept by the owner's module hooks
+        self.calls: list[Any] = []
+        self.call_lines: list[Any] = []
         self.paused = False  # an optimizer step runs: calls go through unrecorded
         self.failure: str | None = None
         self.last_seq = torchcompat.next_sequence_nr() - 1
@@ -278,8 +414,33 @@ class _DoctorMode(TorchFunctionMode):
         if bit is not None:
             mask = 1 << bit
             return mask, (mask if t.requires_grad else 0), 0
-        found = self.tags.get(t)
-        return found if found is not None else (0, 0, 0)
+        found = self.lineage.get(id(t))
+        if found is None or self.refs[id(t)]() is not t:
+            return 0, 0, 0
+        return found
+
+    def set_tag(self, t: torch.Tensor, tag: tuple[int, int, int]) -> None:
+        key = id(t)
+        ref = self.refs.get(key)
+        if ref is None or ref() is not t:
+            self.refs[key] = weakref.ref(t)
+            if len(self.refs) > self.sweep_at:
+                self._sweep()
+        self.lineage[key] = tag
+
+    def _sweep(self) -> None:
+        """Drop the lineage of tensors that died (the dictionary stays within twice the
+        number of live tensors, at a cost per entry spread over the entries added)."""
+        refs, lineage = self.refs, self.lineage
+        for key in [k for k, ref in refs.items() if ref() is None]:
+            del refs[key]
+            lineage.pop(key, None)
+        self.sweep_at = max(_SWEEP_AT, 2 * len(refs))
+
+    def use_site(self, bit: int) -> Site | None:
+        """Where parameter ``bit`` was first used (None: never)."""
+        found = self.first_use.get(bit)
+        return Site("op", *found) if found is not None else None
 
     def _host_in(self, args: Any, kwargs: Any) -> tuple[int, int]:
         dep = cuts = 0
@@ -291,21 +452,69 @@ class _DoctorMode(TorchFunctionMode):
                     cuts |= hit[2]
         return dep, cuts
 
+    # ---------------------------------------------------------------- the user's line
+    def enter_call(self, frame: Any) -> None:
+        """A module call starts; ``frame``: torch's frame that calls its hooks and its forward
+        (None when there is none to stop at)."""
+        self.calls.append(frame)
+        self.call_lines.append(_UNSET)
+
+    def exit_call(self) -> None:
+        if self.calls:
+            self.calls.pop()
+            self.call_lines.pop()
+
+    def line_of(self, frame: Any) -> str | None:
+        """``user_line(frame)``, the same line, found faster: the walk out through torch's
+        frames stops at the frame of the innermost module call, whose line (the user's line
+        above that frame, which cannot change while the module runs) is found once per module
+        call, by the same walk from there."""
+        calls, lines = self.calls, self.call_lines
+        level = len(calls) - 1
+        waiting: list[int] = []  # module calls whose line is the one this walk finds
+        while True:
+            stop: Any = calls[level] if level >= 0 else None
+            while frame is not None and frame is not stop:
+                code = frame.f_code
+                if not (torch_internal(code.co_filename) or code in PASS_THROUGH):
+                    break
+                frame = frame.f_back
+            if frame is not None and frame is stop:
+                line = lines[level]
+                if line is _UNSET:
+                    waiting.append(level)
+                    frame = frame.f_back
+                    level -= 1
+                    continue
+            elif frame is None or frame.f_code.co_filename.startswith(OWN_DIR):
+                line = None
+            else:
+                line = _text(frame)
+            break
+        for at in waiting:
+            lines[at] = line
+        return line
+
     # ---------------------------------------------------------------- the mode
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if self.paused or self.failure is not None or dynamo.compiling():
             return func(*args, **kwargs)
-        name = op_name(func)
+        raw = getattr(func, "__name__", None)
+        name = raw if raw and raw != "__get__" else op_name(func)
         if name == _BACKWARD or func is torch.autograd.grad:
             return self.on_backward(func, args, kwargs)
         try:
             ins = _tensors(args, kwargs)
-            versions = [_version(t) for t in ins]
+            versions = _versions(ins)
         except Exception as exc:  # a tensor the doctor cannot read: never the user's problem
             self._give_up(name, exc)
             return func(*args, **kwargs)
         grad_on = torch.is_grad_enabled()
+        # the first sequence number the call's nodes take; known to be all the new nodes'
+        # (those after the last one stamped) when no node was made unseen since that one
+        floor = self.last_seq
+        first = _next_seq() if grad_on and _next_seq is not None else -1
         try:
             out = func(*args, **kwargs)
         except RuntimeError as exc:
@@ -313,9 +522,13 @@ class _DoctorMode(TorchFunctionMode):
             if raised is not None:
                 raise raised from exc
             raise
+        # how many nodes the call made, by the sequence numbers it took: the walk that
+        # stamps them ends when it found them all (None: not known, the whole walk)
+        count = (_next_seq() - first  # type: ignore[misc]
+                 if first == floor + 1 and self.last_seq == floor else None)
         try:
-            self._record(func, name, args, kwargs, ins, versions, grad_on, out,
-                         sys._getframe(1))
+            self._record(func, raw, name, args, kwargs, ins, versions, grad_on, out,
+                         sys._getframe(1), count)
         except Exception as exc:
             self._give_up(name, exc)
         return out
@@ -325,64 +538,96 @@ class _DoctorMode(TorchFunctionMode):
         self.failure = (f"the doctor stopped watching at {name}: {type(exc).__name__}: "
                         f"{str(exc).splitlines()[0] if str(exc) else ''}")
 
-    def _record(self, func: Any, name: str, args: Any, kwargs: Any, ins: list[torch.Tensor],
-                versions: list[int | None], grad_on: bool, out: Any, caller: Any) -> None:
-        self.index += 1
-        site: list[Site] = []
+    def _at(self, caller: Any) -> tuple[str | None, str | None]:
+        """The user's line and the module of the call made from ``caller``."""
+        return self.line_of(caller), self.module_now()
 
-        def where() -> Site:  # looked up once per call, only when needed
-            if not site:
-                site.append(Site("op", name, user_line(caller), self.module_now()))
-            return site[0]
+    def _record(self, func: Any, raw: str | None, name: str, args: Any, kwargs: Any,
+                ins: list[torch.Tensor], versions: list[int | None], grad_on: bool, out: Any,
+                caller: Any, count: int | None = None) -> None:
+        self.index += 1
+        at: tuple[str | None, str | None] | None = None  # (line, module), once, when needed
 
         # inside a custom Function's forward (its ops run with grad off): no cut, the
         # gradient goes on through the Function's own backward (its .apply line, if so)
         inside = None if grad_on else self._custom_node(caller)
+        bits = self.bits
+        lineage, refs = self.lineage, self.refs
         dep = live = cuts = 0
         for t in ins:
-            d, lv, c = self.tag(t)
-            if lv and not t.requires_grad and inside is None and id(t) not in self.bits:
+            key = id(t)
+            bit = bits.get(key)
+            if bit is not None:  # a watched parameter: its own bit
+                mask = 1 << bit
+                dep |= mask
+                if t.requires_grad:
+                    live |= mask
+                elif bit not in self.frozen_use:
+                    if at is None:
+                        at = self._at(caller)
+                    self.frozen_use[bit] = Site("op", name, *at)
+                continue
+            found = lineage.get(key)
+            if found is None or refs[key]() is not t:
+                continue
+            d, lv, c = found
+            if lv and not t.requires_grad and inside is None:
                 # live by its lineage, yet without a gradient: a cut no call showed (a custom
                 # Function's output it marked non-differentiable), found at its first use
                 made = self.custom_made.get(t)
                 unseen = "marked_nondiff" if made is not None else "nondiff"
+                if made is None and at is None:
+                    at = self._at(caller)
                 c |= 1 << self._event(lv, unseen, made.op if made else name,
-                                      made if made else where())
+                                      made if made else Site("op", name, *at))  # type: ignore
                 lv = 0
-                self.tags[t] = (d, 0, c)
+                self.set_tag(t, (d, 0, c))
             dep |= d
             live |= lv
             cuts |= c
-            if d and not lv and id(t) in self.bits and not t.requires_grad:
-                self.frozen_use.setdefault(self.bits[id(t)], where())
         if self.host:
             hd, hc = self._host_in(args, kwargs)
             dep |= hd
             cuts |= hc
-        getter = _is_getter(func, name)  # .shape, .requires_grad...: no use of the tensor
-        if dep & ~self.touched and not getter:
-            for bit in _bits(dep & ~self.touched):
-                self.first_use[bit] = where()
-            self.touched |= dep
+        # .shape, .requires_grad...: no use of the tensor
+        getter = raw == "__get__" and name != "Tensor.data"
+        if dep & self.untouched and not getter:
+            new = dep & self.untouched
+            if at is None:
+                at = self._at(caller)
+            for bit in _bits(new):
+                self.first_use[bit] = (name, *at)
+            self.untouched ^= new
         outs = _outputs(out)
-        written = []
-        for t, before in zip(ins, versions):
-            after = _version(t)
-            if after is not None and after != before:
-                self._wrote(t, after, where())
-                written.append(t)
+        written = None
+        if ins:
+            afters = _versions(ins)
+            if afters != versions:
+                written = []
+                for t, before, after in zip(ins, versions, afters):
+                    if after is not None and after != before:
+                        if at is None:
+                            at = self._at(caller)
+                        self._wrote(t, after, Site("op", name, *at))
+                        written.append(t)
         made = outs + written if written else outs  # ``y[:, 0] = 0`` returns None: y's node
         if grad_on and made:
-            self._new_nodes(made, name, where)
+            at = self._new_nodes(made, name, caller, at, count)
         if not dep or (getter and not outs):  # a flag read carries no lineage (True is one)
             return
         if inside is not None:
             for t in outs:
-                self.tags[t] = (dep, live, cuts)
+                self.set_tag(t, (dep, live, cuts))
                 self.custom_made[t] = inside
             return
-        live_out = live if any(t.requires_grad for t in outs) else 0
-        lost = live & ~live_out
+        some_grad = no_grad = False
+        for t in outs:
+            if t.requires_grad:
+                some_grad = True
+            else:
+                no_grad = True
+        live_out = live if some_grad else 0
+        lost = 0 if some_grad else live  # live & ~live_out
         if lost and (outs or isinstance(out, _HOST_TYPES) or type(out).__module__ == "numpy"):
             why = _CUT_OPS.get(getattr(func, "__name__", ""), None)
             if not grad_on:
@@ -390,16 +635,20 @@ class _DoctorMode(TorchFunctionMode):
             elif why is None:
                 why = "integer" if any(not (t.is_floating_point() or t.is_complex())
                                        for t in outs) or not outs else "nondiff"
-            cuts |= 1 << self._event(lost, why, name, where())
+            if at is None:
+                at = self._at(caller)
+            cuts |= 1 << self._event(lost, why, name, Site("op", name, *at))
         part = 0  # outputs without a gradient beside ones with it: max(dim)'s indices
-        if live_out and any(not t.requires_grad for t in outs):
+        if live_out and no_grad:
             ints = any(not (t.is_floating_point() or t.is_complex())
                        for t in outs if not t.requires_grad)
+            if at is None:
+                at = self._at(caller)
             part = 1 << self._event(live_out, "indices" if ints else "nondiff_output", name,
-                                    where())
+                                    Site("op", name, *at))
+        tag = (dep, live_out, cuts)
         for t in outs:
-            self.tags[t] = ((dep, live_out, cuts) if t.requires_grad
-                            else (dep, 0, cuts | part))
+            self.set_tag(t, tag if t.requires_grad else (dep, 0, cuts | part))
         if not outs and out is not None:
             if len(self.host) >= _HOST_KEPT:
                 del self.host[next(iter(self.host))]
@@ -436,12 +685,12 @@ class _DoctorMode(TorchFunctionMode):
             dep |= d
             live |= lv
             cuts |= c
-        live |= sum(1 << self.bits[id(p)] for p in self.param_list(own) if p.requires_grad)
+        live |= mask_of(self.bits[id(p)] for p in self.param_list(own) if p.requires_grad)
         for bit in _bits(live):  # its own parameters and those whose path goes through it
             self.compiled_use.setdefault(bit, at)
         for t in _outputs(output):
-            self.tags[t] = (dep, live if t.requires_grad else 0, cuts)
-        self.touched |= dep
+            self.set_tag(t, (dep, live if t.requires_grad else 0, cuts))
+        self.untouched &= ~dep
 
     def param_list(self, mask: int) -> list[torch.Tensor]:
         return [self.params[b] for b in _bits(mask) if b < len(self.params)]
@@ -477,43 +726,48 @@ class _DoctorMode(TorchFunctionMode):
         if record is None:
             name = f"{type(ctx).__name__.removesuffix('Backward')}.apply"
             line = user_line(apply_frame) if apply_frame is not None else None
-            record = meta[DOCTOR_KEY] = NodeRecord(
-                self.iteration, name, Site("made", name, line, self.module_now()), self.index)
-        return record.site
+            module = self.module_now()
+            meta[DOCTOR_KEY] = _stamp(self.iteration, self.index, False, name, line, module)
+            return Site("made", name, line, module)
+        rec = node_record(ctx)
+        return rec.site if rec is not None else None
 
-    def _new_nodes(self, outs: list[torch.Tensor], name: str, where: Callable[[], Site]) -> None:
-        """Stamp the nodes this call made with a ``NodeRecord`` (saved tensors included)."""
-        floor = self.last_seq
-        stack: list[Any] = [t.grad_fn for t in outs if t.grad_fn is not None]
-        if not stack:
-            return
-        read_saved = torchcompat.HAS_SAVED_HOOKS and torchcompat.top_saved_hooks() is None
-        seen: set[int] = set()
+    def _new_nodes(self, outs: list[torch.Tensor], name: str, caller: Any,
+                   at: tuple[str | None, str | None] | None, count: int | None
+                   ) -> tuple[str | None, str | None] | None:
+        """Stamp the nodes this call made (``_stamp``; ``count``: how many it made, when
+        known: the walk ends once it found them all); returns ``at`` (the call's line and
+        module), looked up if it was needed."""
+        floor = top = self.last_seq
+        stack: list[Any] = [t.grad_fn for t in outs]
+        stamp: str | None = None
+        found = 0
         while stack:
             fn = stack.pop()
             if fn is None:
                 continue
             seq = fn._sequence_nr()
-            if seq <= floor or seq == NO_SEQUENCE_NR or id(fn) in seen:
+            if seq <= floor or seq == NO_SEQUENCE_NR:
                 continue
-            seen.add(id(fn))
-            meta = torchcompat.node_metadata(fn)
+            meta = getattr(fn, "metadata", None)
+            if type(meta) is not dict:
+                meta = torchcompat.node_metadata(fn)
             if meta is None or DOCTOR_KEY in meta:
                 continue
-            at = where()
-            record = NodeRecord(self.iteration, name, Site("made", name, at.line, at.module),
-                                self.index)
-            if read_saved:
-                record.saved = saved_of(fn)
-            meta[DOCTOR_KEY] = record
-            self.last_seq = max(self.last_seq, seq)
-            stack.extend(nxt for nxt, _ in fn.next_functions)
-
-
-def _is_getter(func: Any, name: str) -> bool:
-    """A tensor attribute read other than ``.data`` (``.shape``, ``.requires_grad``, ``.grad``):
-    reading a parameter's attributes is not using it in the forward."""
-    return getattr(func, "__name__", None) == "__get__" and name != "Tensor.data"
+            if stamp is None:
+                if at is None:
+                    at = self._at(caller)
+                readable = torchcompat.HAS_SAVED_HOOKS and torchcompat.top_saved_hooks() is None
+                stamp = _stamp(self.iteration, self.index, readable, name, *at)
+            meta[DOCTOR_KEY] = stamp
+            if seq > top:
+                top = seq
+            found += 1
+            if found == count:
+                break
+            stack.extend([nxt for nxt, _ in fn.next_functions])
+        self.last_seq = top
+        return at
 
 
 def _bits(mask: int) -> list[int]:
@@ -532,3 +786,21 @@ def _bits(mask: int) -> list[int]:
 def bits_of(mask: int) -> list[int]:
     """The positions of the set bits of ``mask``, lowest first."""
     return _bits(mask)
+
+
+def mask_of(bits: Iterable[int]) -> int:
+    """The int with ``bits`` set, built in one pass: OR-ing ``1 << bit`` in one at a time
+    copies the growing int at each, quadratic in the number of parameters."""
+    listed = list(bits)
+    if not listed:
+        return 0
+    flags = bytearray((max(listed) >> 3) + 1)
+    for bit in listed:
+        flags[bit >> 3] |= 1 << (bit & 7)
+    return int.from_bytes(flags, "little")
+
+
+def bit_text(mask: int, size: int) -> str:
+    """``mask``'s bits 0 to ``size - 1`` as ``"0"``/``"1"`` characters, bit ``i`` at ``[i]``:
+    read in one pass where ``mask >> i & 1`` for each ``i`` shifts the whole int each time."""
+    return format(mask, "b")[::-1].ljust(size, "0")
