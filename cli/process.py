@@ -106,13 +106,18 @@ def _in_library_import(frame: Any) -> bool:
     depth = 0
     while frame is not None and depth < 400:
         code = frame.f_code
-        if code.co_name == "<module>":
+        caller = frame.f_back
+        # a module's code run by the import system (not a runner's exec of module-level code:
+        # pytest-xdist's worker, execnet's channel)
+        if code.co_name == "<module>" and caller is not None and (
+                "importlib._bootstrap" in caller.f_code.co_filename  # frozen, or not:
+                or "importlib/_bootstrap" in caller.f_code.co_filename):  # -X frozen_modules=off
             name = str(frame.f_globals.get("__name__") or "")
             path = code.co_filename.replace("\\", "/")
             if (name.split(".")[0] not in _OURS
                     and ("/site-packages/" in path or "/dist-packages/" in path)):
                 return True
-        frame, depth = frame.f_back, depth + 1
+        frame, depth = caller, depth + 1
     return False
 
 
