@@ -150,17 +150,20 @@ def test_each_ranks_peak_is_its_measured_peak(gloo_ranks):
     collective completes (at once when every rank is there; the prediction counts it while
     the op runs), and drops a finished collective's buffers from that thread: when it is late,
     a measurement, or a recording, sees such buffers live longer (one or two all-gather
-    buffers more, in one run of three on this loaded 2-core machine). So: two predictions
-    and three measurements per rank; the lowest measurement within 1% of a prediction
-    (2,048 B apart of 10-20 MB in every run seen), and none above by more than twice the
-    collective buffers at the peak."""
+    buffers more, in one run of three on this loaded 2-core machine; in all three runs of
+    one, under the whole suite on 2 cores: 19,884,232 B predicted, 20.5-22.0 MB measured).
+    Late frees only add: so two predictions, equal, and three measurements per rank; no
+    measurement below the prediction by more than 1% (on a quiet machine the lowest is
+    2,048 B apart of 10-20 MB), and none above by more than twice the collective buffers at
+    the peak."""
     for r in gloo_ranks:
         assert r["method"] == "profiler"
         for k, key in enumerate(("first", "steady")):
             preds, runs = [p[k] for p in r["predicted"]], [m[k] for m in r["measured"]]
-            low = min(runs)
-            assert min(abs(p - low) for p in preds) <= 0.01 * low, (key, preds, runs)
-            late = min(preds) + 2 * r["at_peak"]["communication"]
+            assert len(set(preds)) == 1, (key, preds)  # the prediction does not wobble
+            pred = preds[0]
+            assert min(runs) >= pred - 0.01 * pred, (key, preds, runs)
+            late = pred + 2 * r["at_peak"]["communication"]
             assert max(runs) <= late, (key, preds, runs, late)
 
 
