@@ -586,3 +586,18 @@ def fsdp_unsharded_grads(group: Any) -> list[torch.Tensor]:
             if isinstance(g, torch.Tensor):
                 grads.append(g)
     return grads
+
+
+# ---------------------------------------------------------------------------- DTensor
+def dtensor_meta_propagation() -> tuple[Any, str] | None:
+    """(class, method name) of what DTensor runs, the first time it meets an op and its
+    shapes, on fake tensors of the *global* shapes to read the output's shape
+    (``ShardingPropagator._propagate_tensor_meta_non_cached``; cached after): the tensors it
+    makes are shapes only, never memory. None where this torch has no such method."""
+    try:
+        from torch.distributed.tensor import _sharding_prop
+    except ImportError:
+        return None
+    cls = getattr(_sharding_prop, "ShardingPropagator", None)
+    name = "_propagate_tensor_meta_non_cached"
+    return (cls, name) if callable(getattr(cls, name, None)) else None

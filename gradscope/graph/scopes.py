@@ -110,8 +110,9 @@ class _HookMode(TorchFunctionMode):
                 pass  # inside a submodule the hook called: its own post hook stamps these
             elif _on_stack(self.caller):
                 self.rec.stamp_new(self.frame, out, self.start)
-            else:
-                self.active = False  # the module's call returned: these ops are the caller's
+            else:  # the module's call returned: these ops are the caller's
+                self.active = False
+                self.caller = None  # its frame holds the module's output: let it go
         return out
 
 
@@ -214,7 +215,7 @@ class ScopeRecorder:
             if not dynamo.mode_on_top(mode):
                 return
             self.hook_modes.pop()
-            mode.active = False
+            mode.active, mode.caller = False, None
             mode.__exit__(None, None, None)
 
     def close(self) -> None:

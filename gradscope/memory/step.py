@@ -187,6 +187,22 @@ class _Step:
         self.optimizer.zero_grad(set_to_none=True)
 
 
+def _settled(scope: Any) -> Callable[[str], None]:
+    """The hook that takes the scope recorder's hook modes off once the forward and the loss
+    are over (``ScopeRecorder.settle``), before the backward. One is left on for a module
+    with forward hooks of its own (FSDP2's root, a ``fully_shard``-ed module) until the next
+    module call or the block's end, and it holds that module's ``Module._call_impl`` frame,
+    whose ``result`` is the module's output: the model's output (the logits) would stay alive
+    through the backward, which a step without the recorder frees in it (when its backward
+    node, ``PowBackward0`` or ``LogSoftmaxBackward0``, has run)."""
+
+    def hook(phase: str) -> None:
+        if phase == "backward":
+            scope.settle()
+
+    return hook
+
+
 def _twin_optimizer(old: Any, twin: Callable[[torch.Tensor], torch.Tensor],
                     twins: dict[int, torch.Tensor],
                     fake: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -408,8 +424,8 @@ def step_memory(
             with rec.fsdp_watched(model):
                 for k in (1, 2) if optimizer is not None else (1,):
                     rec.step = k
-                    with scopes(model), rec:
-                        step.run(rec)
+                    with scopes(model) as scope, rec:
+                        step.run(rec, _settled(scope))
             rec.close()
     finally:
         rec.open = False

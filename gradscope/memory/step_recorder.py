@@ -89,6 +89,9 @@ class Lifetimes(TorchDispatchMode):
         # backend is gloo
         self.gloo = False
         self.comm_workspace: dict[int, int] = {}  # event -> bytes a collective held inside
+        # inside DTensor's shape propagation (``torchcompat.dtensor_meta_propagation``): its
+        # fake tensors of the global shapes are no memory of the step
+        self.shapes_only = 0
 
     # -------------------------------------------------------------- storages
     def register(self, st: Any, cat: int = TEMPS, born: int | None = None) -> int:
@@ -193,10 +196,25 @@ class Lifetimes(TorchDispatchMode):
             return out
 
         torch.UntypedStorage.resize_ = resized  # type: ignore[method-assign,assignment]
+        self._propagation = torchcompat.dtensor_meta_propagation()
+        if self._propagation is not None:
+            cls, name = self._propagation
+            propagate = getattr(cls, name)
+
+            @functools.wraps(propagate)
+            def shapes_only(*args: Any, **kwargs: Any) -> Any:
+                self.shapes_only += 1
+                try:
+                    return propagate(*args, **kwargs)
+                finally:
+                    self.shapes_only -= 1
+
+            self._propagate = propagate
+            setattr(cls, name, shapes_only)
         try:
             super().__enter__()
         except BaseException:
-            torch.UntypedStorage.resize_ = resize  # type: ignore[method-assign]
+            self._put_back()
             raise
         return self
 
@@ -204,12 +222,20 @@ class Lifetimes(TorchDispatchMode):
         try:
             super().__exit__(*exc)
         finally:
-            torch.UntypedStorage.resize_ = self._resize  # type: ignore[method-assign]
+            self._put_back()
+
+    def _put_back(self) -> None:
+        torch.UntypedStorage.resize_ = self._resize  # type: ignore[method-assign]
+        if self._propagation is not None:
+            cls, name = self._propagation
+            setattr(cls, name, self._propagate)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
                            ) -> Any:
         if _DTENSOR is not None and any(issubclass(t, _DTENSOR) for t in types):
             return NotImplemented  # DTensor runs its local ops, seen here one by one
+        if self.shapes_only:  # DTensor reading an op's output shape on fake global shapes
+            return func(*args, **(kwargs or {}))
         namespace = getattr(func, "namespace", "")
         if (namespace == "_c10d_functional" and str(func).endswith("wait_tensor.default")
                 and _fake(args[0])):

@@ -302,3 +302,26 @@ def test_an_op_made_in_a_forward_hook_has_the_hooks_line() -> None:
             assert mul.module == "0"
     finally:
         handle.remove()
+
+
+def test_a_hooked_modules_output_is_not_kept_alive_by_the_block():
+    """A module with a forward hook of its own (FSDP2 adds them to every sharded module):
+    the hook mode ``scopes`` keeps until the module's call returns held that call's frame,
+    and through it the module's output, until the block ended (step_memory counted a
+    Llama's 250 MiB of logits live through the whole backward). Once the next torch call
+    shows the module returned, the output is free to go."""
+    import gc
+    import weakref
+
+    from gradscope.graph.scopes import scopes
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    model.register_forward_hook(lambda module, args, out: None)
+    with scopes(model):
+        out = model(torch.randn(2, 4))
+        ref = weakref.ref(out)
+        loss = (out * 2.0).sum()  # a torch call after the module returned (saves no tensor)
+        del out
+        gc.collect()
+        assert ref() is None
+        loss.backward()

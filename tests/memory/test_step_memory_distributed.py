@@ -152,16 +152,17 @@ def test_each_ranks_peak_is_its_measured_peak(gloo_ranks):
     a measurement, or a recording, sees such buffers live longer (one or two all-gather
     buffers more, in one run of three on this loaded 2-core machine; in all three runs of
     one, under the whole suite on 2 cores: 19,884,232 B predicted, 20.5-22.0 MB measured).
-    Late frees only add: so two predictions, equal, and three measurements per rank; no
+    Late frees only add: so two predictions and three measurements per rank; no
     measurement below the prediction by more than 1% (on a quiet machine the lowest is
-    2,048 B apart of 10-20 MB), and none above by more than twice the collective buffers at
+    the prediction to the byte), and none above by more than twice the collective buffers at
     the peak."""
     for r in gloo_ranks:
         assert r["method"] == "profiler"
         for k, key in enumerate(("first", "steady")):
             preds, runs = [p[k] for p in r["predicted"]], [m[k] for m in r["measured"]]
-            assert len(set(preds)) == 1, (key, preds)  # the prediction does not wobble
-            pred = preds[0]
+            # a recording sees gloo's late frees too (two differed by 200,704 B on 2.15 under
+            # load): the lower prediction is the one without them
+            pred = min(preds)
             assert min(runs) >= pred - 0.01 * pred, (key, preds, runs)
             late = pred + 2 * r["at_peak"]["communication"]
             assert max(runs) <= late, (key, preds, runs, late)
@@ -245,8 +246,15 @@ class Llama(nn.Module):
 
 TP_PLAN = {"attn.wq": "col", "attn.wk": "col", "attn.wv": "col", "attn.wo": "row",
            "w1": "col", "w3": "col", "w2": "row"}
-TRACKER = {"parameters": "Sharded Param", "gathered_parameters": "Unsharded Param",
-           "communication": "All Gather", "optimizer_state": "OptState", "inputs": "Inputs"}
+#: gradscope's categories and the tracker's that hold the same storages
+TRACKER = {"parameters": ("Sharded Param",), "gathered_parameters": ("Unsharded Param",),
+           "communication": ("All Gather", "Reduce Scatter"), "optimizer_state": ("OptState",),
+           "inputs": ("Inputs",)}
+#: the backward's seed, ``ones_like(loss)`` (a float32 scalar), live through the backward
+#: (``torch.autograd.backward`` holds it): a temporary here, made by ``loss.backward()``;
+#: an activation to the tracker, which is not in its backward until a module's backward
+#: hook fires
+SEED = 4
 
 
 def llama_on_fake_ranks(layers: int, world: int, tp: int, rank: int, seq: int = 2048,
@@ -348,16 +356,96 @@ def llama_fake(request, tmp_path_factory) -> tuple[int, dict]:
 
 
 def test_llama_7b_shapes_on_fake_ranks_agree_with_fsdp_mem_tracker(llama_fake):
+    """To the byte: the peak, and every category at it. The logits (float32, 2048 x 32000,
+    250 MiB) are freed in the backward, when ``PowBackward0`` has run, as the tracker sees
+    (they were counted to the end of the backward while gradscope's scope recorder held the
+    root module's call frame, see ``step._settled``)."""
     tp, r = llama_fake
+    ours, theirs = r["at_peak"], r["tracker"]
     assert (r["rank"], r["world_size"]) == (5, 8)
-    assert r["at_peak"]["parameters"] == r["expected_params"]  # the shards, from the shapes
-    for ours, theirs in TRACKER.items():  # what both name the same, at the peak
-        assert r["at_peak"][ours] == r["tracker"][theirs], (ours, r["at_peak"], r["tracker"])
-    # the rest (activations, gradients, temporaries) together, within 6% of the tracker's
-    # total: its peak is 250 MiB (the float32 logits, 2048 x 32000) under ours, see the docs
-    total = r["tracker"]["Total"]
-    assert abs(r["peak"] - total) <= 0.06 * total, (r["peak"], total)
-    assert r["at_peak"]["gathered_parameters"] > r["at_peak"]["parameters"]
+    assert ours["parameters"] == r["expected_params"]  # the shards, from the shapes
+    assert r["peak"] == theirs["Total"], (r["peak"], theirs)
+    for mine, keys in TRACKER.items():  # what both name the same, at the peak
+        assert ours[mine] == sum(theirs[k] for k in keys), (mine, ours, theirs)
+    assert ours["activations"] + SEED == theirs["Activation"], (ours, theirs)
+    # the tracker files the unsharded gradients (before their reduce-scatter) as temporaries
+    assert (ours["gradients"] + ours["temporaries"]
+            == theirs["Sharded Grad"] + theirs["Unsharded Grad"] + theirs["Temp"] + SEED)
+    assert ours["gradients"] > 0 and ours["temporaries"] > SEED
+    assert ours["gathered_parameters"] > ours["parameters"]
+    assert r["where"].startswith("backward")
+
+
+def _real_worker(index: int, init_file: str, out_dir: str) -> None:
+    """A small Llama (vocabulary 32000, hidden 256) on real CPU tensors under the fake group
+    (FSDP2 on 8 ranks, then FSDP2 x TP on 4 x 2): the prediction and ``measure_step``'s
+    profiler measurement of the same two AdamW steps."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from gradscope.memory.step import measure_step
+
+    dist.init_process_group("fake", store=FakeStore(), rank=5, world_size=8)
+    results = []
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for tp in (1, 2):
+                torch.manual_seed(0)
+                model = Llama(1, d=256, hidden=512, heads=4)
+                if tp > 1:
+                    from torch.distributed.tensor.parallel import (
+                        ColwiseParallel,
+                        RowwiseParallel,
+                        parallelize_module,
+                    )
+
+                    mesh = init_device_mesh("cpu", (4, 2), mesh_dim_names=("dp", "tp"))
+                    dp = mesh["dp"]
+                    for layer in model.layers:
+                        layer.attn.heads //= tp
+                        parallelize_module(layer, mesh["tp"], {
+                            k: ColwiseParallel() if v == "col" else RowwiseParallel()
+                            for k, v in TP_PLAN.items()})
+                else:
+                    dp = init_device_mesh("cpu", (8,))
+                for layer in model.layers:
+                    fully_shard(layer, mesh=dp)
+                fully_shard(model, mesh=dp)
+                ids = torch.randint(0, 32000, (1, 64))
+                opt = torch.optim.AdamW(model.parameters())
+                loss_fn = lambda out: out.float().pow(2).mean()  # noqa: E731
+                # the model's first steps ever (FSDP2's lazy init, DTensor's first shape
+                # propagation of each op) in the prediction, measured after
+                mem = gs.step_memory(model, ids, optimizer=opt, loss_fn=loss_fn)
+                measured = measure_step(model, ids, optimizer=opt, loss_fn=loss_fn)
+                logits = [p.by_category()["activations"] for p in mem.timeline
+                          if p.step == 2 and p.phase == "backward"]
+                results.append({"predicted": [mem.first_step, mem.steady_state],
+                                "measured": list(measured[:2]), "method": measured[2],
+                                "backward_activations": [logits[0], logits[-1]]})
+        Path(out_dir, f"rank{index}.json").write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_real_tensors_on_the_fake_group_peak_as_measured(tmp_path):
+    """The fake runs' ground truth: the same kind of model on real CPU tensors, under the same
+    fake group, predicted to the byte of the profiler's measurement in both set-ups. The
+    logits (64 x 32000 float32, 8,192,000 B) freed in the backward: when the scope recorder
+    kept the root module's call frame (and its output) to the step's end, the prediction was
+    5,896,456 B over (150,803,592 / 167,843,768 B against 144,907,136 / 161,947,312 B). And
+    the model's first steps ever: DTensor's first shape propagation of each op makes fake
+    tensors of the global shapes, which were counted (FSDP2 x TP's first step 22,868,272 B
+    over, 173,346,352 B against 150,478,080 B)."""
+    pytest.importorskip("torch.testing._internal.distributed.fake_pg")
+    mp.spawn(_real_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=1, join=True)
+    for r in json.loads((tmp_path / "rank0.json").read_text()):
+        assert r["method"] == "profiler"
+        assert r["predicted"] == r["measured"], r
+        first, last = r["backward_activations"]
+        assert first - last >= 64 * 32000 * 4, r  # the logits among what the backward frees
 
 
 def test_a_dtensor_model_without_a_process_group_is_refused_in_one_line():
