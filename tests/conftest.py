@@ -101,6 +101,23 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: int = 240):
     )
 
 
+def in_process_cli(capsys, monkeypatch, columns: int):
+    """The console script's entry point run in this process at ``columns`` columns:
+    ``run(*args) -> (exit code, stdout, stderr)``, never a traceback."""
+    from gradscope_cli.main import main
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+
+    def run(*args: str) -> tuple[int, str, str]:
+        with pytest.raises(SystemExit) as exc:
+            main(list(args))
+        out, err = capsys.readouterr()
+        assert "Traceback" not in out + err
+        return int(exc.value.code or 0), out, err
+
+    return run
+
+
 def spawn_ranks(worker, world: int, folder, args) -> Path:
     """``torch.multiprocessing.spawn(worker, args=args(out), nprocs=world)`` in a fresh folder
     ``folder(attempt)`` (its own rendezvous file); one retry in a new folder: on a loaded

@@ -8,8 +8,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from conftest import SAMPLES
-from gradscope_cli.main import main
+from conftest import SAMPLES, in_process_cli
 
 DOCTOR = SAMPLES / "doctor"
 
@@ -17,16 +16,7 @@ DOCTOR = SAMPLES / "doctor"
 @pytest.fixture
 def invoke(capsys, monkeypatch):
     """The console script's entry point, in process, at 80 columns."""
-    monkeypatch.setenv("COLUMNS", "80")
-
-    def run(*args: str) -> tuple[int, str, str]:
-        with pytest.raises(SystemExit) as exc:
-            main(list(args))
-        out, err = capsys.readouterr()
-        assert "Traceback" not in out + err
-        return int(exc.value.code or 0), out, err
-
-    return run
+    return in_process_cli(capsys, monkeypatch, 80)
 
 
 @pytest.mark.parametrize(("sample", "title"), [

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SAMPLES
-from gradscope_cli.main import main
+from conftest import SAMPLES, in_process_cli
 from test_doctor import load, marked
 
 import gradscope as gs
@@ -33,16 +32,8 @@ INPLACE = load("inplace")
 
 @pytest.fixture
 def invoke(capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "80")
-
-    def run(*args: str) -> tuple[int, str, str]:
-        with pytest.raises(SystemExit) as exc:
-            main(list(args))
-        out, err = capsys.readouterr()
-        assert "Traceback" not in out + err
-        return int(exc.value.code or 0), out, err
-
-    return run
+    """The console script's entry point, in process, at 80 columns."""
+    return in_process_cli(capsys, monkeypatch, 80)
 
 
 def _innermost_line(fn, path: str) -> int | None:

@@ -9,8 +9,7 @@ import json
 
 import pytest
 import torch
-from conftest import SAMPLES
-from gradscope_cli.main import main
+from conftest import SAMPLES, in_process_cli
 from torch import nn
 
 import gradscope as gs
@@ -21,16 +20,7 @@ NUMERICS = SAMPLES / "numerics"
 @pytest.fixture
 def invoke(capsys, monkeypatch):
     """The console script's entry point, in process, at 120 columns."""
-    monkeypatch.setenv("COLUMNS", "120")
-
-    def run(*args: str) -> tuple[int, str, str]:
-        with pytest.raises(SystemExit) as exc:
-            main(list(args))
-        out, err = capsys.readouterr()
-        assert "Traceback" not in out + err
-        return int(exc.value.code or 0), out, err
-
-    return run
+    return in_process_cli(capsys, monkeypatch, 120)
 
 
 def _line(name: str, marker: str) -> str:

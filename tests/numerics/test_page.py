@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SAMPLES
-from gradscope_cli.main import main
+from conftest import SAMPLES, in_process_cli
 from torch import nn
 from viewer_page import Page, embedded_data, launch_browser
 
@@ -201,16 +200,8 @@ def test_a_hostile_module_name_stays_data():
 
 @pytest.fixture
 def invoke(capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "120")
-
-    def run(*args: str) -> tuple[int, str, str]:
-        with pytest.raises(SystemExit) as exc:
-            main(list(args))
-        out, err = capsys.readouterr()
-        assert "Traceback" not in out + err
-        return int(exc.value.code or 0), out, err
-
-    return run
+    """The console script's entry point, in process, at 120 columns."""
+    return in_process_cli(capsys, monkeypatch, 120)
 
 
 def test_compare_writes_the_page(invoke, tmp_path: Path):
