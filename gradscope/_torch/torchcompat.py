@@ -258,6 +258,27 @@ inference_mode: Callable[[bool], Any] = (
 )
 
 
+_DTENSOR: list[Any] = []  # torch's DTensor class (or None), imported on first use
+
+
+def dtensor_type() -> Any:
+    """torch's ``DTensor`` class (FSDP2 and tensor parallelism), or None where
+    ``torch.distributed`` has none; imported on first use, not at gradscope's import."""
+    if not _DTENSOR:
+        try:
+            from torch.distributed.tensor import DTensor
+        except ImportError:  # pragma: no cover - torch without distributed
+            DTensor = None  # type: ignore[assignment,misc]  # noqa: N806
+        _DTENSOR.append(DTensor)
+    return _DTENSOR[0]
+
+
+def is_dtensor(t: Any) -> bool:
+    """Whether ``t`` is a DTensor."""
+    cls = _DTENSOR[0] if _DTENSOR else dtensor_type()
+    return cls is not None and isinstance(t, cls)
+
+
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """The local tensor of a DTensor (its shard on this process, without ``to_local()``'s
     autograd view); other tensors as they are."""

@@ -285,11 +285,7 @@ def _backend() -> str | None:
 
 def _sharded(model: torch.nn.Module) -> bool:
     """Whether some parameter of ``model`` is a DTensor (FSDP2, tensor parallel)."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - torch without distributed
-        return False
-    return any(isinstance(p, DTensor) for p in model.parameters())
+    return any(map(torchcompat.is_dtensor, model.parameters()))
 
 
 def _check(model: Any, optimizer: Any, loss_fn: LossFn = None, target: Any = None) -> None:

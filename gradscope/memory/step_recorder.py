@@ -92,6 +92,7 @@ class Lifetimes(TorchDispatchMode):
         # inside DTensor's shape propagation (``torchcompat.dtensor_meta_propagation``): its
         # fake tensors of the global shapes are no memory of the step
         self.shapes_only = 0
+        self.dtensor = torchcompat.dtensor_type()  # its ops run DTensor's local ops, seen here
 
     # -------------------------------------------------------------- storages
     def register(self, st: Any, cat: int = TEMPS, born: int | None = None) -> int:
@@ -232,7 +233,8 @@ class Lifetimes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
                            ) -> Any:
-        if _DTENSOR is not None and any(issubclass(t, _DTENSOR) for t in types):
+        dtensor = self.dtensor
+        if dtensor is not None and any(issubclass(t, dtensor) for t in types):
             return NotImplemented  # DTensor runs its local ops, seen here one by one
         if self.shapes_only:  # DTensor reading an op's output shape on fake global shapes
             return func(*args, **(kwargs or {}))
@@ -412,11 +414,6 @@ class Lifetimes(TorchDispatchMode):
 #: profiler's allocation events on gloo's and the caller's threads, torch 2.13 to 2.15
 _GLOO_COPIES = {"_allgather_base_": 0, "_reduce_scatter_base_": 1}
 
-_DTENSOR: Any
-try:
-    from torch.distributed.tensor import DTensor as _DTENSOR
-except ImportError:  # pragma: no cover - torch without distributed
-    _DTENSOR = None
 _MISSING = object()
 
 

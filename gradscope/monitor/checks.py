@@ -13,13 +13,9 @@ from typing import Any
 
 import torch
 
+from .._torch.torchcompat import is_dtensor
 from ..errors import MonitorError, UnsupportedSetupError
 from .log import VANISH, Thresholds
-
-try:  # DTensor: the gradients of FSDP2 and tensor parallelism
-    from torch.distributed.tensor import DTensor as _DTensor
-except ImportError:  # pragma: no cover - torch without distributed
-    _DTensor = None  # type: ignore[assignment,misc]
 
 MEASURE_POINTS = ("backward", "optimizer")
 
@@ -95,10 +91,6 @@ def check_tensor_type(name: str, p: torch.Tensor) -> None:
             f"parameter {name} is a {type(p).__name__}, a tensor subclass GradMonitor cannot "
             "measure (it knows plain tensors and DTensor); leave it out with params=[...]"
         )
-
-
-def is_dtensor(t: Any) -> bool:
-    return _DTensor is not None and isinstance(t, _DTensor)
 
 
 def check_args(model: Any, every: Any, norm_type: Any, full_every: Any, measure: Any) -> None:

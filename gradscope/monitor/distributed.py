@@ -23,8 +23,8 @@ from typing import Any
 import torch
 import torch.distributed
 
+from .._torch.torchcompat import is_dtensor
 from ..errors import MonitorWarning, UnsupportedSetupError
-from .checks import is_dtensor
 from .stats import combine_shards, nan_first
 
 _DIST_AVAILABLE = torch.distributed.is_available()

@@ -21,7 +21,7 @@ import torch
 import gradscope.monitor.stats as S
 
 from .._torch import torchcompat
-from .checks import is_dtensor
+from .._torch.torchcompat import is_dtensor
 from .distributed import Sharding
 
 #: what one logged step moves to the host, in this order (each optional): the statistics

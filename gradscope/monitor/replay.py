@@ -31,9 +31,9 @@ import torch
 
 from .._torch import torchcompat
 from .._torch.dynamo import compiling
+from .._torch.torchcompat import is_dtensor
 from ..graph.nest import iter_tensors
 from ..graph.tensor_facts import checkable
-from .checks import is_dtensor
 from .incident import OpInput
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")

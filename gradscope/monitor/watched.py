@@ -31,8 +31,9 @@ from typing import Any
 
 import torch
 
+from .._torch.torchcompat import is_dtensor
 from ..errors import MonitorError, MonitorWarning, UnsupportedSetupError
-from .checks import check_tensor_type, is_dtensor
+from .checks import check_tensor_type
 from .measure import Layout
 from .stats import sample_size
 
