@@ -130,8 +130,12 @@ HAS_SAVED_HOOKS = None not in (_hooks_enabled, _hooks_push, _hooks_top, _hooks_p
 
 def tensor_version(t: torch.Tensor) -> int | None:
     """``t``'s version counter (bumped by every in-place change), or None where this torch's
-    tensors have none (in-place changes then go unseen; noted)."""
-    version = getattr(t, "_version", None)
+    tensors have none (in-place changes then go unseen; noted); None for an inference tensor,
+    which has no counter (reading it raises)."""
+    try:
+        version = getattr(t, "_version", None)
+    except RuntimeError:
+        return None
     if isinstance(version, int):
         return version
     note("tensor_version", "tensors have no _version: checkpoint plans cannot tell modules "
@@ -144,10 +148,11 @@ _version_of = operator.attrgetter("_version")
 
 def tensor_versions(tensors: Sequence[torch.Tensor]) -> list[int | None]:
     """``tensor_version`` of each tensor, at C speed where this torch's tensors all have one
-    (a monitor reads thousands of gradients' versions per logged step)."""
+    (a monitor reads thousands of gradients' versions per logged step; the doctor, every op's
+    arguments'). An inference tensor's raises: then each is asked as ``tensor_version`` does."""
     try:
         return list(map(_version_of, tensors))
-    except AttributeError:
+    except (AttributeError, RuntimeError):
         return [tensor_version(t) for t in tensors]
 
 

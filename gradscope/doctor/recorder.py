@@ -232,21 +232,6 @@ def op_name(func: Any) -> str:
     return name
 
 
-def _version(t: torch.Tensor) -> int | None:
-    """``t``'s version counter; None for an inference tensor (``inference_mode``), which has
-    none."""
-    return None if t.is_inference() else torchcompat.tensor_version(t)
-
-
-def _versions(ins: list[torch.Tensor]) -> list[int | None]:
-    """``_version`` of each tensor: read straight from ``_version`` where every one has it
-    (an inference tensor's raises, and then each is asked as ``_version`` does)."""
-    try:
-        return [t._version for t in ins]
-    except (RuntimeError, AttributeError):
-        return [_version(t) for t in ins]
-
-
 def _tensors(args: Any, kwargs: Any) -> list[torch.Tensor]:
     """The tensor arguments of a call (one level into lists and tuples: ``torch.cat``)."""
     found = []
@@ -292,8 +277,9 @@ def _saved_record(t: torch.Tensor, version: int | None = None, creator: Any = Fa
         fn = t.grad_fn
         creator = type(fn).__name__ if fn is not None else None
         output_nr = t.output_nr if fn is not None else 0
-    return SavedRecord(storage, _version(t) if version is None else version, tuple(t.shape),
-                       str(t.dtype), creator, output_nr or 0)
+    if version is None:
+        version = torchcompat.tensor_version(t)
+    return SavedRecord(storage, version, tuple(t.shape), str(t.dtype), creator, output_nr or 0)
 
 
 def _changed(fn: Any, name: str, exc: RuntimeError) -> list[SavedRecord]:
@@ -311,7 +297,7 @@ def _changed(fn: Any, name: str, exc: RuntimeError) -> list[SavedRecord]:
     for t in tensors:
         if not (isinstance(t, torch.Tensor) and t.layout == torch.strided):
             continue
-        if tuple(t.shape) == parsed.shape and _version(t) == parsed.found:
+        if tuple(t.shape) == parsed.shape and torchcompat.tensor_version(t) == parsed.found:
             found.append(_saved_record(t, parsed.expected, parsed.node, parsed.output_nr))
         else:  # a tensor beside it in a saved list, as it is
             found.append(_saved_record(t))
@@ -506,7 +492,7 @@ class _DoctorMode(TorchFunctionMode):
             return self.on_backward(func, args, kwargs)
         try:
             ins = _tensors(args, kwargs)
-            versions = _versions(ins)
+            versions = torchcompat.tensor_versions(ins)
         except Exception as exc:  # a tensor the doctor cannot read: never the user's problem
             self._give_up(name, exc)
             return func(*args, **kwargs)
@@ -601,7 +587,7 @@ class _DoctorMode(TorchFunctionMode):
         outs = _outputs(out)
         written = None
         if ins:
-            afters = _versions(ins)
+            afters = torchcompat.tensor_versions(ins)
             if afters != versions:
                 written = []
                 for t, before, after in zip(ins, versions, afters):
