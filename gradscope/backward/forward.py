@@ -39,7 +39,7 @@ from .._torch.stamps import (
     user_frame,
 )
 from ..graph import compiled
-from ..graph.tensor_facts import checkable
+from ..graph.tensor_facts import checkable, holds_data
 from .records import ForwardNonFinite
 
 
@@ -85,6 +85,13 @@ _wrapped = torchcompat.is_functorch_wrapped
 _UNINITIALISED = frozenset(
     {"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"}
 )
+
+
+#: Where FSDP's own code lies: the calls it makes work on its communication buffers
+#: (``all_gather_copy_in``'s output, uninitialised until a collective fills it on another
+#: thread, and views of it), not on the model's values, which reach the model as the gathered
+#: parameters and are checked where an op reads them.
+_FSDP_DIR = os.path.join(os.path.dirname(torch.__file__), "distributed", "fsdp", "")
 
 
 #: In-place ops that overwrite every element of the tensor they are called on without reading
@@ -155,6 +162,18 @@ def _grad_fn(t: torch.Tensor) -> Any:
         return None
 
 
+def _in_fsdp(frame: Any) -> bool:
+    """Whether a call comes from FSDP's own code (its caller or, through torch's op and
+    autograd helpers, one of the next few frames up): its communication buffers."""
+    for _ in range(4):
+        if frame is None:
+            return False
+        if frame.f_code.co_filename.startswith(_FSDP_DIR):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _checkable(t: Any) -> torch.Tensor | None:
     """A floating, dense tensor whose values can be tested for NaN/Inf here (float8 widened),
     detached; None for anything else."""
@@ -164,7 +183,11 @@ def _checkable(t: Any) -> torch.Tensor | None:
         return None
     if _wrapped(t):  # a torch.func transform's tensor (vmap, grad): not checkable here
         return None
-    return checkable(t.detach())
+    # a DTensor: this rank's shard (its global values would be a collective per call)
+    d = torchcompat.local_tensor(t.detach())
+    if d.device.type == "meta" or not holds_data(d):  # FSDP2's freed gathered parameter
+        return None
+    return checkable(d)
 
 
 def _arguments(args: Any, kwargs: Any) -> Iterator[torch.Tensor]:
@@ -223,13 +246,14 @@ class _ForwardMode(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if compiling():  # Dynamo traces this: call through, stamp nothing
             return func(*args, **(kwargs or {}))
-        read = self._flag_inputs(func, args, kwargs) if self.check_finite else None
+        check = self.check_finite and not _in_fsdp(sys._getframe(1))
+        read = self._flag_inputs(func, args, kwargs) if check else None
         out = func(*args, **(kwargs or {}))
         if torch.is_grad_enabled():
             self._stamp_outputs(out)
         else:
             self._stamp_custom()  # custom Function forwards run with grad disabled
-        if self.check_finite:
+        if check:
             before = len(self.made_by)
             self._flag(func, out)
             if read:  # the index of the flags of the call's one checked output, if one

@@ -22,6 +22,7 @@ import torch
 
 from .._torch.handles import HookHandle
 from .._torch.stamps import FORWARD_NONFINITE_KEY
+from .._torch.torchcompat import local_tensor
 from ..graph import regions as _regions
 from ..graph.graph import Graph, Node
 from ..graph.nest import iter_tensors
@@ -109,8 +110,11 @@ def _stat_later(g: torch.Tensor) -> tuple[list[int], torch.Tensor | None]:
 
 
 def _stat(g: Any) -> Any:
+    """Statistics of one gradient; of a DTensor, of this rank's shard (its global norm would
+    be a collective inside the backward, which a rank whose graph differs would wait on)."""
     if not isinstance(g, torch.Tensor):
         return None
+    g = local_tensor(g)
     return _stat_now(g) if g.is_cpu else _stat_later(g)
 
 

@@ -107,6 +107,20 @@ class _Storages:
 
 
 
+def holds_data(t: torch.Tensor) -> bool:
+    """Whether ``t``'s storage holds every element it views: FSDP2 frees a gathered
+    parameter's storage (``resize_(0)``) between its uses while the tensor and the graph's
+    references to it stay, and reading such a tensor reads freed memory."""
+    if t.numel() == 0:
+        return True
+    try:
+        last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride(),
+                                                                   strict=True))
+        return t.untyped_storage().nbytes() >= (last + 1) * t.element_size()
+    except (RuntimeError, NotImplementedError, TypeError):  # no storage of its own (a
+        return True  # functorch wrapper, a subclass): read as any other tensor
+
+
 #: Floating dtypes of one byte (the float8 family): torch implements few reductions for them
 #: (``isinf`` for some, ``vector_norm`` and ``aminmax`` for none), so checks read them widened.
 _NARROW = frozenset(

@@ -308,6 +308,18 @@ class Incident:
         return cls.from_dict(json.loads(text))
 
 
+def evidence_key(loss: float | None, first: int | None, at: int | None
+                 ) -> tuple[int, int] | None:
+    """How early one rank's evidence shows a non-finite step (smaller is earlier): a
+    non-finite forward output by its place in the step's order of outputs, then a non-finite
+    loss; None when the rank's forward and loss show nothing."""
+    if first is not None:
+        return 0, at if at is not None else 0
+    if loss is not None and not math.isfinite(loss):
+        return 1, 0
+    return None
+
+
 def first_rank(
     seen: Sequence[tuple[float | None, bool, int | None, int | None]], modules: Sequence[str]
 ) -> tuple[int | None, str | None, list[str]]:
@@ -324,13 +336,13 @@ def first_rank(
     lines = []
     watched = any(flagged or loss is not None for loss, flagged, _, _ in seen)
     for r, (loss, flagged, first, at) in enumerate(seen):
-        bad_loss = loss is not None and not math.isfinite(loss)
+        key = evidence_key(loss, first, at)
         if first is not None:
             name = modules[first] if 0 <= first < len(modules) else f"module #{first}"
-            keys.append(((0, at if at is not None else 0, r), r, "forward"))
+            keys.append(((*key, r), r, "forward"))
             lines.append(f"rank {r}: the forward first made NaN/Inf in {name or '(model)'}")
-        elif bad_loss:  # from a finite forward: the loss made it; unwatched: one or the other
-            keys.append(((1, 0, r), r, "outside" if flagged else None))
+        elif key is not None:  # from a finite forward: the loss made it; unwatched: either
+            keys.append(((*key, r), r, "outside" if flagged else None))
             lines.append(f"rank {r}: the loss was {loss}" + (
                 " (the forward's outputs were finite)" if flagged else ""))
         elif loss is not None or flagged:

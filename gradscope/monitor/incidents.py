@@ -154,7 +154,7 @@ class IncidentWatch:
         if rp is None or self.bad:
             return False
         if self.alone is None:  # the model's make-up, read once (``watch`` forgets it)
-            self.alone = rp.why_not_alone() or ""
+            self.alone = "" if rp.together() else rp.why_not_alone() or ""
         return not self.alone
 
     def before_step(self, finite: Callable[[], bool | None], args: Any, kwargs: Any) -> Any:
@@ -193,6 +193,12 @@ class IncidentWatch:
                     failed, found = found, SampleResult()
                     found.note = failed.note
                 self.samples = found
+            return
+        if self.replayer.together() and self.agreed is None:
+            self.pending = ReplayResult()  # a rank that replays alone would wait for ever
+            self.pending.note = (
+                "not replayed: sharded parameters are replayed by every rank together, and "
+                "the ranks' figures differed at an earlier step, so not every rank replays")
             return
         self.pending = replay_isolated(self.replayer.replay)  # the contract: replay_isolated
         if self.agreed is not None:  # every rank replayed its own micro-batch: which went bad

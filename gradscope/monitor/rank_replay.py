@@ -19,7 +19,7 @@ import copy
 from collections.abc import Sequence
 
 from .distributed import gather_objects
-from .incident import first_rank
+from .incident import evidence_key, first_rank
 from .replay import ReplayResult
 
 #: The order in which phases of a step run (an input's NaN is there before any op).
@@ -34,10 +34,15 @@ def exchange(res: ReplayResult, seen: Seen, modules: list[str]
     and (the first rank, one line per rank). Every rank must call it at the same step."""
     results: list[ReplayResult] = gather_objects(res)
     rank, _, _ = first_rank(seen, modules)
-    if rank is None:
-        found = [r for r, x in enumerate(results) if x.phase is not None]
-        if found:
-            rank = min(found, key=lambda r: (_order(results[r]), r))
+    # the ranks the evidence cannot tell apart (their losses both NaN, their first non-finite
+    # outputs at the same place: tensor parallel shares outputs): their replays decide
+    keys = {r: k for r, (loss, _, first, at) in enumerate(seen)
+            if (k := evidence_key(loss, first, at)) is not None}
+    tied = [r for r, k in keys.items() if k == min(keys.values())] if keys else list(
+        range(len(results)))
+    found = [r for r in tied if r < len(results) and results[r].phase is not None]
+    if found:
+        rank = min(found, key=lambda r: (*_order(results[r]), r))
     chosen = res
     if rank is not None and results[rank].phase is not None:
         chosen = copy.copy(results[rank])
@@ -46,10 +51,14 @@ def exchange(res: ReplayResult, seen: Seen, modules: list[str]
     return chosen, (rank, [said(x) for x in results])
 
 
-def _order(x: ReplayResult) -> int:
+def _order(x: ReplayResult) -> tuple[int, float]:
+    """When a rank's replay found it: the phase, then the position in the phase's order of
+    work (every rank runs the same ops: under tensor parallel a NaN one rank made reaches the
+    others at a later op, through a collective)."""
+    position = float("inf") if x.position is None else x.position
     if x.phase == "forward" and x.input is not None:
-        return -1  # the input held it
-    return PHASE_ORDER.get(x.phase or "", len(PHASE_ORDER))
+        return -1, position  # the input held it
+    return PHASE_ORDER.get(x.phase or "", len(PHASE_ORDER)), position
 
 
 def _joined(a: str, b: str | None) -> str:
@@ -62,6 +71,9 @@ def said(x: ReplayResult) -> str:
     where = f" in {x.module}" if x.module else ""
     at = f" ({x.line})" if x.line else ""
     if x.phase is None:
+        if x.replayed and x.together:
+            return ("its micro-batch, replayed with every rank, stayed finite on this rank: "
+                    "downstream")
         if x.replayed:
             return "its micro-batch, replayed alone, gave finite gradients: downstream"
         return x.note or "not replayed"

@@ -31,9 +31,9 @@ import torch
 
 from .._torch import torchcompat
 from .._torch.dynamo import compiling
-from .._torch.torchcompat import is_dtensor
+from .._torch.torchcompat import is_dtensor, local_tensor
 from ..graph.nest import iter_tensors
-from ..graph.tensor_facts import checkable
+from ..graph.tensor_facts import checkable, holds_data
 from .incident import OpInput
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
@@ -81,6 +81,12 @@ class ReplayResult:
         self.inputs: list[OpInput] = []
         self.micro_batch: int | None = None
         self.replayed = False
+        #: replayed on every rank at once (sharded parameters), not by this rank alone
+        self.together = False
+        #: where the first NaN/Inf appeared in the replay's order of work: the index of the
+        #: value among those the forward checked, or of the node among those the backward ran
+        #: (every rank runs the same ops in the same order, so the ranks' positions compare)
+        self.position: int | None = None
         self.note: str | None = None
         self.seconds = 0.0
 
@@ -108,7 +114,7 @@ def tensor_input(name: str, t: torch.Tensor) -> OpInput:
     """Shape, dtype, finite range and NaN/Inf flags of one tensor (read now, on the host; a
     float8 tensor through a float32 copy, exact)."""
     with torch.no_grad():
-        d = checkable(t.detach())
+        d = checkable(local_tensor(t.detach()))
         if d is None:  # packed float4: nothing reads it element by element
             return OpInput(name, list(t.shape), str(t.dtype).replace("torch.", ""), None, None)
         if not (d.is_floating_point() or d.is_complex()) or d.numel() == 0:
@@ -139,7 +145,8 @@ def saved_inputs(fn: Any) -> list[OpInput]:
             value = getattr(fn, attr)
         except RuntimeError:  # freed
             continue
-        if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+        if (isinstance(value, torch.Tensor) and value.layout == torch.strided
+                and holds_data(local_tensor(value))):
             out.append(tensor_input(attr[len("_saved_"):], value))
     order = {"self": 0, "input": 0, "other": 1, "mat2": 1}
     out.sort(key=lambda i: (order.get(i.name, 2 if i.nan or i.inf else 5)))
@@ -310,9 +317,17 @@ class Replayer:
                     "re-enter its collectives")
         return None
 
+    def together(self) -> bool:
+        """Whether every rank replays its own micro-batch at the same time: on one rank of
+        several, a model with sharded (DTensor) parameters (FSDP2, tensor parallel, FSDP2 x
+        TP), whose forward and backward gather from the other ranks. Every rank runs the same
+        collectives in the same order, as in the step itself; the monitor decides it from
+        figures every rank holds alike, so no rank replays without the others."""
+        return self.distributed() and any(is_dtensor(p) for p in self.params)
+
     def why_not(self) -> str | None:
         """One line on why this step cannot be replayed exactly, or None."""
-        alone = self.why_not_alone()
+        alone = None if self.together() else self.why_not_alone()
         if alone is not None:
             return alone
         if not self.batches:
@@ -372,6 +387,9 @@ class Replayer:
                     break
             else:
                 res.note = (
+                    "replayed with every rank, this rank's own values stayed finite: the "
+                    "NaN/Inf came from another rank"
+                ) if res.together else (
                     "replayed alone on this rank, its gradients were finite: the NaN/Inf "
                     "came from another rank (through the gradients' reduction)"
                 ) if self.distributed() else (
@@ -396,6 +414,7 @@ class Replayer:
         outside = False
         params = [p for p in self.params if p.requires_grad]
         res.replayed = True
+        res.together = self.together()
         with _preserved(model, self.cuda_devices), _restored_rng(mb):
             self.replaying = True
             try:
@@ -422,6 +441,8 @@ class Replayer:
                     res.note = "replayed, but no output of the model received a gradient"
                     return False
                 fwd = fw.first_nonfinite
+                if res.together:  # what the graph reaches: FSDP2's gathered parameters
+                    params = graph_leaves(roots)
                 with record_backward(roots, model=model) as rec:
                     # kept for reading the op's saved tensors after; a compiled region's
                     # backward (donated buffers) cannot be run with retain_graph
@@ -443,6 +464,7 @@ class Replayer:
                     res.line, res.code = _split_where(fwd.where)
                     res.value = fwd.kind
                     res.input = fwd.input  # None when an op of the forward made it
+                    res.position = fwd.index
                     node_id = fnode.id if fnode is not None else None
                 elif back is not None:
                     res.phase = "backward"
@@ -452,6 +474,8 @@ class Replayer:
                     res.line, res.code = _split_where(back.traceback or node.created_at)
                     res.value = back.kind
                     node_id = back.node_id
+                    res.position = next((i for i, s in enumerate(rec.steps)
+                                         if s.node_id == back.node_id), None)
                 else:
                     return False
                 if mb.run is not None and res.module is None:
@@ -534,11 +558,30 @@ def _all_finite(out: Any) -> bool:
     (``isfinite`` has no float8_e4m3fn kernel), packed float4 not readable, so not said
     non-finite."""
     for _, t in iter_tensors(out):
-        if t.is_floating_point() or t.is_complex():
-            d = checkable(t.detach())
+        if t.is_floating_point() or t.is_complex():  # this rank's shard of a DTensor
+            d = checkable(local_tensor(t.detach()))
             if d is not None and not bool(torch.isfinite(d).all()):
                 return False
     return True
+
+
+def graph_leaves(roots: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The leaf tensors the graph of ``roots`` accumulates gradients into (its
+    ``AccumulateGrad`` nodes' variables), each once: under FSDP2 the parameters the forward
+    gathered, not the sharded ones the optimizer holds (no graph reaches those)."""
+    seen: set[int] = set()
+    stack = [t.grad_fn for t in roots if t.grad_fn is not None]
+    out: list[torch.Tensor] = []
+    while stack:
+        fn = stack.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        variable = getattr(fn, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            out.append(variable)
+        stack.extend(f for f, _ in fn.next_functions if f is not None)
+    return out
 
 
 def _loss_root(loss: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

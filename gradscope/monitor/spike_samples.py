@@ -317,7 +317,7 @@ def replay_samples(replayer: Any) -> SampleResult:
     """The per-sample norms of the step's spiking micro-batch (the one whose backward grew
     the gradient norms most; a ``Replayer``'s kept micro-batches, read only), named by its
     examples' ids when it was given them, or a note saying why there are none."""
-    why = replayer.why_not()
+    why = replayer.why_not_alone() or replayer.why_not()  # per-sample runs on this rank alone
     if why is not None:
         res = SampleResult()
         res.note = why.replace("not replayed", "no per-sample norms", 1)

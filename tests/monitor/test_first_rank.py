@@ -79,6 +79,32 @@ def _loss_only(rank: int) -> dict:
     return {"incidents": incidents}
 
 
+def _fully_shard(model: nn.Module) -> nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+    for m in model.children():
+        if any(True for _ in m.parameters()):
+            fully_shard(m, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def _fsdp(rank: int) -> dict:
+    """FSDP2: the forward gathers every layer's parameters from both ranks, so the ranks
+    replay together. No activations=, no loss observed: only the replays can say which."""
+    model = _fully_shard(_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = gs.GradMonitor(model, optimizer=opt)
+    for step in range(STEPS):
+        opt.zero_grad()
+        model(_batch(rank, step)).square().mean().backward()
+        opt.step()
+    incidents = [i.to_dict() for i in mon.incidents]
+    mon.remove()
+    return {"incidents": incidents}
+
+
 def _tp(rank: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (
@@ -125,24 +151,33 @@ def _sqrt_batch(rank: int, step: int) -> torch.Tensor:
     return x
 
 
-def _sqrt_run(rank: int, monitored: bool) -> tuple[list[dict], list[bool], list[list[int]]]:
-    model = nn.parallel.DistributedDataParallel(_SqrtNet())  # rank 0's weights on both
+def _sqrt_run(rank: int, monitored: bool, sharded: bool = False
+              ) -> tuple[list[dict], list[bool], list[list[int]]]:
+    if sharded:  # FSDP2: every rank gathers the other's shards in forward and backward
+        torch.manual_seed(0)
+        model = _fully_shard(_SqrtNet())
+        inner = model
+    else:
+        model = nn.parallel.DistributedDataParallel(_SqrtNet())  # rank 0's weights on both
+        inner = model.module
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    mon = gs.GradMonitor(model.module, optimizer=opt) if monitored else None
+    mon = gs.GradMonitor(inner, optimizer=opt) if monitored else None
     # after the monitor's own pre-hook (its replay): the step's NaN zeroed, so training goes
     # on with finite parameters and the runs with and without the monitor can be compared
     def zero_nan(optimizer, args, kwargs) -> None:
         for p in model.parameters():
             p.grad.nan_to_num_(0.0, 0.0, 0.0)
 
-    opt.register_step_pre_hook(zero_nan)
+    if not sharded:  # (FSDP2's figures are read at the step: the NaN steps are compared)
+        opt.register_step_pre_hook(zero_nan)
     local_finite = []
     for step in range(STEPS):
         opt.zero_grad()
         x = _sqrt_batch(rank, step)
         # ground truth in plain torch: this rank's own gradient, without the reduction
         alone = _SqrtNet()
-        alone.load_state_dict(model.module.state_dict())
+        alone.load_state_dict({k: v.full_tensor() if hasattr(v, "full_tensor") else v
+                               for k, v in inner.state_dict().items()})
         alone(x).mean().backward()
         local_finite.append(all(bool(torch.isfinite(p.grad).all()) for p in alone.parameters()))
         model(x).mean().backward()
@@ -152,18 +187,19 @@ def _sqrt_run(rank: int, monitored: bool) -> tuple[list[dict], list[bool], list[
         mon.remove()
     # the bits of every parameter and momentum buffer after the run, and the RNG's next draw
     state = [*model.parameters(), *(opt.state[p]["momentum_buffer"] for p in model.parameters())]
-    assert all(bool(torch.isfinite(t).all()) for t in state)
-    bits = [t.detach().view(torch.int32).flatten().tolist() for t in state]
+    assert sharded or all(bool(torch.isfinite(t).all()) for t in state)
+    bits = [getattr(t, "_local_tensor", t).detach().view(torch.int32).flatten().tolist()
+            for t in state]
     return incidents, local_finite, [*bits, torch.rand(4).view(torch.int32).tolist()]
 
 
-def _backward_origin(rank: int) -> dict:
+def _backward_origin(rank: int, sharded: bool = False) -> dict:
     """No activations=, no loss observed: only the replays can say which rank. The same
     training without the monitor is run beside it: the replay leaves it bitwise unchanged."""
     torch.manual_seed(1)
-    incidents, local_finite, bits = _sqrt_run(rank, True)
+    incidents, local_finite, bits = _sqrt_run(rank, True, sharded)
     torch.manual_seed(1)
-    _, _, plain_bits = _sqrt_run(rank, False)
+    _, _, plain_bits = _sqrt_run(rank, False, sharded)
     return {"incidents": incidents, "local_finite": local_finite,
             "bitwise": bits == plain_bits}
 
@@ -192,6 +228,8 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             "loss_only": _loss_only(rank),
             "tp": _tp(rank),
             "backward": _backward_origin(rank),
+            "fsdp": _fsdp(rank),
+            "fsdp_backward": _backward_origin(rank, sharded=True),
             "independent": _independent(rank),
         }
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
@@ -219,9 +257,10 @@ def test_every_rank_names_rank_1_and_its_first_module(results, case: str) -> Non
         (inc,) = [i for i in r[case]["incidents"] if i["kind"] == "nonfinite"]
         assert inc["step"] == BAD
         assert inc["rank"] == 1, inc["ranks"]
-        assert inc["phase"] == "forward" and inc["module"] == "0", inc
+        assert inc["phase"] == "forward", inc
         assert inc["ranks"][1].startswith("rank 1: the forward first made NaN/Inf in 0")
-        if case != "tp":  # under tensor parallel rank 0's forward receives rank 1's NaN too
+        if case != "tp":
+            assert inc["module"] == "0", inc  # under tensor parallel rank 0's forward receives rank 1's NaN too
             assert inc["ranks"][0] == (
                 "rank 0: its forward and loss were finite: downstream; its micro-batch, "
                 "replayed alone, gave finite gradients: downstream")
@@ -230,8 +269,12 @@ def test_every_rank_names_rank_1_and_its_first_module(results, case: str) -> Non
             assert inc["ranks"][1].endswith(
                 "its replay: the model's input already held nan (first read by linear in 0)")
             assert inc["replayed"] and inc["note"].startswith("replayed on rank 1")
-        else:  # sharded parameters: a replay on one rank would wait for the others
-            assert not inc["replayed"] and "would wait for them" in inc["note"], inc
+        else:  # sharded parameters: every rank replays at once (the forward's collectives)
+            assert inc["input"] == "the model's input", inc
+            assert inc["replayed"] and inc["note"].startswith("replayed on rank 1"), inc
+            assert "its replay: the model's input already held nan" in inc["ranks"][1]
+            # rank 0's own replay met the NaN later, in the output's all-reduce
+            assert "its replay: the forward made nan at " in inc["ranks"][0], inc["ranks"]
     assert results[0][case]["incidents"] == results[1][case]["incidents"]
 
 
@@ -297,3 +340,37 @@ def test_ranks_that_train_apart_replay_their_own_and_wait_for_no_one(results) ->
     (inc,) = [i for i in results[1]["independent"]["incidents"] if i["kind"] == "nonfinite"]
     assert inc["step"] == BAD and inc["op"] == "linear" and inc["input"] == "the model's input"
     assert inc["replayed"] and not inc["note"].startswith("replayed on rank")
+
+
+def test_under_fsdp2_every_rank_replays_together_and_names_rank_1(results) -> None:
+    """FSDP2 (sharded parameters: the forward gathers them): the ranks replay at once, and
+    with nothing else watched (no activations=, no loss) the replays name rank 1 and the
+    input that held the NaN; rank 0's replay stays finite."""
+    for r in results:
+        (inc,) = [i for i in r["fsdp"]["incidents"] if i["kind"] == "nonfinite"]
+        assert inc["step"] == BAD and inc["rank"] == 1, inc
+        assert inc["phase"] == "forward" and inc["op"] == "linear" and inc["module"] == "0"
+        assert inc["input"] == "the model's input", inc
+        assert inc["ranks"][0].endswith(
+            "its micro-batch, replayed with every rank, stayed finite on this rank: downstream")
+        assert inc["ranks"][1].endswith(
+            "its replay: the model's input already held nan (first read by linear in 0)")
+    assert results[0]["fsdp"]["incidents"] == results[1]["fsdp"]["incidents"]
+
+
+def test_under_fsdp2_a_nan_made_in_one_ranks_backward_is_named_training_bitwise(results) -> None:
+    """The sqrt plant under FSDP2: only rank 1's own gradient is NaN (plain torch on the
+    gathered weights). Every rank names rank 1, SqrtBackward0 and its line; the replays
+    (forward and backward again, with the collectives) leave training bitwise as without
+    the monitor: every rank's parameter shards, momentum and the RNG's next draw."""
+    assert [r["fsdp_backward"]["local_finite"][BAD] for r in results] == [True, False]
+    line = next(n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1)
+                if text.rstrip().endswith("# SQRT-LINE") and "torch.sqrt" in text)
+    for r in results:
+        (inc,) = [i for i in r["fsdp_backward"]["incidents"] if i["kind"] == "nonfinite"]
+        assert inc["step"] == BAD and inc["rank"] == 1, inc
+        assert inc["phase"] == "backward" and inc["op"] == "SqrtBackward0", inc
+        assert inc["line"].endswith(f"test_first_rank.py:{line}"), inc["line"]
+        assert inc["module"] is None or inc["module"] == "", inc
+    assert results[0]["fsdp_backward"]["incidents"] == results[1]["fsdp_backward"]["incidents"]
+    assert [r["fsdp_backward"]["bitwise"] for r in results] == [True, True]
