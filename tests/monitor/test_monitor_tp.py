@@ -131,6 +131,26 @@ def _run(rank: int, twod: bool, watched: bool, poison: int | None = None) -> dic
     return out
 
 
+def _replayed(rank: int, twod: bool) -> dict:
+    """A NaN in the second data-parallel group's input at step 1 (under FSDP2 x TP both of
+    its tensor-parallel ranks, 2 and 3, get that batch), the monitor replaying (the default):
+    every rank replays together, and every rank's incident is the job's."""
+    model = _parallel(twod)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = gs.GradMonitor(model, optimizer=opt)
+    dp = rank // 2 if twod else rank
+    for step in range(STEPS):
+        opt.zero_grad()
+        x = _batch(dp, step)
+        if step == 1 and dp == 1:
+            x[0, 0] = math.nan
+        model(x).square().mean().backward()
+        opt.step()
+    incidents = [i.to_dict() for i in mon.incidents if i.kind == "nonfinite"]
+    mon.remove()
+    return {"incidents": incidents}
+
+
 def _reference(twod: bool) -> list[dict[str, float]]:
     """The block on one process, on the global batch of each step: its gradients' norms."""
     torch.manual_seed(0)
@@ -175,7 +195,9 @@ def _worker(rank: int, world: int, twod: bool, init_file: str, out_dir: str) -> 
                 "watched": _run(rank, twod, watched=True),
                 "reference": _reference(twod),
             }
-            if not twod:
+            if twod:
+                result["replayed"] = _replayed(rank, twod)
+            else:
                 result["poisoned"] = _run(rank, twod, watched=True, poison=1)
                 result["experts"] = _experts(rank)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
@@ -245,3 +267,25 @@ def test_plain_parameters_that_differ_between_ranks_are_said_once(results) -> No
         assert message.startswith("GradMonitor: the plain (non-DTensor) parameters 1.weight")
         assert "not replicas" in message
     # and the replicated plain parameters of the block (LayerNorm, head) said nothing
+
+
+def test_under_fsdp2_x_tp_the_ranks_replay_together_and_name_the_first_rank(results) -> None:
+    """4 ranks on a 2 x 2 mesh: the batch of data-parallel group 1 (ranks 2 and 3) holds a
+    NaN. Every rank records one incident naming rank 2 (the lower of the two that got it;
+    ranks 0 and 1 stay finite in their replays), the input that held it and the op that read
+    it first."""
+    which, ranks = results
+    if which != "fsdp2_x_tp":
+        pytest.skip("planted in the FSDP2 x TP run")
+    for r in ranks:
+        (inc,) = r["replayed"]["incidents"]
+        assert inc["step"] == 1 and inc["rank"] == 2, inc["ranks"]
+        assert inc["phase"] == "forward" and inc["input"] == "the input x", inc
+        assert inc["op"] == "layer_norm", inc  # the block's first op reads it
+        assert inc["replayed"] and inc["note"].startswith("replayed on rank 2"), inc["note"]
+        for low in inc["ranks"][:2]:
+            assert low.endswith("replayed with every rank, stayed finite on this rank: "
+                                "downstream"), inc["ranks"]
+        for high in inc["ranks"][2:]:
+            assert "its replay: the input x already held nan" in high, inc["ranks"]
+    assert all(r["replayed"] == ranks[0]["replayed"] for r in ranks)
