@@ -318,6 +318,9 @@ def replay_samples(replayer: Any) -> SampleResult:
     the gradient norms most; a ``Replayer``'s kept micro-batches, read only), named by its
     examples' ids when it was given them, or a note saying why there are none."""
     why = replayer.why_not_alone() or replayer.why_not()  # per-sample runs on this rank alone
+    if replayer.together():
+        why = ("not replayed: per-sample gradients of sharded (DTensor) parameters are not "
+               "computed (the forward gathers them from the other ranks)")
     if why is not None:
         res = SampleResult()
         res.note = why.replace("not replayed", "no per-sample norms", 1)

@@ -293,3 +293,24 @@ def test_a_spike_of_the_whole_batch_has_no_dominant_sample() -> None:
     (inc,) = [i for i in mon.incidents if i.kind == "spike"]
     assert inc.replayed and inc.samples[0].share < 0.5
     assert inc.note is not None and inc.note.startswith("no single example carries the spike")
+
+
+def test_a_spike_of_a_sharded_model_says_why_it_has_no_per_sample_norms() -> None:
+    """Sharded (DTensor) parameters are replayed by every rank together for a NaN; per-sample
+    gradients are not computed for them, and the note says so (not the NaN replay's line)."""
+    from gradscope.monitor.spike_samples import replay_samples
+
+    class Sharded:  # what replay_samples reads of a Replayer on one rank of an FSDP2 job
+        def together(self) -> bool:
+            return True
+
+        def why_not_alone(self) -> str:
+            return "not replayed: a model with sharded (DTensor) parameters gathers ..."
+
+        def why_not(self) -> None:
+            return None
+
+    res = replay_samples(Sharded())
+    assert res.samples == [] and res.note == (
+        "no per-sample norms: per-sample gradients of sharded (DTensor) parameters are not "
+        "computed (the forward gathers them from the other ranks)")
