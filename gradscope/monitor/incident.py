@@ -337,7 +337,7 @@ def first_rank(
     watched = any(flagged or loss is not None for loss, flagged, _, _ in seen)
     for r, (loss, flagged, first, at) in enumerate(seen):
         key = evidence_key(loss, first, at)
-        if first is not None:
+        if first is not None and key is not None:  # (a key whenever an output was not finite)
             name = modules[first] if 0 <= first < len(modules) else f"module #{first}"
             keys.append(((*key, r), r, "forward"))
             lines.append(f"rank {r}: the forward first made NaN/Inf in {name or '(model)'}")

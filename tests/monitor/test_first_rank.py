@@ -259,8 +259,8 @@ def test_every_rank_names_rank_1_and_its_first_module(results, case: str) -> Non
         assert inc["rank"] == 1, inc["ranks"]
         assert inc["phase"] == "forward", inc
         assert inc["ranks"][1].startswith("rank 1: the forward first made NaN/Inf in 0")
-        if case != "tp":
-            assert inc["module"] == "0", inc  # under tensor parallel rank 0's forward receives rank 1's NaN too
+        if case != "tp":  # under tensor parallel rank 0's forward receives rank 1's NaN too
+            assert inc["module"] == "0", inc
             assert inc["ranks"][0] == (
                 "rank 0: its forward and loss were finite: downstream; its micro-batch, "
                 "replayed alone, gave finite gradients: downstream")
