@@ -56,6 +56,9 @@ def outside_gradscope(frame: FrameType | None) -> FrameType | None:
 #: torch's own folder: its frames are never the user's line
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _INTERNAL: dict[str, bool] = {}  # by file name: hashing a code object hashes its bytecode
+#: ``torch_internal``'s answers so far, by file name, for a walk over many frames to read
+#: without a call per frame (a name not in it yet: ask ``torch_internal``)
+INTERNAL_FILES: dict[str, bool] = _INTERNAL
 
 
 def torch_internal(filename: str) -> bool:

@@ -144,6 +144,9 @@ def tensor_version(t: torch.Tensor) -> int | None:
 
 
 _version_of = operator.attrgetter("_version")
+#: ``t._version`` at C speed, for a hot path that falls back to ``tensor_versions`` itself
+#: when it raises (an inference tensor's; a torch whose tensors have none)
+version_of: Callable[[torch.Tensor], int | None] = _version_of
 
 
 def tensor_versions(tensors: Sequence[torch.Tensor]) -> list[int | None]:

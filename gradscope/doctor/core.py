@@ -9,10 +9,12 @@ A context manager around one training step (or several)::
     for f in doc.findings: print(f)
 
 While the block runs, ``doctor_record._DoctorMode`` records every torch call (lineage bitsets,
-in-place writes, the nodes made and what they saved); global module hooks keep the module path
-of each call and which modules ran (in which mode); the optimizer's step hooks check the
-training loop. Backward calls (``Tensor.backward``, ``torch.autograd.grad``) are run by the
-doctor: a torch error it can explain is re-raised as ``AutogradError`` (torch's message first;
+in-place writes, the calls that made autograd nodes, by the nodes' sequence numbers: what they
+saved is read from the graph when a finding needs it); global module hooks (``_ModuleCalls``)
+keep the module of each call and which modules ran (in which mode), by id: a module's path is
+named only when a finding needs it; the optimizer's step hooks check the training loop.
+Backward calls (``Tensor.backward``, ``torch.autograd.grad``) are run by the doctor: a torch
+error it can explain is re-raised as ``AutogradError`` (torch's message first;
 an in-place op torch refuses in the forward too, at the op's call),
 and after a good ``backward()`` each parameter left without a gradient gets a ``grad_none``
 finding (``doctor_explain``). Nothing the doctor does changes a value or a gradient; every hook
@@ -24,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import torch
@@ -33,7 +36,12 @@ from torch.utils._pytree import tree_map
 from .._torch import dynamo, torchcompat
 from .._torch.dynamo import ModuleHooks
 from .._torch.handles import HookHandle
-from .._torch.stamps import outside_gradscope, torch_internal, user_frame, walk_nodes
+from .._torch.stamps import (
+    outside_gradscope,
+    torch_internal,
+    user_frame,
+    walk_nodes,
+)
 from ..errors import AutogradError, GradscopeError
 from ..graph.graph import Graph
 from ..graph.walk import trace_with_ids
@@ -48,6 +56,7 @@ from .findings import (
     torch_error_kind,
 )
 from .recorder import (
+    _UNSET,
     BackwardLines,
     _DoctorMode,
     _outputs,
@@ -57,6 +66,13 @@ from .recorder import (
 )
 
 _line = user_line
+compiling = dynamo.compiling
+unwrap = dynamo.unwrap
+#: the class name of ``torch.compile``'s module wrapper (``dynamo.unwrap``)
+_WRAPPER = "OptimizedModule"
+_DYNAMO = "torch._dynamo"
+#: ``Doctor.ran``'s entry of a module that ran in training mode
+_TRAINING = (True, None)
 #: ``node.metadata`` key: the numbers of the eval-mode module runs whose output is this node
 _EVAL_KEY = "gradscope.doctor.eval"
 
@@ -87,28 +103,35 @@ class Doctor:
         self.findings: list[Finding] = []
         self.backwards = 0
         self.steps = 0
-        # one walk of the model: its parameters, module names and compiled modules
-        modules = list(model.named_modules()) if model is not None else []
+        # one walk of the model, without names (``module_path`` names a module when a finding
+        # needs it): its parameters, its modules and compiled modules
+        modules = explain.modules_of(model) if model is not None else []
+        if modules is None:  # a module with its own ``named_modules``
+            modules = [m for _, m in model.named_modules()]  # type: ignore[union-attr]
         #: the watched parameters by bit (``names``, ``params``, ``bits``: its lists)
         self.watched = explain.Watched.of(model, modules)
-        self.names = self.watched.names
         self.params = self.watched.params
         self.bits = self.watched.bits
-        #: id(module) -> its path, as ``dynamo.module_names`` (a compile wrapper not in it)
-        self.module_names: dict[int, str] = {}
+        #: the ids of the model's modules (a compile wrapper not among them: its module is)
+        self.in_model: set[int] = set()
         self.compiled: list[torch.nn.Module] = []  # the compile wrappers in the model
-        for name, m in modules:
-            if dynamo.unwrap(m) is not None:
+        in_model = self.in_model
+        for m in modules:
+            if type(m).__name__ == _WRAPPER and unwrap(m) is not None:
                 self.compiled.append(m)
             else:
-                self.module_names[id(m)] = (
-                    name if "_orig_mod" not in name else dynamo.plain_name(name))
-        self.stack: list[str | None] = []
-        #: per module run since the last step: (its training flag, the line that called it)
-        self.ran: dict[str, tuple[bool, str | None]] = {}
-        #: every module that ran in the block (``ran`` starts again at each step): a parameter
-        #: of one of them that got no gradient is not in "a module never called"
-        self.called: set[str] = set()
+                in_model.add(id(m))
+        #: id(module) -> its path, as ``dynamo.module_names``: walked when first asked for
+        self._paths: dict[int, str] | None = None
+        #: the module calls running: the id of each one's module of the model (None: not one)
+        self.stack: list[int | None] = []
+        #: per module run since the last step, by id: (its training flag, the line that
+        #: called it)
+        self.ran: dict[int, tuple[bool, str | None]] = {}
+        #: every module that ran in the block before its latest step, by id (``ran`` starts
+        #: again at each step; ``called_all``: with those since): a parameter of one of them
+        #: that got no gradient is not in "a module never called"
+        self.called: set[int] = set()
         #: of those that ran in eval mode: the ones whose output carried a gradient (a trained
         #: parameter before them, or their own) into a backward() since the last step: a
         #: frozen probe's backbone or teacher does not, nor a validation forward in eval()
@@ -146,13 +169,20 @@ class Doctor:
         self._ids: dict[Any, str] = {}
         self.handle = HookHandle()
 
+    @property
+    def names(self) -> list[str]:
+        """The watched parameters' names by bit (``Watched.names``)."""
+        return self.watched.names
+
     # ---------------------------------------------------------------- the block
     def __enter__(self) -> Doctor:
         mode = _DoctorMode(self.bits, self._backward, self.module_now, self.params,
                            on_error=self._forward_error)
+        mode.modules = self.stack  # the module of each call: the top of the stack,
+        mode.path_of = self.module_path  # named when a finding needs it
         self.mode = mode
         try:
-            self.handle.add(ModuleHooks(self._pre_module, self._post_module).install())
+            self.handle.add(_ModuleCalls(self, mode).install())
             for m in self.compiled:  # a compiled module: its inputs, keywords too
                 self.handle.add(m.register_forward_hook(self._region_call,
                                                         with_kwargs=True).remove)
@@ -181,7 +211,8 @@ class Doctor:
         try:
             if judge and self.mode is not None:
                 for finding in explain.check_grad_none(self.watched, self.mode, self.got_grad,
-                                                       self.root_tags, self.called, inside):
+                                                       self.root_tags, self.called_all(),
+                                                       inside):
                     self.add(finding)
             if isinstance(exc, RuntimeError) and not isinstance(exc, AutogradError):
                 kind = torch_error_kind(str(exc))
@@ -196,6 +227,8 @@ class Doctor:
         finally:
             self._ids = {}  # the traced graph's nodes are not kept past the block
             self.regions, self.region_inputs = {}, {}
+            if self.mode is not None:
+                self.mode.close()
 
     # ---------------------------------------------------------------- the graph
     def trace(self, outputs: Any, **options: Any) -> Graph:
@@ -216,7 +249,19 @@ class Doctor:
         return self._ids.get(fn) if fn is not None and self._ids else None
 
     def module_now(self) -> str | None:
-        return self.stack[-1] if self.stack else None
+        """The path of the module whose call runs now (None: none of the model's)."""
+        return self.module_path(self.stack[-1]) if self.stack else None
+
+    def module_path(self, key: Any) -> str | None:
+        """The path of the model's module with id ``key`` (``encoder.layers.3``; a path or
+        None: itself). The paths are walked when first asked for, not for every block: a
+        module the block removed from the model by then has none."""
+        if not isinstance(key, int):
+            return key
+        if self._paths is None:
+            self._paths = ({id(m): name for name, m in dynamo.named_modules(self.model)}
+                           if self.model is not None else {})
+        return self._paths.get(key)
 
     # ---------------------------------------------------------------- results
     def report(self) -> DoctorReport:
@@ -243,47 +288,61 @@ class Doctor:
         self.findings.append(finding)
 
     # ---------------------------------------------------------------- module hooks
-    def _pre_module(self, module: Any, args: Any) -> None:
-        inner = dynamo.unwrap(module)  # a torch.compile wrapper: its module's name
-        name = self.module_names.get(id(inner if inner is not None else module))
+    def _pre_module(self, module: Any, args: Any, frame: Any) -> None:
+        """A module call starts (``_ModuleCalls._pre``, which does the same, inline;
+        ``frame``: torch's frame that calls its hooks and its forward)."""
+        inner = unwrap(module) if type(module).__name__ == _WRAPPER else None
+        key = id(inner if inner is not None else module)
+        name = key if key in self.in_model else None
         self.stack.append(name)
-        # torch's frame that calls the module's hooks and its forward: the mode finds the
-        # user's line of the calls inside once per module call (``_DoctorMode.line_of``)
-        frame = outside_gradscope(sys._getframe(1))
-        if self.mode is not None:
-            self.mode.enter_call(
-                frame if frame is not None and torch_internal(frame.f_code.co_filename)
-                else None)
+        mode = self.mode
+        # the mode finds the user's line of the calls inside once per module call
+        # (``_DoctorMode.line_of``)
+        if mode is not None:
+            mode.calls.append(frame if frame is not None
+                              and torch_internal(frame.f_code.co_filename) else None)
+            mode.call_lines.append(_UNSET)
         if name is not None and name not in self.ran:
-            # the line is read only for a module in eval mode (``explain.check_step``)
-            training = module.training
-            self.ran[name] = (training, None if training else _line(frame))
-            self.called.add(name)
+            self._first_run(module, name, frame)
         # Dynamo guards on the mode stack: off while a compiled module runs (no recompile)
-        if inner is not None and self.mode is not None and dynamo.mode_on_top(self.mode):
+        if inner is not None and mode is not None and dynamo.mode_on_top(mode):
             dynamo.pop_mode()
             self.paused_for.append(module)
 
+    def _first_run(self, module: Any, name: int, frame: Any) -> None:
+        """The first run since the last step of the module with id ``name``: its training
+        flag, the line (read only for a module in eval mode: ``explain.check_step``)."""
+        self.ran[name] = _TRAINING if module.training else (False, _line(frame))
+
+    def called_all(self) -> _Paths:
+        """The paths of every module that ran in the block (``called``, and ``ran`` since
+        the last step), named when first read."""
+        return _Paths(self.called | self.ran.keys(), self.module_path)
+
     def _post_module(self, module: Any, args: Any, output: Any) -> None:
-        if self.paused_for and self.paused_for[-1] is module and self.mode is not None:
+        """A module call ends (``_ModuleCalls._post``)."""
+        mode = self.mode
+        if self.paused_for and self.paused_for[-1] is module and mode is not None:
             self.paused_for.pop()
-            dynamo.push_mode(self.mode)
+            dynamo.push_mode(mode)
             inner = dynamo.unwrap(module)
             own = mask_of(self.bits[id(p)] for p in inner.parameters() if id(p) in self.bits)
-            at = Site("compiled", type(inner).__name__, _here(), self.stack[-1] if self.stack
-                      else None)
-            self.mode.region(args, output, own, at)  # the region as one call: lineage goes on
+            at = Site("compiled", type(inner).__name__, _here(), self.module_now())
+            mode.region(args, output, own, at)  # the region as one call: lineage goes on
             self.regions[at] = inner
         if self.stack:
             name = self.stack.pop()
-            if self.mode is not None:
-                self.mode.exit_call()
-            if (name is not None and not module.training and isinstance(output, torch.Tensor)
+            if mode is not None and mode.calls:
+                mode.calls.pop()
+                mode.call_lines.pop()
+            path = (self.module_path(name) if name is not None and not module.training
+                    else None)
+            if (path is not None and isinstance(output, torch.Tensor)
                     and output.requires_grad and output.grad_fn is not None):
                 meta = torchcompat.node_metadata(output.grad_fn)
                 if meta is not None:  # the node is marked: found again by walking a backward
                     meta.setdefault(_EVAL_KEY, []).append(len(self.eval_runs) + self.eval_base)
-                    self.eval_runs.append((name, _here()))
+                    self.eval_runs.append((path, _here()))
 
     def _look_inside(self) -> dict[Site, int]:
         """For each compiled region on the path of a parameter left without a gradient: its
@@ -390,7 +449,8 @@ class Doctor:
         site = Site("modified", name, _line(caller), self.module_now())
         made = None
         target = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        rec = explain.record_of(target.grad_fn) if target is not None else None
+        rec = explain.record_of(self.mode, target.grad_fn) if (
+            target is not None and self.mode is not None) else None
         if rec is not None:
             made = Site("made", rec.op, rec.site.line, rec.site.module)
         finding = explain.forward_inplace(str(exc), site, made)
@@ -411,13 +471,19 @@ class Doctor:
         if self.mode is not None:
             self.mode.paused = True  # neither the update nor the doctor's checks are the model's
         # an eval-mode run a backward went through: named at that run's line
-        ran = {**self.ran, **{n: (False, at) for n, at in self.graded_at.items()}}
+        ran: dict[str, tuple[bool, str | None]] = {}
+        for module, run in self.ran.items():  # those in eval mode: named
+            path = self.module_path(module) if not run[0] else None
+            if path is not None:
+                ran[path] = run
+        ran.update((n, (False, at)) for n, at in self.graded_at.items())
         for finding, key in explain.check_step(self.watched, optimizer, line, ran,
                                                self.others, self.graded):
             self.add(finding, key)
         for finding, key in explain.check_accumulate(self.watched, optimizer, self.carried):
             self.add(finding, key)
         self.carried.clear()
+        self.called.update(self.ran)
         self.ran.clear()
         self.graded.clear()
         self.graded_at.clear()
@@ -438,6 +504,90 @@ class Doctor:
     def param_site(self, bit: int) -> str | None:
         """The module path that owns parameter ``bit`` (None for a parameter of the root)."""
         return self.watched.param_site(bit)
+
+
+class _ModuleCalls(ModuleHooks):
+    """The doctor's global module hooks: ``ModuleHooks``' handling of ``torch.compile``, with
+    the doctor's bookkeeping (``Doctor._pre_module`` / ``_post_module``) called from the hooks
+    themselves, and torch's frame that calls them handed over (read here, not walked to).
+    A module of the model that runs in training mode, the common case by thousands a step, is
+    kept here inline (the stacks it touches read once, when the block starts)."""
+
+    def __init__(self, doctor: Doctor, mode: _DoctorMode) -> None:
+        super().__init__(doctor._pre_module, doctor._post_module)
+        self.doctor = doctor
+        self.in_model = doctor.in_model
+        self.stack = doctor.stack
+        self.ran = doctor.ran
+        self.calls = mode.calls
+        self.call_lines = mode.call_lines
+        self.caller: Any = None  # the code of torch's frame that calls the hooks, once seen
+
+    def _pre(self, module: Any, args: Any) -> None:
+        if compiling():
+            return None
+        callbacks = self.callbacks
+        if callbacks is None:
+            if _DYNAMO in sys.modules:  # ``dynamo.dynamo_loaded()``
+                self._arm()  # torch._dynamo imported since install
+        elif callbacks[0] not in self.handler.start_callbacks:
+            self._arm()  # reset() cleared the callbacks
+        name = id(module)
+        frame = sys._getframe(1)
+        if name not in self.in_model:  # a compile wrapper, a module outside the model
+            self.doctor._pre_module(module, args, frame)
+            return None
+        # ``Doctor._pre_module`` for a module of the model, inline
+        self.stack.append(name)
+        code = frame.f_code
+        if code is self.caller or torch_internal(code.co_filename):
+            self.caller = code
+            self.calls.append(frame)
+        else:
+            self.calls.append(None)
+        self.call_lines.append(_UNSET)
+        ran = self.ran
+        if name not in ran:  # ``Doctor._first_run``
+            ran[name] = _TRAINING if module.training else (False, _line(frame))
+        return None
+
+    def _post(self, module: Any, args: Any, output: Any) -> None:
+        if compiling():
+            return None
+        doctor = self.doctor
+        if doctor.paused_for or not module.training or not self.stack:  # the whole of it
+            doctor._post_module(module, args, output)
+            return None
+        # ``Doctor._post_module`` for a module in training mode outside compiled ones
+        self.stack.pop()
+        if self.calls:
+            self.calls.pop()
+            self.call_lines.pop()
+        return None
+
+
+class _Paths(Collection[str]):
+    """Module paths from module ids, named when first read (``Doctor.called_all``)."""
+
+    def __init__(self, keys: set[int], path: Callable[[int], str | None]) -> None:
+        self.keys = keys
+        self.path = path
+        self.paths: frozenset[str] | None = None
+
+    def _named(self) -> frozenset[str]:
+        if self.paths is None:
+            named = (self.path(k) for k in self.keys)
+            self.paths = frozenset(p for p in named if p is not None)
+        return self.paths
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._named()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._named())
+
+    def __len__(self) -> int:
+        return len(self._named())
 
 
 _PLAIN = (torch.Tensor, int, float, bool, complex, str, type(None))

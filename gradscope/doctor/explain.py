@@ -19,6 +19,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -42,35 +43,72 @@ from .recorder import (
     _DoctorMode,
     bit_text,
     bits_of,
-    node_record,
 )
 
 
 @dataclass(frozen=True)
 class Watched:
     """The parameters a doctor watches: ``names`` and ``params`` by bit, ``bits`` from
-    ``id(parameter)`` to its bit, and the model they belong to (None: none watched)."""
+    ``id(parameter)`` to its bit, and the model they belong to (None: none watched).
+
+    ``names`` are joined when first asked for (a finding names a parameter) from ``parts``,
+    the owning module and the parameter's key by bit, kept when the block starts (``listed``:
+    the names themselves, where the model lists its own): the forward needs only ``bits``,
+    and a model's thousands of names are not built for every block that finds nothing."""
 
     model: torch.nn.Module | None
-    names: list[str]
     params: list[torch.Tensor]
     bits: dict[int, int]
+    listed: list[str] | None = None
+    parts: tuple[list[torch.nn.Module], list[str]] | None = None
 
     @classmethod
     def of(cls, model: torch.nn.Module | None,
-           modules: list[tuple[str, torch.nn.Module]] | None = None) -> Watched:
+           modules: list[torch.nn.Module] | None = None) -> Watched:
         """The parameters of ``model`` as ``model.named_parameters()`` lists them;
-        ``modules``: ``list(model.named_modules())`` where the caller has it (one walk of
-        a model of thousands of modules, not two)."""
-        names: list[str] = []
+        ``modules``: ``modules_of(model)`` where the caller has it (one walk of a model of
+        thousands of modules, not two)."""
         params: list[torch.Tensor] = []
         bits: dict[int, int] = {}
-        if model is not None:
-            for name, p in _named_parameters(model, modules):
+        if model is None:
+            return cls(None, params, bits, listed=[])
+        if modules is None:
+            modules = modules_of(model)
+        kind = type(model)
+        if (modules is None or kind.named_parameters is not torch.nn.Module.named_parameters
+                or kind._named_members is not torch.nn.Module._named_members):
+            named = list(model.named_parameters())
+            for _, p in named:
                 bits[id(p)] = len(params)
-                names.append(dynamo.plain_name(name))  # as the user names it
                 params.append(p)
-        return cls(model, names, params, bits)
+            return cls(model, params, bits, listed=_user_names(name for name, _ in named))
+        # ``named_parameters()``'s order and de-duplication, read off the modules' own dicts
+        owners: list[torch.nn.Module] = []
+        keys: list[str] = []
+        for module in modules:
+            held = module._parameters
+            if held:
+                for key, param in held.items():
+                    if param is not None and id(param) not in bits:
+                        bits[id(param)] = len(params)
+                        params.append(param)
+                        owners.append(module)
+                        keys.append(key)
+        return cls(model, params, bits, parts=(owners, keys))
+
+    @cached_property
+    def names(self) -> list[str]:
+        """The parameters' names by bit, as the user names them (``fc1.weight``)."""
+        if self.listed is not None:
+            return self.listed
+        owners, keys = self.parts or ([], [])
+        paths = ({id(m): name for name, m in self.model.named_modules()}
+                 if self.model is not None else {})
+        joined = []
+        for owner, key in zip(owners, keys):
+            path = paths.get(id(owner), "")  # "": a module the block took out of the model
+            joined.append(f"{path}.{key}" if path else key)
+        return _user_names(joined)
 
     def param_site(self, bit: int) -> str | None:
         """The module path that owns parameter ``bit`` (None for a parameter of the root)."""
@@ -78,23 +116,36 @@ class Watched:
         return name.rsplit(".", 1)[0] if "." in name else None
 
 
-def _named_parameters(model: torch.nn.Module,
-                      modules: list[tuple[str, torch.nn.Module]] | None) -> Any:
-    """``model.named_parameters()``, read off ``modules`` (its ``named_modules()``) the way
-    ``nn.Module`` does where neither method is the model's own."""
-    kind = type(model)
-    if (modules is None or kind.named_parameters is not torch.nn.Module.named_parameters
-            or kind._named_members is not torch.nn.Module._named_members):
-        return model.named_parameters()
+_MODULE_WALK = torch.nn.Module.named_modules
+
+
+def modules_of(model: torch.nn.Module) -> list[torch.nn.Module] | None:
+    """``model``'s modules in the order ``model.named_modules()`` lists them, each once,
+    walked without their names (a stack, no generator per module, no path strings: a model
+    of thousands of modules is walked in a third of the time); None where a module has its
+    own ``named_modules``."""
     found = []
-    memo: set[int] = set()
-    for prefix, module in modules:
-        for key, p in module._parameters.items():
-            if p is None or id(p) in memo:
-                continue
-            memo.add(id(p))
-            found.append((prefix + ("." if prefix else "") + key, p))
+    seen: set[int] = set()
+    stack = [model]
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        if type(module).named_modules is not _MODULE_WALK:
+            return None
+        seen.add(id(module))
+        found.append(module)
+        children = module._modules
+        if children:
+            below = [child for child in children.values() if child is not None]
+            below.reverse()  # popped in their order
+            stack.extend(below)
     return found
+
+
+def _user_names(names: Any) -> list[str]:
+    """``_orig_mod.fc1.weight`` -> ``fc1.weight`` (``dynamo.plain_name``), for each name."""
+    return [name if "_orig_mod" not in name else dynamo.plain_name(name) for name in names]
 
 
 #: A finding and the key it is said once under (``Doctor.add``).
@@ -163,13 +214,9 @@ def roots_of(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
     return [t for t in items if isinstance(t, torch.Tensor)]
 
 
-def _record(fn: Any) -> NodeRecord | None:
-    return node_record(fn)
-
-
-def record_of(fn: Any) -> NodeRecord | None:
+def record_of(mode: _DoctorMode, fn: Any) -> NodeRecord | None:
     """The doctor's ``NodeRecord`` of autograd node ``fn`` (None: not one it saw made)."""
-    return _record(fn) if fn is not None else None
+    return mode.node_record(fn) if fn is not None else None
 
 
 def _where(site: Site | None) -> str:
@@ -251,7 +298,7 @@ def _inplace(mode: _DoctorMode, message: str, roots: list[torch.Tensor],
     best: tuple[Any, ...] | None = None
     made_by: dict[int, Any] = {}  # call index -> the newest node that call made
     for fn in walk_nodes(t.grad_fn for t in roots):
-        rec = _record(fn)
+        rec = mode.node_record(fn)
         if rec is None:
             continue
         newest = made_by.get(rec.index)
@@ -363,16 +410,16 @@ def _backward_twice(mode: _DoctorMode, roots: list[torch.Tensor], line: str | No
     starts = [t.grad_fn for t in roots if t.grad_fn is not None]
     old: dict[Any, Any] = {}  # old node -> the newer node that points to it (None: a root)
     for fn in starts:
-        rec = _record(fn)
+        rec = mode.node_record(fn)
         if rec is not None and rec.iteration < now:
             old.setdefault(fn, None)
 
     def enter(fn: Any) -> bool:
-        rec = _record(fn)
+        rec = mode.node_record(fn)
         if rec is not None and rec.iteration < now:
             return False  # old: the boundary, not below it
         for nxt, _ in fn.next_functions:
-            r = _record(nxt) if nxt is not None else None
+            r = mode.node_record(nxt) if nxt is not None else None
             if r is not None and r.iteration < now:
                 old.setdefault(nxt, fn)
         return True
@@ -385,7 +432,7 @@ def _backward_twice(mode: _DoctorMode, roots: list[torch.Tensor], line: str | No
                     "doctor started watching.", op=None, line=line, module=None, fix=fix_twice,
                     sites=(Site("backward", "backward", line),))
     fn, user = max(old.items(), key=lambda kv: kv[0]._sequence_nr())
-    rec = _record(fn)
+    rec = mode.node_record(fn)
     assert rec is not None
     freed_by = backward_lines.freed_from(rec.iteration)
     by = f"the backward at {freed_by}" if freed_by else "an earlier backward"
@@ -395,7 +442,7 @@ def _backward_twice(mode: _DoctorMode, roots: list[torch.Tensor], line: str | No
             f"by {rec.op}{_where(rec.site)}) that {by} already ran through and freed."),
             op="backward", line=line, module=None, fix=fix_twice,
             sites=(Site("backward", "backward", line), Site("freed", "backward", freed_by)))
-    urec = _record(user)
+    urec = mode.node_record(user)
     used = Site("used", urec.op if urec else type(user).__name__,
                 urec.site.line if urec else None, urec.site.module if urec else None,
                 node_id(user))
