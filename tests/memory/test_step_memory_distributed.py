@@ -86,10 +86,10 @@ def _local_bytes(tensors) -> int:
 
 
 def _train(model: nn.Module, opt, x: torch.Tensor) -> list[list[float]]:
-    for _ in range(2):
-        model(x).pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    """One step (AdamW then holds its state); the parameters after it, this rank's shards."""
+    model(x).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
     return [(p.to_local() if hasattr(p, "to_local") else p).detach().flatten().tolist()
             for p in model.parameters()]
 
