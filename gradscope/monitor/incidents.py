@@ -202,7 +202,7 @@ class IncidentWatch:
             return
         self.pending = replay_isolated(self.replayer.replay)  # the contract: replay_isolated
         if self.agreed is not None:  # every rank replayed its own micro-batch: which went bad
-            self.pending, self.replays = exchange(self.pending, *self.agreed)
+            self.pending, self.replays = exchange(self.pending, self.agreed[0])
 
     def _spike_incident(self, step: int, spike: Any, norms: dict[str, float]) -> Incident:
         found = self.samples

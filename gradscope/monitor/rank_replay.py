@@ -19,7 +19,7 @@ import copy
 from collections.abc import Sequence
 
 from .distributed import gather_objects
-from .incident import evidence_key, first_rank
+from .incident import evidence_key
 from .replay import ReplayResult
 
 #: The order in which phases of a step run (an input's NaN is there before any op).
@@ -28,21 +28,24 @@ PHASE_ORDER = {"forward": 0, "outside": 1, "backward": 2}
 Seen = Sequence[tuple[float | None, bool, int | None, int | None]]
 
 
-def exchange(res: ReplayResult, seen: Seen, modules: list[str]
+def exchange(res: ReplayResult, seen: Seen
              ) -> tuple[ReplayResult, tuple[int | None, list[str]]]:
     """Every rank's replay result (one collective), the first rank's result as this rank's,
     and (the first rank, one line per rank). Every rank must call it at the same step."""
     results: list[ReplayResult] = gather_objects(res)
-    rank, _, _ = first_rank(seen, modules)
-    # the ranks the evidence cannot tell apart (their losses both NaN, their first non-finite
-    # outputs at the same place: tensor parallel shares outputs): their replays decide
+    # the evidence's earliest ranks (``incident.first_rank``'s order); where it cannot tell
+    # them apart (both losses NaN, first non-finite outputs at the same place: tensor
+    # parallel shares outputs), or shows nothing, their replays decide
     keys = {r: k for r, (loss, _, first, at) in enumerate(seen)
             if (k := evidence_key(loss, first, at)) is not None}
-    tied = [r for r, k in keys.items() if k == min(keys.values())] if keys else list(
-        range(len(results)))
+    best = min(keys.values(), default=None)
+    tied = [r for r, k in keys.items() if k == best] if keys else list(range(len(results)))
     found = [r for r in tied if r < len(results) and results[r].phase is not None]
+    rank: int | None = None
     if found:
         rank = min(found, key=lambda r: (*_order(results[r]), r))
+    elif tied and keys:
+        rank = min(tied)
     chosen = res
     if rank is not None and results[rank].phase is not None:
         chosen = copy.copy(results[rank])

@@ -63,20 +63,28 @@ def _ddp(rank: int, **options) -> dict:
     return {"incidents": incidents, "finite": outputs_finite}
 
 
-def _loss_only(rank: int) -> dict:
-    """No activations=: only the losses say which rank."""
-    model = nn.parallel.DistributedDataParallel(_model())
+def _incidents(model: nn.Module, rank: int, watched: nn.Module | None = None,
+               observe: bool = False, **options) -> dict:
+    """STEPS steps of SGD on ``model`` with a GradMonitor on ``watched`` (the model itself by
+    default; ``observe``: each loss given to ``observe_loss``); every incident, as dicts."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    mon = gs.GradMonitor(model.module, optimizer=opt)
+    mon = gs.GradMonitor(model if watched is None else watched, optimizer=opt, **options)
     for step in range(STEPS):
         opt.zero_grad()
         loss = model(_batch(rank, step)).square().mean()
-        mon.observe_loss(loss)
+        if observe:
+            mon.observe_loss(loss)
         loss.backward()
         opt.step()
     incidents = [i.to_dict() for i in mon.incidents]
     mon.remove()
     return {"incidents": incidents}
+
+
+def _loss_only(rank: int) -> dict:
+    """No activations=: only the losses say which rank."""
+    model = nn.parallel.DistributedDataParallel(_model())
+    return _incidents(model, rank, model.module, observe=True)
 
 
 def _fully_shard(model: nn.Module) -> nn.Module:
@@ -93,16 +101,7 @@ def _fully_shard(model: nn.Module) -> nn.Module:
 def _fsdp(rank: int) -> dict:
     """FSDP2: the forward gathers every layer's parameters from both ranks, so the ranks
     replay together. No activations=, no loss observed: only the replays can say which."""
-    model = _fully_shard(_model())
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    mon = gs.GradMonitor(model, optimizer=opt)
-    for step in range(STEPS):
-        opt.zero_grad()
-        model(_batch(rank, step)).square().mean().backward()
-        opt.step()
-    incidents = [i.to_dict() for i in mon.incidents]
-    mon.remove()
-    return {"incidents": incidents}
+    return _incidents(_fully_shard(_model()), rank)
 
 
 def _tp(rank: int) -> dict:
@@ -116,17 +115,7 @@ def _tp(rank: int) -> dict:
     model = _model()
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
     parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    mon = gs.GradMonitor(model, optimizer=opt, activations=True)
-    for step in range(STEPS):
-        opt.zero_grad()
-        loss = model(_batch(rank, step)).square().mean()
-        mon.observe_loss(loss)
-        loss.backward()
-        opt.step()
-    incidents = [i.to_dict() for i in mon.incidents]
-    mon.remove()
-    return {"incidents": incidents}
+    return _incidents(model, rank, observe=True, activations=True)
 
 
 class _SqrtNet(nn.Module):
@@ -207,16 +196,7 @@ def _backward_origin(rank: int, sharded: bool = False) -> dict:
 def _independent(rank: int) -> dict:
     """A process group, but no gradient reduction: each rank trains its own copy (the ranks'
     figures differ, so no rank waits on another for a replay's exchange)."""
-    model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    mon = gs.GradMonitor(model, optimizer=opt)
-    for step in range(STEPS):
-        opt.zero_grad()
-        model(_batch(rank, step)).square().mean().backward()
-        opt.step()
-    incidents = [i.to_dict() for i in mon.incidents]
-    mon.remove()
-    return {"incidents": incidents}
+    return _incidents(_model(), rank)
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
