@@ -76,6 +76,10 @@ in_leg() {  # in_leg NAME SCRIPT: run a script of the leg (checks, docs), one su
   fi
 }
 
+free_gb() {  # whole GB free on the disk that holds the checkout
+  df -Pk . | awk 'NR == 2 { print int($4 / 1048576) }'
+}
+
 leg() {  # leg NAME VENV TORCH PACKAGES PIP_CONSTRAINT TESTS [pytest args...]
   # PIP_CONSTRAINT: what the leg's installs use ("" keeps the machine's, /dev/null lifts it);
   # TESTS: the test paths ("" = the whole suite)
@@ -86,10 +90,15 @@ leg() {  # leg NAME VENV TORCH PACKAGES PIP_CONSTRAINT TESTS [pytest args...]
   [ -z "$constraint" ] || cenv=("PIP_CONSTRAINT=$constraint")
   echo "==== torch $name leg ($venv): set-up" >&2
   t0=$(date +%s)
+  # a leg's environment takes 2 (2.13) to about 9 GB (2.15, 2.14: torch's CUDA packages,
+  # downloaded, then installed): say so before pip runs out of space half-way
+  if [ ! -d "$venv" ] && [ "$(free_gb)" -lt 10 ]; then
+    echo "test.sh: warning: $(free_gb) GB free on this disk; the torch $name leg's set-up needs up to 9 GB" >&2
+  fi
   if ! env "${cenv[@]}" GRADSCOPE_VENV="$venv" GRADSCOPE_TORCH="$torch_spec" \
       GRADSCOPE_EXTRAS=test GRADSCOPE_PACKAGES="$packages" GRADSCOPE_WHEEL="${WHEEL:-}" \
       bash scripts/setup.sh; then
-    summary+=("torch $name: set-up FAILED after $(( $(date +%s) - t0 )) s")
+    summary+=("torch $name: set-up FAILED after $(( $(date +%s) - t0 )) s ($(free_gb) GB free on the disk)")
     status=1
     return
   fi
