@@ -8,6 +8,11 @@ tensor-count sweep (250, 1,000, 5,000 layers: two parameter tensors each).
 against K plain steps: the block's start (one walk of the model's modules and parameters)
 and end are then paid once per K steps. The default, 1, is a block per step.
 
+``--split`` also times, in the same interleaved rounds, what any tool built like the doctor
+pays before recording anything: the plain step under an empty ``TorchFunctionMode``
+(``mode``), with empty global module forward hooks (``hooks``: torch's slower module-call
+path), and with both (``floor``); each as a ratio to the plain step.
+
     .venv/bin/python benchmarks/doctor_layers.py [--layers 250 1000 5000] [--rounds 5] [--steps 1]
 """
 
@@ -18,6 +23,11 @@ import statistics
 import time
 
 import torch
+from torch.nn.modules.module import (
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
+)
+from torch.overrides import TorchFunctionMode
 
 import gradscope as gs
 
@@ -46,25 +56,66 @@ def doctored(model: torch.nn.Module, x: torch.Tensor, steps: int = 1) -> None:
     assert not doc.findings, doc.findings  # a healthy chain
 
 
+class _Empty(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _pre(module, args):
+    return None
+
+
+def _post(module, args, output):
+    return None
+
+
+def under_mode(model: torch.nn.Module, x: torch.Tensor, steps: int = 1) -> None:
+    with _Empty():
+        plain(model, x, steps)
+
+
+def under_hooks(model: torch.nn.Module, x: torch.Tensor, steps: int = 1,
+                mode: bool = False) -> None:
+    pre = register_module_forward_pre_hook(_pre)
+    post = register_module_forward_hook(_post)
+    try:
+        (under_mode if mode else plain)(model, x, steps)
+    finally:
+        pre.remove()
+        post.remove()
+
+
+def floor(model: torch.nn.Module, x: torch.Tensor, steps: int = 1) -> None:
+    under_hooks(model, x, steps, mode=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[250, 1000, 5000])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=1, help="steps per block (default 1)")
+    parser.add_argument("--split", action="store_true",
+                        help="also time an empty mode, empty module hooks and both")
     args = parser.parse_args()
     torch.set_num_threads(1)
     k = args.steps
+    others = [("mode", under_mode), ("hooks", under_hooks), ("floor", floor)] if args.split else []
     print(f"{k} step(s) per block; CPU milliseconds per step")
-    print(f"{'layers':>7} {'plain ms':>9} {'doctor ms':>9} {'ratio':>7}")
+    print(f"{'layers':>7} {'plain ms':>9} {'doctor ms':>9} {'ratio':>7}"
+          + "".join(f" {name:>7}" for name, _ in others))
     for n in args.layers:
         model, x = chain(n)
         plain(model, x)  # warm-up: both, once (the first block names every op kind)
         doctored(model, x)
-        pairs = [(timed(plain, model, x, k) / k, timed(doctored, model, x, k) / k)
-                 for _ in range(args.rounds)]
-        ratio = statistics.median(d / p for p, d in pairs)
-        print(f"{n:>7} {1e3 * statistics.median(p for p, _ in pairs):>9.2f} "
-              f"{1e3 * statistics.median(d for _, d in pairs):>9.2f} {ratio:>6.2f}x")
+        rounds = []
+        for _ in range(args.rounds):
+            row = [timed(plain, model, x, k) / k, timed(doctored, model, x, k) / k]
+            row.extend(timed(fn, model, x, k) / k for _, fn in others)
+            rounds.append(row)
+        ratios = [statistics.median(r[i] / r[0] for r in rounds) for i in range(1, len(rounds[0]))]
+        print(f"{n:>7} {1e3 * statistics.median(r[0] for r in rounds):>9.2f} "
+              f"{1e3 * statistics.median(r[1] for r in rounds):>9.2f} {ratios[0]:>6.2f}x"
+              + "".join(f" {ratio:>6.2f}x" for ratio in ratios[1:]))
 
 
 if __name__ == "__main__":
