@@ -13,7 +13,8 @@ pays before recording anything: the plain step under an empty ``TorchFunctionMod
 (``mode``), with empty global module forward hooks (``hooks``: torch's slower module-call
 path), and with both (``floor``); each as a ratio to the plain step.
 
-    .venv/bin/python benchmarks/doctor_layers.py [--layers 250 1000 5000] [--rounds 5] [--steps 1]
+    .venv/bin/python benchmarks/doctor_layers.py [--layers 250 1000 5000] [--rounds 5]
+        [--steps 1] [--split]
 """
 
 from __future__ import annotations
@@ -89,11 +90,18 @@ def floor(model: torch.nn.Module, x: torch.Tensor, steps: int = 1) -> None:
     under_hooks(model, x, steps, mode=True)
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number; give 1 or more")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, nargs="+", default=[250, 1000, 5000])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=1, help="steps per block (default 1)")
+    parser.add_argument("--layers", type=_positive, nargs="+", default=[250, 1000, 5000])
+    parser.add_argument("--rounds", type=_positive, default=5)
+    parser.add_argument("--steps", type=_positive, default=1, help="steps per block (default 1)")
     parser.add_argument("--split", action="store_true",
                         help="also time an empty mode, empty module hooks and both")
     args = parser.parse_args()

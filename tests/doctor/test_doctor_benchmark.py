@@ -31,3 +31,11 @@ def test_the_sweep_prints_a_ratio_per_size(steps: int, split: bool) -> None:
         plain, doctored = float(row[1]), float(row[2])
         ratios = [float(cell.removesuffix("x")) for cell in row[3:]]
         assert plain > 0 and doctored > 0 and all(ratio > 0 for ratio in ratios)
+
+
+def test_a_step_count_below_one_is_one_line_and_exit_2() -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--steps", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "0 is not a positive number; give 1 or more" in done.stderr
+    assert "Traceback" not in done.stderr
