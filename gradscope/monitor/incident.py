@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -143,7 +144,8 @@ class Incident:
         rank: under ``torch.distributed``, the rank where the step first went bad (every rank
             records the same incident); None in one process or when no rank's forward or
             loss shows it (``ranks`` says why). ``ranks``: one line per rank, what it saw
-            (``first_rank``).
+            (``first_rank``). For a spike: the rank whose own loss jumped while the others'
+            did not (``spike_rank``).
     """
 
     step: int
@@ -237,6 +239,8 @@ class Incident:
             f", {self.steps} logged step{'' if self.steps == 1 else 's'}")
         ratio = "" if self.ratio is None else f" x{self.ratio:.3g}"
         head = f"spike{ratio} at step {self.step} ({what}{lasted})"
+        if self.rank is not None:
+            head += f" from rank {self.rank}"
         if self.samples:
             top = self.samples[0]
             who = f"sample {top.id}" if top.id is not None else f"sample {top.index}"
@@ -306,6 +310,54 @@ class Incident:
     @classmethod
     def from_json(cls, text: str) -> Incident:
         return cls.from_dict(json.loads(text))
+
+
+#: a spike's rank (``spike_rank``): its own loss at least ``LOSS_JUMP`` x the median of its
+#: last ``RANK_LOSS_WINDOW`` logged losses (``RANK_LOSS_MIN`` of them at least), and at least
+#: ``LOSS_APART`` x the next rank's jump
+LOSS_JUMP = 2.0
+LOSS_APART = 1.5
+RANK_LOSS_WINDOW = 8
+RANK_LOSS_MIN = 3
+
+
+def spike_rank(losses: Sequence[float | None], history: Sequence[Sequence[float]]
+               ) -> tuple[int | None, list[str]]:
+    """Which rank a spiking step came from, by each rank's own loss (``losses[r]``: this
+    step's, None when not observed) against its own recent ones (``history[r]``: its last
+    logged finite losses, oldest first). The gradients are reduced before they are measured,
+    so a rank's share of the jump is not known; a rank's loss that jumped while the others'
+    did not is its evidence. Returns (the rank, one line per rank); the rank is None when no
+    rank's loss jumped apart from the others' (the last line says why)."""
+    jumps: list[tuple[float, int]] = []
+    lines = []
+    for r, loss in enumerate(losses):
+        past = [v for v in (history[r] if r < len(history) else ()) if math.isfinite(v)]
+        if loss is None:
+            lines.append(f"rank {r}: its loss was not observed (observe_loss)")
+            continue
+        base = statistics.median(past) if len(past) >= RANK_LOSS_MIN else None
+        if base is None or base <= 0 or not math.isfinite(loss) or loss < 0:
+            why = (f"{len(past)} earlier logged loss{'' if len(past) == 1 else 'es'}"
+                   if base is None else "not comparable with its earlier ones")
+            lines.append(f"rank {r}: its loss was {loss:.4g} ({why})")
+            continue
+        jump = loss / base
+        jumps.append((jump, r))
+        lines.append(f"rank {r}: its loss was {loss:.4g}, {jump:.3g}x its median of the last "
+                     f"{len(past)} logged steps")
+    jumps.sort(reverse=True)
+    if jumps and jumps[0][0] >= LOSS_JUMP and (
+            len(jumps) == 1 or jumps[0][0] >= LOSS_APART * max(jumps[1][0], 1.0)):
+        return jumps[0][1], lines
+    if not jumps:
+        why = ("which rank needs each rank's loss (observe_loss) over a few logged steps"
+               if all(loss is None for loss in losses) or not losses else
+               "which rank needs a few earlier logged losses on each rank")
+    else:
+        why = ("no rank's own loss jumped apart from the others' (the gradients are reduced "
+               "before they are measured: which rank's share is not known)")
+    return None, [*lines, why]
 
 
 def evidence_key(loss: float | None, first: int | None, at: int | None

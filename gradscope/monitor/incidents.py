@@ -23,7 +23,8 @@ import torch
 
 from ..errors import MonitorError
 from .alerts import FLAP_WINDOW
-from .incident import SPREAD_SHARE, Incident, changes, first_rank
+from .distributed import this_rank
+from .incident import RANK_LOSS_WINDOW, SPREAD_SHARE, Incident, changes, first_rank, spike_rank
 from .rank_replay import exchange
 from .replay import Replayer, ReplayResult
 from .replay_isolated import replay_isolated
@@ -90,6 +91,9 @@ class IncidentWatch:
         self.alone: str | None = None
         self.preview: Callable[[], bool] = lambda: False
         self.samples: SampleResult | None = None  # the spiking step's per-sample norms
+        #: under torch.distributed, each rank's last logged finite losses (from ``evidence``,
+        #: alike on every rank): a spike's rank is the one whose own loss jumped
+        self.rank_losses: list[deque[float]] = []
         # the learning rate of each optimizer step (the largest of its groups), oldest first,
         # and the optimizer steps since the last logged one: a spike's likelier cause
         self.rates: deque[float] = deque(maxlen=RATE_WINDOW + 1)
@@ -204,9 +208,16 @@ class IncidentWatch:
         if self.agreed is not None:  # every rank replayed its own micro-batch: which went bad
             self.pending, self.replays = exchange(self.pending, self.agreed[0])
 
-    def _spike_incident(self, step: int, spike: Any, norms: dict[str, float]) -> Incident:
-        found = self.samples
-        if found is not None:
+    def _spike_incident(self, step: int, spike: Any, norms: dict[str, float],
+                        elsewhere: int | None = None) -> Incident:
+        """The spike's incident; ``elsewhere``: the rank it came from where that is another
+        rank (this rank's per-sample replay was of its own micro-batch: not listed)."""
+        found = None if elsewhere is not None else self.samples
+        note: str | None
+        if elsewhere is not None:
+            note = (f"its examples are rank {elsewhere}'s to name: each rank replays only its "
+                    f"own micro-batch (rank {elsewhere}'s incident lists them)")
+        elif found is not None:
             note = found.note
         else:
             note = (self.no_replay or "not replayed: the spike was not seen before "
@@ -227,6 +238,18 @@ class IncidentWatch:
             micro_batch=found.micro_batch if found is not None else None,
             replayed=found is not None and found.replayed, note=note,
         )
+
+    def _keep_losses(self) -> None:
+        """Each rank's loss of this logged step into its history (``rank_losses``), after
+        this step's incident was judged against the ones before it."""
+        if self.evidence is None:
+            return
+        seen = self.evidence[0]
+        while len(self.rank_losses) < len(seen):
+            self.rank_losses.append(deque(maxlen=RANK_LOSS_WINDOW))
+        for past, (loss, *_) in zip(self.rank_losses, seen, strict=False):
+            if loss is not None and math.isfinite(loss):
+                past.append(loss)
 
     def _spike_started(self) -> Any:
         return None if self.rules is None else self.rules.spike_started
@@ -311,7 +334,12 @@ class IncidentWatch:
             )
             self._first_rank(incident)
         elif finite and (spike := self._spike_started()) is not None:
-            incident = self._spike_incident(st.step, spike, norms)
+            rank, lines = (spike_rank([loss for loss, *_ in self.evidence[0]], self.rank_losses)
+                           if self.evidence is not None else (None, []))
+            # each rank replayed its own micro-batch: another rank's examples are not its own
+            elsewhere = rank if rank is not None and this_rank() != rank else None
+            incident = self._spike_incident(st.step, spike, norms, elsewhere)
+            incident.rank, incident.ranks = rank, lines
         elif (  # growth needs a good step to grow from
             finite and not self.hot and self.last_good is not None
             and any(a.kind == "exploding" for a in alerts)
@@ -322,6 +350,7 @@ class IncidentWatch:
                 note="the step was not replayed (its gradients are finite): the modules whose "
                 "gradient norm grew most are listed",
             )
+        self._keep_losses()
         self.pending = None
         self.samples = None
         self.checked = False

@@ -199,6 +199,32 @@ def _independent(rank: int) -> dict:
     return _incidents(_model(), rank)
 
 
+SPIKE = 6  # the spiking step of ``_spike``: six calm logged steps before it
+
+
+def _spike(rank: int, together: bool = False) -> dict:
+    """A gradient spike at step SPIKE from rank 1's batch (scaled 30x), or from both ranks'
+    (``together``): DDP, every loss given to ``observe_loss``. Returns every incident and each
+    rank's own losses (the ground truth: plain torch)."""
+    model = nn.parallel.DistributedDataParallel(_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = gs.GradMonitor(model.module, optimizer=opt, spike_warmup=0)
+    losses = []
+    for step in range(SPIKE + 2):
+        x = torch.randn(6, 8, generator=torch.Generator().manual_seed(100 * step + rank))
+        if step == SPIKE and (rank == 1 or together):
+            x = x * 30
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        losses.append(loss.item())
+        mon.observe_loss(loss)
+        loss.backward()
+        opt.step()
+    incidents = [i.to_dict() for i in mon.incidents]
+    mon.remove()
+    return {"incidents": incidents, "losses": losses}
+
+
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
@@ -211,6 +237,8 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             "fsdp": _fsdp(rank),
             "fsdp_backward": _backward_origin(rank, sharded=True),
             "independent": _independent(rank),
+            "spike": _spike(rank),
+            "spike_together": _spike(rank, together=True),
         }
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
@@ -354,3 +382,50 @@ def test_under_fsdp2_a_nan_made_in_one_ranks_backward_is_named_training_bitwise(
         assert inc["module"] is None or inc["module"] == "", inc
     assert results[0]["fsdp_backward"]["incidents"] == results[1]["fsdp_backward"]["incidents"]
     assert [r["fsdp_backward"]["bitwise"] for r in results] == [True, True]
+
+
+def test_a_spike_from_one_ranks_batch_is_named_by_every_rank(results) -> None:
+    """Ground truth: at step SPIKE only rank 1's own loss jumped (plain torch). Every rank
+    records the same spike, from rank 1, and each rank's line gives its own loss's jump."""
+    own = [r["spike"]["losses"] for r in results]
+    assert own[1][SPIKE] > 100 * max(own[1][:SPIKE]) and own[0][SPIKE] < 3 * max(own[0][:SPIKE])
+    for r in results:
+        (inc,) = [i for i in r["spike"]["incidents"] if i["kind"] == "spike"]
+        assert inc["step"] == SPIKE and inc["rank"] == 1, inc["ranks"]
+        assert inc["ranks"][1].startswith(f"rank 1: its loss was {own[1][SPIKE]:.4g}, ")
+        assert inc["ranks"][0].startswith(f"rank 0: its loss was {own[0][SPIKE]:.4g}, ")
+        assert gs.Incident.from_dict(inc).spike_sentence().startswith(
+            f"spike x{inc['ratio']:.3g} at step {SPIKE} (")
+        assert " from rank 1" in gs.Incident.from_dict(inc).spike_sentence()
+    zero, one = (next(i for i in r["spike"]["incidents"] if i["kind"] == "spike")
+                 for r in results)
+    for key in ("step", "rank", "ranks", "changes"):
+        assert zero[key] == one[key], key
+    # the loss a rank watches is its own: rank 1's jumped first, rank 0 saw the gradients'
+    assert (zero["signal"], one["signal"]) == ("grad_norm", "loss")
+    # each rank replayed its own micro-batch: rank 1 lists its examples, rank 0 says whose
+    assert one["replayed"] and one["samples"] and one["micro_batch"] == 0
+    assert zero["samples"] == [] and not zero["replayed"]
+    assert zero["note"] == ("its examples are rank 1's to name: each rank replays only its own "
+                            "micro-batch (rank 1's incident lists them)")
+
+
+def test_a_spike_from_every_ranks_batch_names_no_rank(results) -> None:
+    for r in results:
+        (inc,) = [i for i in r["spike_together"]["incidents"] if i["kind"] == "spike"]
+        assert inc["step"] == SPIKE and inc["rank"] is None
+        assert inc["ranks"][-1].startswith("no rank's own loss jumped apart from the others'")
+
+
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "distributed.md"
+
+
+@pytest.mark.parametrize("case, kind", [("spike", "spike"), ("backward", "nonfinite")])
+def test_the_distributed_guide_shows_rank_0s_incident_as_recorded(results, case: str,
+                                                                   kind: str) -> None:
+    """The guide's examples are rank 0's ``Incident.summary()`` and ``Incident.ranks`` of
+    these runs, as they are recorded."""
+    inc = gs.Incident.from_dict(next(i for i in results[0][case]["incidents"]
+                                     if i["kind"] == kind))
+    shown = inc.summary() + "\n\n" + "\n".join(inc.ranks) + "\n"
+    assert f"```text\n{shown}```" in GUIDE.read_text(encoding="utf-8"), shown
