@@ -336,8 +336,11 @@ class IncidentWatch:
         elif finite and (spike := self._spike_started()) is not None:
             rank, lines = (spike_rank([loss for loss, *_ in self.evidence[0]], self.rank_losses)
                            if self.evidence is not None else (None, []))
-            # each rank replayed its own micro-batch: another rank's examples are not its own
-            elsewhere = rank if rank is not None and this_rank() != rank else None
+            # each rank replayed its own micro-batch: this one's examples are not the named
+            # rank's (where no rank could replay for examples, the note says why as it is)
+            found = self.samples
+            elsewhere = (rank if rank is not None and found is not None and found.samples
+                         and this_rank() != rank else None)
             incident = self._spike_incident(st.step, spike, norms, elsewhere)
             incident.rank, incident.ranks = rank, lines
         elif (  # growth needs a good step to grow from

@@ -202,13 +202,13 @@ def _independent(rank: int) -> dict:
 SPIKE = 6  # the spiking step of ``_spike``: six calm logged steps before it
 
 
-def _spike(rank: int, together: bool = False) -> dict:
+def _spike(rank: int, together: bool = False, sharded: bool = False) -> dict:
     """A gradient spike at step SPIKE from rank 1's batch (scaled 30x), or from both ranks'
-    (``together``): DDP, every loss given to ``observe_loss``. Returns every incident and each
-    rank's own losses (the ground truth: plain torch)."""
-    model = nn.parallel.DistributedDataParallel(_model())
+    (``together``): DDP (FSDP2 where ``sharded``), every loss given to ``observe_loss``.
+    Returns every incident and each rank's own losses (the ground truth: plain torch)."""
+    model = _fully_shard(_model()) if sharded else nn.parallel.DistributedDataParallel(_model())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    mon = gs.GradMonitor(model.module, optimizer=opt, spike_warmup=0)
+    mon = gs.GradMonitor(model if sharded else model.module, optimizer=opt, spike_warmup=0)
     losses = []
     for step in range(SPIKE + 2):
         x = torch.randn(6, 8, generator=torch.Generator().manual_seed(100 * step + rank))
@@ -239,6 +239,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             "independent": _independent(rank),
             "spike": _spike(rank),
             "spike_together": _spike(rank, together=True),
+            "spike_fsdp": _spike(rank, sharded=True),
         }
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
@@ -408,6 +409,20 @@ def test_a_spike_from_one_ranks_batch_is_named_by_every_rank(results) -> None:
     assert zero["samples"] == [] and not zero["replayed"]
     assert zero["note"] == ("its examples are rank 1's to name: each rank replays only its own "
                             "micro-batch (rank 1's incident lists them)")
+
+
+def test_under_fsdp2_a_spike_from_one_ranks_batch_is_named_too(results) -> None:
+    """The losses ride in the table's all-gather; no rank replays per-sample norms of a
+    sharded model, and every rank's note says so as it is (no rank lists examples)."""
+    own = [r["spike_fsdp"]["losses"] for r in results]
+    assert own[1][SPIKE] > 100 * max(own[1][:SPIKE]) and own[0][SPIKE] < 3 * max(own[0][:SPIKE])
+    for r in results:
+        (inc,) = [i for i in r["spike_fsdp"]["incidents"] if i["kind"] == "spike"]
+        assert inc["step"] == SPIKE and inc["rank"] == 1, inc["ranks"]
+        assert inc["samples"] == [] and "rank 1's to name" not in (inc["note"] or ""), inc
+    zero, one = (next(i for i in r["spike_fsdp"]["incidents"] if i["kind"] == "spike")
+                 for r in results)
+    assert zero["ranks"] == one["ranks"] and zero["note"] == one["note"]
 
 
 def test_a_spike_from_every_ranks_batch_names_no_rank(results) -> None:
