@@ -92,8 +92,10 @@ leg() {  # leg NAME VENV TORCH PACKAGES PIP_CONSTRAINT TESTS [pytest args...]
   t0=$(date +%s)
   # a leg's environment takes 2 (2.13) to about 9 GB (2.15, 2.14: torch's CUDA packages,
   # downloaded, then installed): say so before pip runs out of space half-way
-  if [ ! -d "$venv" ] && [ "$(free_gb)" -lt 10 ]; then
-    echo "test.sh: warning: $(free_gb) GB free on this disk; the torch $name leg's set-up needs up to 9 GB" >&2
+  local free
+  free=$(free_gb)
+  if [ ! -d "$venv" ] && [ "$free" -lt 10 ]; then
+    echo "test.sh: warning: $free GB free on this disk; the torch $name leg's set-up needs up to 9 GB" >&2
   fi
   if ! env "${cenv[@]}" GRADSCOPE_VENV="$venv" GRADSCOPE_TORCH="$torch_spec" \
       GRADSCOPE_EXTRAS=test GRADSCOPE_PACKAGES="$packages" GRADSCOPE_WHEEL="${WHEEL:-}" \

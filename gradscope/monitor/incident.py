@@ -4,7 +4,9 @@
 replays that step's bad micro-batch under ``record_forward(check_finite=True)`` and
 ``record_backward``) or when the total norm jumps past the explode threshold. The record names
 the origin (``phase``, ``op``, ``module``, ``line``), what the op was given (``inputs``) and the
-modules whose gradient norm changed most since the last good logged step (``changes``).
+modules whose gradient norm changed most since the last good logged step (``changes``). Under
+``torch.distributed`` it also names the rank the step went bad on, from every rank's evidence
+(``first_rank``; for a spike, the rank whose own loss jumped: ``spike_rank``).
 """
 
 from __future__ import annotations
@@ -352,7 +354,7 @@ def spike_rank(losses: Sequence[float | None], history: Sequence[Sequence[float]
         return jumps[0][1], lines
     if not jumps:
         why = ("which rank needs each rank's loss (observe_loss) over a few logged steps"
-               if all(loss is None for loss in losses) or not losses else
+               if all(loss is None for loss in losses) else
                "which rank needs a few earlier logged losses on each rank")
     else:
         why = ("no rank's own loss jumped apart from the others' (the gradients are reduced "

@@ -208,13 +208,18 @@ class IncidentWatch:
         if self.agreed is not None:  # every rank replayed its own micro-batch: which went bad
             self.pending, self.replays = exchange(self.pending, self.agreed[0])
 
-    def _spike_incident(self, step: int, spike: Any, norms: dict[str, float],
-                        elsewhere: int | None = None) -> Incident:
-        """The spike's incident; ``elsewhere``: the rank it came from where that is another
-        rank (this rank's per-sample replay was of its own micro-batch: not listed)."""
-        found = None if elsewhere is not None else self.samples
+    def _spike_incident(self, step: int, spike: Any, norms: dict[str, float]) -> Incident:
+        """The spike's incident: under torch.distributed, the rank it came from
+        (``spike_rank``); where that is another rank and this one replayed its own micro-batch
+        for examples, they are not the spike's, and are not listed."""
+        rank, lines = (spike_rank([loss for loss, *_ in self.evidence[0]], self.rank_losses)
+                       if self.evidence is not None else (None, []))
+        found = self.samples
+        elsewhere = (rank if rank is not None and found is not None and found.samples
+                     and this_rank() != rank else None)
         note: str | None
         if elsewhere is not None:
+            found = None
             note = (f"its examples are rank {elsewhere}'s to name: each rank replays only its "
                     f"own micro-batch (rank {elsewhere}'s incident lists them)")
         elif found is not None:
@@ -236,7 +241,7 @@ class IncidentWatch:
             samples=found.samples if found is not None else [],
             sample_modules=found.modules if found is not None else [],
             micro_batch=found.micro_batch if found is not None else None,
-            replayed=found is not None and found.replayed, note=note,
+            replayed=found is not None and found.replayed, note=note, rank=rank, ranks=lines,
         )
 
     def _keep_losses(self) -> None:
@@ -334,15 +339,7 @@ class IncidentWatch:
             )
             self._first_rank(incident)
         elif finite and (spike := self._spike_started()) is not None:
-            rank, lines = (spike_rank([loss for loss, *_ in self.evidence[0]], self.rank_losses)
-                           if self.evidence is not None else (None, []))
-            # each rank replayed its own micro-batch: this one's examples are not the named
-            # rank's (where no rank could replay for examples, the note says why as it is)
-            found = self.samples
-            elsewhere = (rank if rank is not None and found is not None and found.samples
-                         and this_rank() != rank else None)
-            incident = self._spike_incident(st.step, spike, norms, elsewhere)
-            incident.rank, incident.ranks = rank, lines
+            incident = self._spike_incident(st.step, spike, norms)
         elif (  # growth needs a good step to grow from
             finite and not self.hot and self.last_good is not None
             and any(a.kind == "exploding" for a in alerts)

@@ -64,14 +64,18 @@ def _ddp(rank: int, **options) -> dict:
 
 
 def _incidents(model: nn.Module, rank: int, watched: nn.Module | None = None,
-               observe: bool = False, **options) -> dict:
-    """STEPS steps of SGD on ``model`` with a GradMonitor on ``watched`` (the model itself by
-    default; ``observe``: each loss given to ``observe_loss``); every incident, as dicts."""
+               observe: bool = False, batch=_batch, steps: int = STEPS,
+               losses: list[float] | None = None, **options) -> dict:
+    """``steps`` steps of SGD on ``model`` (inputs ``batch(rank, step)``) with a GradMonitor
+    on ``watched`` (the model itself by default; ``observe``: each loss given to
+    ``observe_loss``; ``losses``: each loss's value appended); every incident, as dicts."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     mon = gs.GradMonitor(model if watched is None else watched, optimizer=opt, **options)
-    for step in range(STEPS):
+    for step in range(steps):
         opt.zero_grad()
-        loss = model(_batch(rank, step)).square().mean()
+        loss = model(batch(rank, step)).square().mean()
+        if losses is not None:
+            losses.append(loss.item())
         if observe:
             mon.observe_loss(loss)
         loss.backward()
@@ -206,23 +210,16 @@ def _spike(rank: int, together: bool = False, sharded: bool = False) -> dict:
     """A gradient spike at step SPIKE from rank 1's batch (scaled 30x), or from both ranks'
     (``together``): DDP (FSDP2 where ``sharded``), every loss given to ``observe_loss``.
     Returns every incident and each rank's own losses (the ground truth: plain torch)."""
-    model = _fully_shard(_model()) if sharded else nn.parallel.DistributedDataParallel(_model())
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    mon = gs.GradMonitor(model if sharded else model.module, optimizer=opt, spike_warmup=0)
-    losses = []
-    for step in range(SPIKE + 2):
+
+    def batch(rank: int, step: int) -> torch.Tensor:
         x = torch.randn(6, 8, generator=torch.Generator().manual_seed(100 * step + rank))
-        if step == SPIKE and (rank == 1 or together):
-            x = x * 30
-        opt.zero_grad()
-        loss = model(x).square().mean()
-        losses.append(loss.item())
-        mon.observe_loss(loss)
-        loss.backward()
-        opt.step()
-    incidents = [i.to_dict() for i in mon.incidents]
-    mon.remove()
-    return {"incidents": incidents, "losses": losses}
+        return x * 30 if step == SPIKE and (rank == 1 or together) else x
+
+    model = _fully_shard(_model()) if sharded else nn.parallel.DistributedDataParallel(_model())
+    losses: list[float] = []
+    found = _incidents(model, rank, None if sharded else model.module, observe=True,
+                       batch=batch, steps=SPIKE + 2, losses=losses, spike_warmup=0)
+    return {**found, "losses": losses}
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
